@@ -1,0 +1,49 @@
+"""What a rule sees: the model, its metrics, run facts, and the replay that predicts savings."""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from . import whatif
+from .kernels import has_matrix_units
+from .metrics import Metrics
+from .model import TraceModel
+
+
+class Analysis:
+    def __init__(self, model: TraceModel, metrics: Metrics, facts: dict | None = None):
+        self.model = model
+        self.metrics = metrics
+        self.facts = facts or {}  # run.json facts from `gpuadvise profile` (DataLoader settings, ...)
+
+    @property
+    def device(self):
+        return self.model.device
+
+    @cached_property
+    def matrix_units(self) -> bool | None:
+        names = self.metrics.kernels["name"].head(200) if len(self.metrics.kernels) else []
+        return has_matrix_units(self.device, self.model.meta.platform, names)
+
+    @cached_property
+    def replay(self) -> whatif.Replay | None:
+        if not self.metrics.has_gpu:
+            return None
+        return whatif.build(self.model, self.metrics)
+
+    def predicted_saving(self, scenario: whatif.Scenario) -> tuple[float | None, str]:
+        """(% of step time the scenario saves, how that was predicted); None when no replay is possible."""
+        replay = self.replay
+        if replay is None or replay.baseline_us <= 0:
+            return None, ""
+        pct = replay.saving_pct(scenario)
+        basis = (f"critical-path replay of {replay.steps or 'the'} step{'s' if replay.steps != 1 else ''} "
+                 f"({replay.actual_us / 1e3:.1f} ms traced, {replay.baseline_us / 1e3:.1f} ms replayed): {scenario.name}")
+        return pct, basis
+
+    def ms(self, us: float) -> float:
+        return round(us / 1e3, 3)
+
+    def rel_ms(self, ts_us: float) -> float:
+        """A trace time as ms from the start of the trace."""
+        return round(ts_us / 1e3, 3)

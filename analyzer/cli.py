@@ -1,0 +1,170 @@
+"""The `gpuadvise` command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from gpuadvise import __version__
+
+from .errors import EXIT_INPUT, EXIT_INTERNAL, EXIT_OK, InputError
+
+FORMATS = ("text", "md", "json")
+EXTENSIONS = {".md": "md", ".markdown": "md", ".json": "json", ".txt": "text"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpuadvise", description="Find out why PyTorch training leaves the GPU idle, and what to change.")
+    p.add_argument("--version", action="version", version=f"gpuadvise {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    a = sub.add_parser("analyze", help="analyse a trace, a folder of per-rank traces, or a run folder",
+                       description="Analyse torch.profiler traces (.json/.json.gz), folders of them, or a `gpuadvise profile` run folder.")
+    a.add_argument("paths", nargs="+", metavar="PATH")
+    a.add_argument("--format", "-f", choices=FORMATS, help="report format (default: from -o's extension, else text)")
+    a.add_argument("-o", "--output", metavar="FILE", help="write the report here instead of stdout")
+    a.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
+    a.add_argument("--top", type=int, default=5, help="findings shown in text format (default 5)")
+
+    sub.add_parser("rules", help="list the rule catalog")
+    e = sub.add_parser("explain", help="show one rule's documentation")
+    e.add_argument("rule", metavar="RULE", help="rule code (GA102) or name (dataloader-stall)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "profile":
+        from gpuadvise.capture.cli import main as profile_main
+
+        return profile_main(argv[1:])
+    if argv and argv[0] == "view":
+        from gpuadvise.tui.cli import main as view_main
+
+        return view_main(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "analyze":
+            return cmd_analyze(args)
+        if args.command == "rules":
+            return cmd_rules()
+        if args.command == "explain":
+            return cmd_explain(args.rule)
+        parser.print_help()
+        return EXIT_OK
+    except InputError as exc:
+        print(f"gpuadvise: error: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        print("gpuadvise: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # our bug: say so in one line, keep the traceback for GPUADVISE_DEBUG
+        if os.environ.get("GPUADVISE_DEBUG"):
+            raise
+        print(f"gpuadvise: internal error: {type(exc).__name__}: {exc} (set GPUADVISE_DEBUG=1 for details)", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def cmd_analyze(args) -> int:
+    from .engine import analyze_paths
+
+    fmt = args.format
+    if fmt is None and args.output:
+        fmt = EXTENSIONS.get(Path(args.output).suffix.lower())
+    fmt = fmt or "text"
+    if args.output:
+        _check_writable(Path(args.output))
+    show = not args.quiet and sys.stderr.isatty()
+
+    def progress(i, n, src):
+        if show:
+            print(f"gpuadvise: analysing {src.path} ({i + 1}/{n})…", file=sys.stderr)
+
+    reports = analyze_paths(args.paths, progress=progress)
+    text = render(reports, fmt, top=args.top)
+    if args.output:
+        write_atomic(Path(args.output), text)
+        if show:
+            print(f"gpuadvise: wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
+def render(reports, fmt: str, top: int = 5) -> str:
+    if fmt == "json":
+        from .render_json import render as r
+
+        return r(reports)
+    if fmt == "md":
+        from .render_markdown import render as r
+
+        return r(reports)
+    from .render_text import render as r
+
+    return r(reports, top=top)
+
+
+def _check_writable(path: Path) -> None:
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise InputError(path, "output is a folder")
+    if not parent.is_dir():
+        raise InputError(path, f"output folder {parent} does not exist")
+    if not os.access(parent, os.W_OK) and not (path.exists() and os.access(path, os.W_OK)):
+        raise InputError(path, "output is not writable")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write to a temp file beside the target, then rename: no half-written report, ever."""
+    data = text.encode("utf-8")
+    if path.exists() and not path.is_file():  # a device such as /dev/null or /dev/full: write in place
+        try:
+            with open(path, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+        except OSError as exc:
+            raise InputError(path, f"cannot write: {exc.strerror or exc}") from None
+        return
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise InputError(path, f"cannot write: {exc.strerror or exc}") from None
+
+
+def cmd_rules() -> int:
+    from gpuadvise.rules import all_rules
+
+    for r in all_rules():
+        print(f"{r.code}  {r.name:<24} {r.title}")
+    print("\n`gpuadvise explain CODE` shows what a rule detects, why it matters, the fix and its thresholds.")
+    return EXIT_OK
+
+
+def cmd_explain(key: str) -> int:
+    from gpuadvise.rules import all_rules, find_rule
+
+    rule = find_rule(key)
+    if rule is None:
+        known = ", ".join(r.name for r in all_rules())
+        raise InputError(None, f"unknown rule {key!r}; known rules: {known}")
+    print(f"{rule.code} {rule.name} (topic: {rule.topic})\n")
+    print(rule.docs)
+    return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,136 @@
+"""Runs the pipeline: source → model → metrics → rules → a report the renderers draw."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .analysis import Analysis
+from .findings import Finding
+from .loader import load_trace
+from .metrics import Metrics, compute
+from .model import TraceModel
+from .sources import Source, resolve
+
+
+@dataclass
+class TraceReport:
+    source: str
+    rank: int | None
+    model: TraceModel | None
+    metrics: Metrics | None
+    findings: list[Finding]
+    notes: list[str] = field(default_factory=list)
+    kind: str = "trace"
+
+    def summary(self) -> dict:
+        s: dict = {"trace": self.source, "rank": self.rank, "kind": self.kind}
+        if self.model is None or self.metrics is None:
+            return s
+        m, meta = self.metrics, self.model.meta
+        dev = self.model.device
+        ps = m.per_step
+        s.update({
+            "device": dev.name if dev else None,
+            "compute_capability": f"{dev.compute_major}.{dev.compute_minor}" if dev and dev.compute_major is not None else None,
+            "platform": meta.platform,
+            "events": meta.events_total,
+            "steps": len(m.steps),
+            "step_numbers": [st.number for st in m.steps],
+            "median_step_ms": round(m.median_step_us / 1e3, 3),
+            "window_ms": round(m.window_us / 1e3, 3),
+            "gpu_busy_pct": _r(m.gpu_busy_pct),
+            "gpu_busy_in_steps_pct": _r(m.busy_in_steps_pct),
+            "temporal_breakdown": {k: _r(v) for k, v in m.temporal.items()},
+            "step_breakdown_ms": {
+                col.replace("_us", ""): round(float(np.median(ps[col])) / 1e3, 3)
+                for col in ("dur_us", "kernel_us", "comm_us", "memcpy_us", "memset_us", "dataloader_us", "sync_us", "idle_us")
+                if col in ps
+            },
+            "idle_breakdown_ms": {k.replace("_us", ""): round(float(m.idle_breakdown[k].sum()) / 1e3, 3)
+                                  for k in ("host_wait_us", "kernel_wait_us", "other_us")} if len(m.idle_breakdown) else {},
+            "kernels": int(len(self.model.kernels)),
+            "events_skipped": meta.events_skipped,
+            "truncated": meta.truncated,
+        })
+        return s
+
+
+def _r(v, nd=2):
+    if v is None:
+        return None
+    return round(float(v), nd)
+
+
+def analyze_model(model: TraceModel, facts: dict | None = None, source: str = "", rank: int | None = None,
+                  rules=None) -> TraceReport:
+    from gpuadvise.rules import all_rules
+
+    metrics = compute(model)
+    analysis = Analysis(model, metrics, facts)
+    findings: list[Finding] = []
+    notes: list[str] = []
+    if model.meta.events_skipped:
+        notes.append(f"{model.meta.events_skipped} malformed events were skipped")
+    if model.meta.unknown_categories:
+        total = sum(model.meta.unknown_categories.values())
+        notes.append(f"{total} events of unknown categories were ignored: "
+                     + ", ".join(sorted(model.meta.unknown_categories)[:5]))
+    if not metrics.steps and metrics.has_gpu:
+        notes.append("no ProfilerStep annotations: the whole trace is treated as one step")
+    rank = model.meta.rank if model.meta.rank is not None else rank
+    for rule in rules or all_rules():
+        try:
+            found = rule.check(analysis)
+        except Exception as exc:  # a rule bug must not cost the user the other findings
+            notes.append(f"rule {rule.code} ({rule.name}) failed: {type(exc).__name__}: {exc}")
+            if _debug():
+                traceback.print_exc()
+            continue
+        for f in found:
+            f.rank = rank
+            f.trace = source
+        findings.extend(found)
+    findings.sort(key=lambda f: (-f.impact.est_step_saving_pct, f.rule))
+    return TraceReport(source=source, rank=rank, model=model, metrics=metrics, findings=findings, notes=notes)
+
+
+def analyze_source(src: Source, rules=None) -> TraceReport:
+    if src.kind == "snapshot":
+        from .snapshot import analyze_snapshot
+
+        return analyze_snapshot(src)
+    model = load_trace(src.path)
+    report = analyze_model(model, src.facts, source=str(src.path), rank=src.rank, rules=rules)
+    if model.meta.truncated:
+        report.notes.insert(0, f"the trace was cut off; analysed the {model.meta.events_total} complete events before the cut")
+    return report
+
+
+def analyze_paths(paths: list[str], progress=None, rules=None) -> list[TraceReport]:
+    sources = resolve(paths)
+    reports = []
+    for i, src in enumerate(sources):
+        if progress:
+            progress(i, len(sources), src)
+        reports.append(analyze_source(src, rules=rules))
+    return reports
+
+
+def _debug() -> bool:
+    import os
+
+    return bool(os.environ.get("GPUADVISE_DEBUG"))
+
+
+def all_findings(reports: list[TraceReport]) -> list[Finding]:
+    out = [f for r in reports for f in r.findings]
+    out.sort(key=lambda f: (-f.impact.est_step_saving_pct, f.rule, f.rank if f.rank is not None else -1))
+    return out
+
+
+def warn(msg: str) -> None:
+    print(f"gpuadvise: warning: {msg}", file=sys.stderr)

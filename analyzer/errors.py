@@ -1,0 +1,18 @@
+"""Errors a user can cause, and the exit codes the CLI maps them to.
+
+A user mistake (missing file, not a trace, unwritable output) is an `InputError`: the CLI prints its
+one-line message and exits with `EXIT_INPUT`. Anything else is our bug and exits with `EXIT_INTERNAL`.
+"""
+
+EXIT_OK = 0
+EXIT_INPUT = 2  # bad path, unreadable or malformed input, unwritable output
+EXIT_INTERNAL = 3  # a bug in gpuadvise
+
+
+class InputError(Exception):
+    """A problem with what the user gave us, reported as one line naming the file."""
+
+    def __init__(self, path, problem: str):
+        self.path = str(path) if path is not None else None
+        self.problem = problem
+        super().__init__(f"{self.path}: {problem}" if self.path else problem)

@@ -1,0 +1,50 @@
+"""A finding: what is slow, the numbers that prove it, what fixing it would save, and the fix."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+SEVERITIES = ("high", "medium", "low", "info")
+
+
+@dataclass
+class Evidence:
+    steps: list[int] = field(default_factory=list)  # ProfilerStep numbers affected
+    time_ranges_ms: list[tuple[float, float]] = field(default_factory=list)  # where in the trace (from its start)
+    items: list[dict] = field(default_factory=list)  # top offenders: name, count, total_ms, ...
+    sources: list[str] = field(default_factory=list)  # user source lines (file.py(line): func)
+    numbers: dict = field(default_factory=dict)  # the measured figures the message quotes
+
+
+@dataclass
+class Impact:
+    est_step_saving_pct: float  # predicted % of the median step time saved by the fix
+    basis: str  # how it was predicted
+
+
+@dataclass
+class Finding:
+    rule: str
+    topic: str
+    severity: str
+    title: str
+    message: str
+    evidence: Evidence
+    impact: Impact
+    recommendation: str
+    rank: int | None = None
+    trace: str | None = None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["evidence"]["time_ranges_ms"] = [list(r) for r in self.evidence.time_ranges_ms]
+        return d
+
+
+def severity_for(saving_pct: float, high: float = 10.0, medium: float = 3.0) -> str:
+    """Severity follows the predicted saving: what matters is the time the user gets back."""
+    if saving_pct >= high:
+        return "high"
+    if saving_pct >= medium:
+        return "medium"
+    return "low"

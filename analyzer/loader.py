@@ -1,0 +1,585 @@
+"""Kineto trace (.json / .json.gz) → `TraceModel`, decoded by msgspec straight into columns.
+
+Why not `json.load`: it builds a dict per event (about 1 KB each) before any analysis starts. Here the
+file is scanned once into a list of raw event slices, and the slices are decoded in chunks into typed
+structs that are turned into numpy columns and dropped, so peak memory is the file bytes plus the
+columns. A chunk that fails typed decoding is decoded event by event; events that cannot be read are
+counted and skipped, never fatal.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import os
+import re
+import zlib
+from array import array
+from collections import Counter
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from . import events as ev
+from .errors import InputError
+from .model import Device, TraceMeta, TraceModel
+
+CHUNK_EVENTS = 50_000
+# Real traces top out at a few GB; a .gz that inflates past this is refused rather than risking the
+# user's machine (override with GPUADVISE_MAX_TRACE_BYTES).
+MAX_TRACE_BYTES = int(os.environ.get("GPUADVISE_MAX_TRACE_BYTES", 16 * 2**30))
+
+# Ops whose input shapes/dtypes the rules read (Tensor Core eligibility, fp16 alignment).
+MATMUL_OPS = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|conv|convolution|cudnn_conv|_convolution)")
+
+_EMPTY_ARGS = ev.Args()
+_HEADER = msgspec.json.Decoder(ev.Header)
+_RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
+_EVENTS = msgspec.json.Decoder(list[ev.Event])
+_ONE_EVENT = msgspec.json.Decoder(ev.Event)
+_ANY = msgspec.json.Decoder()
+
+
+class _Interner(dict):
+    """str → small int code, in first-seen order (pandas categorical codes)."""
+
+    def __missing__(self, key):
+        code = self[key] = len(self)
+        return code
+
+    def categories(self) -> list:
+        return list(self.keys())
+
+
+def read_trace_bytes(path: Path) -> tuple[bytes, bool]:
+    """The decompressed bytes of a trace file, and whether a .gz stream was cut short."""
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(2)
+            fh.seek(0)
+            if magic != b"\x1f\x8b":
+                size = os.fstat(fh.fileno()).st_size
+                if size > MAX_TRACE_BYTES:
+                    raise InputError(path, f"trace is {size / 2**30:.1f} GiB, above the {MAX_TRACE_BYTES / 2**30:.0f} GiB limit")
+                return fh.read(), False
+            return _gunzip(path, fh)
+    except FileNotFoundError:
+        raise InputError(path, "no such file") from None
+    except IsADirectoryError:
+        raise InputError(path, "is a folder, not a trace file") from None
+    except PermissionError:
+        raise InputError(path, "permission denied") from None
+    except OSError as exc:
+        raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
+
+
+def _gunzip(path: Path, fh) -> tuple[bytes, bool]:
+    # Streamed so that a truncated or corrupt .gz still yields what it held, and a bomb is stopped early.
+    out = bytearray()
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    truncated = False
+    try:
+        while True:
+            block = fh.read(1 << 20)
+            if not block:
+                truncated = not inflater.eof
+                break
+            out += inflater.decompress(block)
+            while inflater.eof and inflater.unused_data:  # concatenated gzip members
+                rest = inflater.unused_data
+                inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                out += inflater.decompress(rest)
+            if len(out) > MAX_TRACE_BYTES:
+                raise InputError(path, f"gzip inflates to more than {MAX_TRACE_BYTES / 2**30:.0f} GiB; refusing to read it")
+    except zlib.error:
+        if not out:
+            raise InputError(path, "corrupt gzip data") from None
+        truncated = True
+    return bytes(out), truncated
+
+
+def load_trace(path: str | Path) -> TraceModel:
+    path = Path(path)
+    data, gz_truncated = read_trace_bytes(path)
+    return parse_trace_bytes(data, path, gz_truncated=gz_truncated)
+
+
+def parse_trace_bytes(data: bytes, path: Path, gz_truncated: bool = False) -> TraceModel:
+    # Strip only when needed: lstrip copies the whole buffer, which matters at 1 GB.
+    body = data.lstrip(_SPACE) if data[:1] in _SPACE_STARTS else data
+    if not body:
+        raise InputError(path, "empty file")
+    header = ev.Header()
+    if body[:1] == b"[":
+        raws, cut = _decode_event_list(body, path)
+    elif body[:1] == b"{":
+        header, raws, cut = _decode_document(body, path)
+    else:
+        raise InputError(path, "not a JSON trace (expected '{' or '[' at the start)")
+    total = len(data)
+    del body, data
+    meta = _meta_from_header(header, path)
+    meta.bytes_total = total
+    meta.truncated = gz_truncated or cut
+    return _build(raws, meta, path)
+
+
+_SPACE = b"\xef\xbb\xbf \t\r\n"
+_SPACE_STARTS = {bytes([c]) for c in _SPACE}
+
+
+def _decode_document(body: bytes, path: Path):
+    try:
+        header = _HEADER.decode(body)
+    except msgspec.ValidationError as exc:
+        if "traceEvents" in str(exc):
+            raise InputError(path, "'traceEvents' is not a list of events") from None
+        raise InputError(path, f"not a Kineto trace ({_short(exc)})") from None
+    except msgspec.DecodeError:
+        return _salvage_document(body, path)
+    if header.traceEvents is None:
+        raise InputError(path, "JSON has no 'traceEvents' list: not a PyTorch profiler trace")
+    raws, header.traceEvents = header.traceEvents, None
+    return header, raws, False
+
+
+def _decode_event_list(body: bytes, path: Path):
+    try:
+        return _RAW_LIST.decode(body), False
+    except msgspec.DecodeError:
+        start = 0
+        raws = _salvage_events(body, start)
+        if raws is None:
+            raise InputError(path, "not valid JSON") from None
+        return raws, True
+
+
+def _salvage_document(body: bytes, path: Path):
+    """A document cut off mid-write: keep the header fields we can and every complete event."""
+    key = body.find(b'"traceEvents"')
+    if key < 0:
+        raise InputError(path, "not valid JSON and no 'traceEvents' found")
+    bracket = body.find(b"[", key)
+    if bracket < 0:
+        raise InputError(path, "not valid JSON: 'traceEvents' has no list")
+    raws = _salvage_events(body, bracket)
+    if raws is None:
+        raise InputError(path, "not valid JSON: no complete event could be read")
+    header = ev.Header()
+    # Header keys written before the events (rare) are lost; keys after the cut are gone anyway.
+    tail = body[:key].rstrip().rstrip(b",") + b"}"
+    try:
+        header = _HEADER.decode(tail)
+    except msgspec.MsgspecError:
+        pass
+    return header, raws, True
+
+
+def _salvage_events(body: bytes, bracket: int, max_tries: int = 4000):
+    """Cut the list after the last complete event that still parses, walking back from the end."""
+    pos = len(body)
+    for _ in range(max_tries):
+        pos = body.rfind(b"}", bracket, pos)
+        if pos < 0:
+            return [] if body.find(b"{", bracket) < 0 else None
+        try:
+            return _RAW_LIST.decode(body[bracket : pos + 1] + b"]")
+        except msgspec.MsgspecError:
+            continue
+    return None
+
+
+def _short(exc: Exception) -> str:
+    return str(exc).splitlines()[0][:120]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Header facts
+
+
+def _meta_from_header(h: ev.Header, path: Path) -> TraceMeta:
+    meta = TraceMeta(path=str(path))
+    props = h.deviceProperties if isinstance(h.deviceProperties, list) else h.computeProperties
+    if isinstance(props, list):
+        for i, p in enumerate(props):
+            if not isinstance(p, dict):
+                continue
+            meta.devices.append(Device(
+                id=_int(p.get("id"), i),
+                name=str(p.get("name") or ""),
+                compute_major=_int(p.get("computeMajor"), None),
+                compute_minor=_int(p.get("computeMinor"), None),
+                total_memory=_int(p.get("totalGlobalMem"), None),
+                num_sms=_int(p.get("numSms"), None),
+            ))
+    if isinstance(h.distributedInfo, dict):
+        meta.rank = _int(h.distributedInfo.get("rank"), None)
+        meta.world_size = _int(h.distributedInfo.get("world_size"), None)
+    for key in ("schemaVersion", "cupti_version", "cuda_runtime_version", "cuda_driver_version",
+                "hip_runtime_version", "roctracer_version"):
+        value = getattr(h, key)
+        if isinstance(value, (int, float, str)):
+            meta.versions[key] = value
+    for key in ("record_shapes", "profile_memory", "with_stack"):
+        value = getattr(h, key)
+        if isinstance(value, (int, bool)):
+            meta.flags[key] = bool(value)
+    if "hip_runtime_version" in meta.versions or "roctracer_version" in meta.versions:
+        meta.platform = "rocm"
+    elif "cuda_runtime_version" in meta.versions or "cupti_version" in meta.versions:
+        meta.platform = "cuda"
+    return meta
+
+
+def _int(value, default):
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return default
+    return default
+
+
+# ----------------------------------------------------------------------------------------------------
+# Events → columns
+
+
+class _Columns:
+    """Per-table column chunks, concatenated once at the end."""
+
+    def __init__(self):
+        self.parts: dict[str, list[np.ndarray]] = {}
+
+    def add(self, name: str, values, dtype) -> None:
+        self.parts.setdefault(name, []).append(np.asarray(values, dtype=dtype))
+
+    def frame(self, columns: dict[str, object]) -> dict[str, np.ndarray]:
+        out = {}
+        for name, dtype in columns.items():
+            chunks = self.parts.get(name)
+            out[name] = np.concatenate(chunks) if chunks else np.empty(0, dtype=dtype)
+        return out
+
+
+def _f(values) -> list:
+    return [math.nan if v is None else v for v in values]
+
+
+def _i(values) -> list:
+    return [-1 if v is None else int(v) for v in values]
+
+
+class _Builder:
+    def __init__(self, meta: TraceMeta):
+        self.meta = meta
+        self.names = _Interner()
+        self.stacks = _Interner()
+        self.stacks[""]  # code 0 = no stack
+        self.types = _Interner()
+        self.types[""]
+        self.thread_codes = _Interner()  # non-numeric pid/tid strings → negative ids
+        self.tables = {k: _Columns() for k in ("gpu", "runtime", "cpu", "python", "memory", "syncs", "gpu_annotations")}
+        self.cat_cache: dict = {}
+        self.unknown = Counter()
+        self.total = 0
+        self.skipped = 0
+        self.min_ts = math.inf
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _category(self, cat, name) -> int | None:
+        if name == "[memory]":
+            return ev.MEMORY
+        code = self.cat_cache.get(cat, -2)
+        if code == -2:
+            key = cat.lower() if isinstance(cat, str) else ""
+            code = ev.CATEGORY.get(key)
+            if code is None and key not in ev.IGNORED_CATEGORIES:
+                code = -1
+            self.cat_cache[cat] = code
+        if code == -1:
+            self.unknown[str(cat)] += 1
+            return None
+        if code == ev.MEMORY:  # other cpu_instant_events carry nothing we use
+            return None
+        return code
+
+    def _ident(self, value) -> int:
+        if type(value) is int:
+            return value
+        if value is None:
+            return -1
+        s = str(value)
+        if s.isdigit():
+            return int(s)
+        if s.startswith("stream "):
+            rest = s[7:].strip()
+            if rest.isdigit():
+                return int(rest)
+        return -2 - self.thread_codes[s]
+
+    def _names(self, evs) -> list:
+        names = self.names
+        return [names[n if type(n) is str else str(n)] for n in (e.name for e in evs)]
+
+    # -- per chunk ------------------------------------------------------------------------------
+    def add_chunk(self, events: list) -> None:
+        buckets: dict[int, list] = {}
+        for e in events:
+            if e.ph == "M":
+                self._metadata(e)
+                continue
+            code = self._category(e.cat, e.name)
+            if code is None:
+                continue
+            ts = e.ts
+            if ts is None or ts != ts or (e.dur is not None and (e.dur < 0 or e.dur != e.dur)):
+                self.skipped += 1
+                continue
+            if ts < self.min_ts:
+                self.min_ts = ts
+            b = buckets.get(code)
+            if b is None:
+                b = buckets[code] = []
+            b.append(e)
+        for code, evs in buckets.items():
+            if code in (ev.KERNEL, ev.MEMCPY, ev.MEMSET):
+                self._gpu(evs, code)
+            elif code == ev.RUNTIME:
+                self._runtime(evs)
+            elif code in (ev.CPU_OP, ev.ANNOTATION):
+                self._cpu(evs, code == ev.ANNOTATION)
+            elif code == ev.PYTHON:
+                self._python(evs)
+            elif code == ev.MEMORY:
+                self._memory(evs)
+            elif code == ev.SYNC:
+                self._span("syncs", evs)
+            elif code == ev.GPU_ANNOTATION:
+                self._span("gpu_annotations", evs)
+            elif code == ev.RANGE:
+                self.meta.profiler_ranges += len(evs)
+            elif code == ev.OVERHEAD:
+                self.meta.overhead_events += len(evs)
+
+    def _metadata(self, e) -> None:
+        a = e.args
+        if a is None or not isinstance(a.name, str):
+            return
+        if e.name == "process_name":
+            self.meta.process_names[self._ident(e.pid)] = a.name
+        elif e.name == "thread_name":
+            self.meta.thread_names[(self._ident(e.pid), self._ident(e.tid))] = a.name
+
+    def _base(self, t: _Columns, evs) -> list:
+        t.add("name", self._names(evs), np.int32)
+        t.add("ts", [e.ts for e in evs], np.float64)
+        t.add("dur", [0.0 if e.dur is None else e.dur for e in evs], np.float64)
+        return [e.args or _EMPTY_ARGS for e in evs]
+
+    def _gpu(self, evs, code) -> None:
+        t = self.tables["gpu"]
+        args = self._base(t, evs)
+        t.add("kind", np.full(len(evs), code, np.int8), np.int8)
+        ident = self._ident
+        t.add("device", [ident(e.pid) if a.device is None else int(a.device) for e, a in zip(evs, args)], np.int64)
+        t.add("stream", [ident(e.tid) if a.stream is None else int(a.stream) for e, a in zip(evs, args)], np.int64)
+        t.add("correlation", _i(a.correlation for a in args), np.int64)
+        t.add("external_id", _i(a.external_id if a.external_id is not None else a.external_id_legacy for a in args), np.int64)
+        t.add("bytes", _f(a.nbytes for a in args), np.float64)
+
+    def _runtime(self, evs) -> None:
+        t = self.tables["runtime"]
+        args = self._base(t, evs)
+        ident = self._ident
+        t.add("pid", [ident(e.pid) for e in evs], np.int64)
+        t.add("tid", [ident(e.tid) for e in evs], np.int64)
+        t.add("correlation", _i(a.correlation for a in args), np.int64)
+        t.add("external_id", _i(a.external_id if a.external_id is not None else a.external_id_legacy for a in args), np.int64)
+
+    def _cpu(self, evs, annotation: bool) -> None:
+        t = self.tables["cpu"]
+        args = self._base(t, evs)
+        ident = self._ident
+        t.add("pid", [ident(e.pid) for e in evs], np.int64)
+        t.add("tid", [ident(e.tid) for e in evs], np.int64)
+        t.add("is_annotation", np.full(len(evs), annotation), bool)
+        t.add("external_id", _i(a.external_id if a.external_id is not None else a.external_id_legacy for a in args), np.int64)
+        stacks, types = self.stacks, self.types
+        t.add("call_stack", [stacks[a.call_stack] if isinstance(a.call_stack, str) else 0 for a in args], np.int32)
+        typ, dims = [], []
+        for e, a in zip(evs, args):
+            if isinstance(e.name, str) and MATMUL_OPS.match(e.name):
+                typ.append(types[",".join(map(str, a.input_type))] if isinstance(a.input_type, list) else 0)
+                dims.append(types[bytes(a.input_dims).decode("utf-8", "replace")])
+            else:
+                typ.append(0)
+                dims.append(0)
+        t.add("input_type", typ, np.int32)
+        t.add("input_dims", dims, np.int32)
+
+    def _python(self, evs) -> None:
+        t = self.tables["python"]
+        args = self._base(t, evs)
+        t.add("tid", [self._ident(e.tid) for e in evs], np.int64)
+        t.add("python_id", _i(a.python_id for a in args), np.int64)
+        t.add("parent_id", _i(a.python_parent_id for a in args), np.int64)
+
+    def _memory(self, evs) -> None:
+        t = self.tables["memory"]
+        t.add("ts", [e.ts for e in evs], np.float64)
+        args = [e.args or _EMPTY_ARGS for e in evs]
+        t.add("bytes", _f(a.mem_bytes for a in args), np.float64)
+        t.add("total_allocated", _f(a.total_allocated for a in args), np.float64)
+        t.add("total_reserved", _f(a.total_reserved for a in args), np.float64)
+        t.add("device_type", _i(a.device_type for a in args), np.int64)
+        t.add("device", _i(a.device_id for a in args), np.int64)
+        t.add("addr", _f(a.addr for a in args), np.float64)
+
+    def _span(self, table: str, evs) -> None:
+        t = self.tables[table]
+        args = self._base(t, evs)
+        ident = self._ident
+        t.add("device", [ident(e.pid) if a.device is None else int(a.device) for e, a in zip(evs, args)], np.int64)
+        t.add("stream", [ident(e.tid) if a.stream is None else int(a.stream) for e, a in zip(evs, args)], np.int64)
+        t.add("correlation", _i(a.correlation for a in args), np.int64)
+
+    # -- frames ---------------------------------------------------------------------------------
+    def frames(self) -> dict[str, pd.DataFrame]:
+        base = 0.0 if self.min_ts == math.inf else self.min_ts
+        self.meta.base_ts_us = base
+        names = self.names.categories()
+        specs = {
+            "gpu": dict(name=np.int32, ts=np.float64, dur=np.float64, kind=np.int8, device=np.int64, stream=np.int64,
+                        correlation=np.int64, external_id=np.int64, bytes=np.float64),
+            "runtime": dict(name=np.int32, ts=np.float64, dur=np.float64, pid=np.int64, tid=np.int64,
+                            correlation=np.int64, external_id=np.int64),
+            "cpu": dict(name=np.int32, ts=np.float64, dur=np.float64, pid=np.int64, tid=np.int64, is_annotation=bool,
+                        external_id=np.int64, call_stack=np.int32, input_type=np.int32, input_dims=np.int32),
+            "python": dict(name=np.int32, ts=np.float64, dur=np.float64, tid=np.int64, python_id=np.int64, parent_id=np.int64),
+            "memory": dict(ts=np.float64, bytes=np.float64, total_allocated=np.float64, total_reserved=np.float64,
+                           device_type=np.int64, device=np.int64, addr=np.float64),
+            "syncs": dict(name=np.int32, ts=np.float64, dur=np.float64, device=np.int64, stream=np.int64, correlation=np.int64),
+            "gpu_annotations": dict(name=np.int32, ts=np.float64, dur=np.float64, device=np.int64, stream=np.int64, correlation=np.int64),
+        }
+        kinds = np.array(["kernel", "memcpy", "memset"], dtype=object)
+        out = {}
+        for table, spec in specs.items():
+            cols = self.tables[table].frame(spec)
+            self.tables[table] = None  # release chunk arrays as we go
+            cols["ts"] = cols["ts"] - base
+            if "name" in cols:
+                cols["name"] = pd.Categorical.from_codes(cols["name"], categories=_unique_categories(names))
+            if "dur" in cols:
+                cols["end"] = cols["ts"] + cols["dur"]
+            if table == "gpu":
+                cols["kind"] = pd.Categorical.from_codes(cols["kind"].astype(np.int64), categories=kinds.tolist())
+            if table == "cpu":
+                cols["call_stack"] = _decode_codes(cols["call_stack"], self.stacks)
+                cols["input_type"] = _decode_codes(cols["input_type"], self.types)
+                cols["input_dims"] = _decode_codes(cols["input_dims"], self.types)
+            df = pd.DataFrame(cols)
+            if "name" in df:
+                df["name"] = df["name"].cat.remove_unused_categories()
+            out[table] = df.sort_values("ts", kind="stable", ignore_index=True)
+        return out
+
+
+def _unique_categories(names: list) -> list:
+    return names if names else []
+
+
+def _decode_codes(codes: np.ndarray, interner: _Interner) -> pd.Categorical:
+    return pd.Categorical.from_codes(codes.astype(np.int64), categories=interner.categories())
+
+
+def _build(raws: list, meta: TraceMeta, path: Path) -> TraceModel:
+    b = _Builder(meta)
+    for start in range(0, len(raws), CHUNK_EVENTS):
+        chunk = raws[start : start + CHUNK_EVENTS]
+        b.total += len(chunk)
+        try:
+            events = _EVENTS.decode(b"[" + b",".join(chunk) + b"]")
+        except msgspec.MsgspecError:
+            events = _decode_leniently(chunk, b)
+        b.add_chunk(events)
+        del events
+    meta.events_total = b.total
+    meta.events_skipped = b.skipped
+    meta.unknown_categories = dict(b.unknown)
+    frames = b.frames()
+    _platform_from_names(meta, frames["runtime"])
+    return TraceModel(meta=meta, **frames)
+
+
+def _decode_leniently(chunk: list, b: _Builder) -> list:
+    """Decode a chunk event by event; repair ill-typed fields where possible, skip the rest."""
+    out = []
+    for raw in chunk:
+        try:
+            out.append(_ONE_EVENT.decode(raw))
+            continue
+        except msgspec.MsgspecError:
+            pass
+        try:
+            obj = _ANY.decode(raw)
+        except msgspec.MsgspecError:
+            b.skipped += 1
+            continue
+        event = _repair(obj)
+        if event is None:
+            b.skipped += 1
+        else:
+            out.append(event)
+    return out
+
+
+def _repair(obj) -> ev.Event | None:
+    if not isinstance(obj, dict):
+        return None
+    try:
+        return msgspec.convert(obj, ev.Event, strict=False)
+    except msgspec.MsgspecError:
+        pass
+    args = obj.get("args")
+    clean = {k: v for k, v in obj.items() if k != "args"}
+    if isinstance(args, dict):
+        good = {}
+        for key, value in args.items():
+            try:
+                msgspec.convert({key: value}, ev.Args, strict=False)
+                good[key] = value
+            except msgspec.MsgspecError:
+                continue
+        clean["args"] = good
+    for key in ("ts", "dur"):
+        value = clean.get(key)
+        if isinstance(value, str):
+            try:
+                clean[key] = float(value)
+            except ValueError:
+                return None
+    for key in ("ph", "cat", "name", "pid", "tid"):
+        if key in clean and not isinstance(clean[key], (str, int)) or isinstance(clean.get(key), bool):
+            clean[key] = str(clean[key])
+    try:
+        return msgspec.convert(clean, ev.Event, strict=False)
+    except msgspec.MsgspecError:
+        return None
+
+
+def _platform_from_names(meta: TraceMeta, runtime: pd.DataFrame) -> None:
+    if meta.platform != "unknown" or runtime.empty:
+        return
+    names = runtime["name"].cat.categories
+    if any(str(n).startswith("hip") for n in names):
+        meta.platform = "rocm"
+    elif any(str(n).startswith("cu") for n in names):
+        meta.platform = "cuda"

@@ -1,0 +1,478 @@
+"""Metrics computed once per trace from the model; the rules and every renderer read these.
+
+Definitions follow Holistic Trace Analysis (HTA) where HTA has one:
+- temporal breakdown: `kernel_time` = first GPU op start → last GPU op end (all streams); idle =
+  kernel_time − |∪ GPU ops|; compute = |∪ non-communication kernels|; non-compute = the rest.
+  `gpu_busy_pct` = 100 − idle %. (Unlike HTA, Kineto `cuda_sync` events never count as busy.)
+- idle breakdown per stream: a gap before a GPU op is *host wait* when the runtime call that launched
+  the op started after the previous op on the stream ended; else *kernel wait* when the gap is shorter
+  than 30 µs (HTA's `consecutive_kernel_delay`, which HTA documents as ns but applies in µs); else *other*.
+- launch stats: runtime call ↔ GPU op by correlation; launch delay = op start − runtime call end.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from . import intervals as iv
+from .kernels import is_comm, is_matmul_like, precision_class
+from .model import TraceModel
+
+KERNEL_WAIT_US = 30.0
+
+LAUNCH_CALLS = {
+    "cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchCooperativeKernel",
+    "cudaGraphLaunch", "hipLaunchKernel", "hipExtModuleLaunchKernel", "hipModuleLaunchKernel", "hipExtLaunchKernel",
+    "hipGraphLaunch", "hipLaunchCooperativeKernel",
+}
+COPY_CALLS = {"cudaMemcpyAsync", "cudaMemcpy", "cudaMemsetAsync", "cudaMemset", "cudaMemcpy2DAsync",
+              "hipMemcpyAsync", "hipMemcpy", "hipMemcpyWithStream", "hipMemsetAsync", "hipMemset"}
+GRAPH_LAUNCHES = {"cudaGraphLaunch", "hipGraphLaunch"}
+# Calls that block the CPU until the GPU catches up.
+SYNC_CALLS = {
+    "cudaStreamSynchronize": "stream", "cudaDeviceSynchronize": "device", "cudaEventSynchronize": "event",
+    "hipStreamSynchronize": "stream", "hipDeviceSynchronize": "device", "hipEventSynchronize": "event",
+    "cudaMemcpy": "blocking copy", "hipMemcpy": "blocking copy", "hipMemcpyWithStream": "blocking copy",
+    "cudaMemset": "blocking memset", "hipMemset": "blocking memset",
+}
+DEVICE_SYNCS = {"cudaDeviceSynchronize", "hipDeviceSynchronize"}
+SCALAR_OPS = {"aten::_local_scalar_dense", "aten::item"}
+DATALOADER = re.compile(r"^enumerate\((DataLoader|DataPipe)\)#")
+STEP = re.compile(r"^ProfilerStep#(\d+)$")
+COPY_NAME = re.compile(r"^Memcpy (\w+) \(([\w ]+?) -> ([\w ]+?)\)")
+
+
+@dataclass
+class Step:
+    number: int
+    start: float
+    end: float
+
+    @property
+    def dur(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class Metrics:
+    window: tuple[float, float]
+    steps: list[Step]
+    has_gpu: bool
+    per_step: pd.DataFrame  # one row per step (or one for the whole window when there are no steps)
+    temporal: dict  # HTA temporal breakdown over the whole trace
+    idle_breakdown: pd.DataFrame  # per stream
+    kernels: pd.DataFrame  # per kernel name
+    ops: pd.DataFrame  # per CPU op name (top level time)
+    copies: pd.DataFrame  # every memcpy/memset with parsed direction and memory kinds
+    copy_summary: pd.DataFrame  # grouped by kind, direction, src, dst
+    syncs: pd.DataFrame  # blocking calls with where they came from
+    launches: pd.DataFrame  # runtime launch ↔ GPU op joins
+    dataloader: pd.DataFrame  # DataLoader __next__ spans
+    gpu_union: tuple[np.ndarray, np.ndarray]
+    launch_thread: tuple[int, int] | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def median_step_us(self) -> float:
+        return float(self.per_step["dur_us"].median()) if len(self.per_step) else 0.0
+
+    @property
+    def window_us(self) -> float:
+        return self.window[1] - self.window[0]
+
+    @property
+    def gpu_busy_pct(self) -> float | None:
+        return self.temporal.get("busy_pct")
+
+    @property
+    def busy_in_steps_pct(self) -> float | None:
+        if not self.has_gpu or self.per_step.empty:
+            return None
+        return float(100 * self.per_step["gpu_busy_us"].sum() / max(self.per_step["dur_us"].sum(), 1e-9))
+
+
+def compute(model: TraceModel) -> Metrics:
+    steps = find_steps(model)
+    window = _window(model, steps)
+    gpu = model.gpu
+    has_gpu = len(gpu) > 0
+    gpu_union = iv.union(gpu["ts"].to_numpy(), gpu["end"].to_numpy())
+    launches = launch_stats(model)
+    dl = dataloader_spans(model, steps)
+    copies = copy_table(model, steps)
+    syncs = sync_table(model, steps)
+    metrics = Metrics(
+        window=window,
+        steps=steps,
+        has_gpu=has_gpu,
+        per_step=per_step_table(model, steps, window, gpu_union, dl, syncs),
+        temporal=temporal_breakdown(model),
+        idle_breakdown=idle_breakdown(model, launches),
+        kernels=kernel_table(model),
+        ops=op_table(model),
+        copies=copies,
+        copy_summary=copy_summary(copies),
+        syncs=syncs,
+        launches=launches,
+        dataloader=dl,
+        gpu_union=gpu_union,
+        launch_thread=launch_thread(model),
+    )
+    return metrics
+
+
+# ----------------------------------------------------------------------------------------------------
+# Steps and windows
+
+
+def find_steps(model: TraceModel) -> list[Step]:
+    cpu = model.cpu
+    if cpu.empty:
+        return []
+    names = cpu["name"].astype(str)
+    mask = names.str.startswith("ProfilerStep#")
+    if not mask.any():
+        return []
+    rows = cpu[mask]
+    seen: dict[int, Step] = {}
+    for name, ts, end in zip(names[mask], rows["ts"], rows["end"]):
+        m = STEP.match(name)
+        if not m:
+            continue
+        n = int(m.group(1))
+        if n not in seen or end - ts > seen[n].dur:  # duplicated annotations: keep the CPU-side span
+            seen[n] = Step(n, float(ts), float(end))
+    return sorted(seen.values(), key=lambda s: s.start)
+
+
+def _window(model: TraceModel, steps: list[Step]) -> tuple[float, float]:
+    if steps:
+        return steps[0].start, steps[-1].end
+    lo, hi = np.inf, -np.inf
+    for df in (model.gpu, model.runtime, model.cpu):
+        if len(df):
+            lo = min(lo, float(df["ts"].min()))
+            hi = max(hi, float(df["end"].max()))
+    if lo == np.inf:
+        return 0.0, 0.0
+    return lo, hi
+
+
+def step_windows(metrics_steps: list[Step], window: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
+    if metrics_steps:
+        return (np.array([s.start for s in metrics_steps]), np.array([s.end for s in metrics_steps]))
+    return np.array([window[0]]), np.array([window[1]])
+
+
+# ----------------------------------------------------------------------------------------------------
+# GPU time
+
+
+def temporal_breakdown(model: TraceModel) -> dict:
+    gpu = model.gpu
+    if gpu.empty:
+        return {}
+    start, end = float(gpu["ts"].min()), float(gpu["end"].max())
+    span = max(end - start, 1e-9)
+    busy = iv.total(*iv.union(gpu["ts"], gpu["end"]))
+    kernels = gpu[gpu["kind"] == "kernel"]
+    comm = kernels["name"].map(lambda n: is_comm(str(n))).astype(bool) if len(kernels) else pd.Series([], dtype=bool)
+    compute = kernels[~comm.to_numpy()] if len(kernels) else kernels
+    compute_us = iv.total(*iv.union(compute["ts"], compute["end"]))
+    idle = span - busy
+    return {
+        "kernel_time_us": span,
+        "idle_us": idle,
+        "compute_us": compute_us,
+        "non_compute_us": span - compute_us - idle,
+        "idle_pct": 100 * idle / span,
+        "compute_pct": 100 * compute_us / span,
+        "non_compute_pct": 100 * (span - compute_us - idle) / span,
+        "busy_pct": 100 * busy / span,
+    }
+
+
+def per_step_table(model, steps, window, gpu_union, dataloader, syncs) -> pd.DataFrame:
+    lo, hi = step_windows(steps, window)
+    dur = hi - lo
+    gpu = model.gpu
+    out = pd.DataFrame({
+        "step": [s.number for s in steps] if steps else [-1],
+        "start_us": lo,
+        "dur_us": dur,
+    })
+    out["gpu_busy_us"] = iv.covered(*gpu_union, lo, hi)
+    for kind in ("kernel", "memcpy", "memset"):
+        part = gpu[gpu["kind"] == kind]
+        if kind == "kernel" and len(part):
+            comm = part["name"].map(lambda n: is_comm(str(n))).astype(bool).to_numpy()
+            out["comm_us"] = iv.covered(*iv.union(part["ts"][comm], part["end"][comm]), lo, hi)
+            part = part[~comm]
+        elif kind == "kernel":
+            out["comm_us"] = 0.0
+        out[f"{kind}_us"] = iv.covered(*iv.union(part["ts"], part["end"]), lo, hi)
+    out["dataloader_us"] = iv.covered(*iv.union(dataloader["ts"], dataloader["end"]), lo, hi) if len(dataloader) else 0.0
+    blocking = syncs[~syncs["profiler_sync"]] if len(syncs) else syncs
+    out["sync_us"] = iv.covered(*iv.union(blocking["ts"], blocking["end"]), lo, hi) if len(blocking) else 0.0
+    out["gpu_busy_pct"] = 100 * out["gpu_busy_us"] / np.maximum(dur, 1e-9)
+    out["idle_us"] = dur - out["gpu_busy_us"]
+    return out
+
+
+def idle_breakdown(model: TraceModel, launches: pd.DataFrame) -> pd.DataFrame:
+    gpu = model.gpu
+    cols = ["stream", "idle_us", "host_wait_us", "kernel_wait_us", "other_us"]
+    if gpu.empty:
+        return pd.DataFrame(columns=cols)
+    launch_ts = launches.set_index("correlation")["launch_ts"] if len(launches) else pd.Series(dtype=float)
+    rows = []
+    for stream, g in gpu.sort_values("ts").groupby("stream", sort=True):
+        if len(g) < 2:
+            continue
+        ts, end = g["ts"].to_numpy(), g["end"].to_numpy()
+        prev_end = np.maximum.accumulate(end)[:-1]
+        gap = ts[1:] - prev_end
+        pos = gap > 0
+        corr = g["correlation"].to_numpy()[1:]
+        rt = launch_ts.reindex(corr).to_numpy() if len(launch_ts) else np.full(corr.shape, np.nan)
+        host = pos & (rt > prev_end)
+        kern = pos & ~host & (gap < KERNEL_WAIT_US)
+        other = pos & ~host & ~kern
+        rows.append((int(stream), gap[pos].sum(), gap[host].sum(), gap[kern].sum(), gap[other].sum()))
+    return pd.DataFrame(rows, columns=cols)
+
+
+def launch_stats(model: TraceModel) -> pd.DataFrame:
+    rt, gpu = model.runtime, model.gpu
+    cols = ["correlation", "call", "launch_ts", "launch_end", "cpu_us", "gpu_name", "gpu_ts", "gpu_us", "delay_us", "stream", "tid"]
+    if rt.empty or gpu.empty:
+        return pd.DataFrame(columns=cols)
+    calls = rt[rt["correlation"] >= 0]
+    calls = calls.drop_duplicates("correlation")
+    ops = gpu[gpu["correlation"] >= 0].drop_duplicates("correlation")
+    j = calls[["correlation", "name", "ts", "end", "dur", "tid"]].merge(
+        ops[["correlation", "name", "ts", "dur", "stream"]], on="correlation", suffixes=("_rt", "_gpu"))
+    out = pd.DataFrame({
+        "correlation": j["correlation"],
+        "call": j["name_rt"].astype(str),
+        "launch_ts": j["ts_rt"],
+        "launch_end": j["end"],
+        "cpu_us": j["dur_rt"],
+        "gpu_name": j["name_gpu"].astype(str),
+        "gpu_ts": j["ts_gpu"],
+        "gpu_us": j["dur_gpu"],
+        "delay_us": np.clip(j["ts_gpu"] - j["end"], 0, None),
+        "stream": j["stream"],
+        "tid": j["tid"],
+    })
+    return out
+
+
+def launch_thread(model: TraceModel) -> tuple[int, int] | None:
+    """(pid, tid) of the thread that issues most GPU work: the training loop's thread."""
+    rt = model.runtime
+    if rt.empty:
+        return None
+    names = rt["name"].astype(str)
+    work = rt[names.isin(LAUNCH_CALLS | COPY_CALLS)]
+    if work.empty:
+        work = rt
+    pid, tid = work.groupby(["pid", "tid"]).size().idxmax()
+    return int(pid), int(tid)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Aggregates
+
+
+def kernel_table(model: TraceModel) -> pd.DataFrame:
+    k = model.kernels
+    cols = ["name", "count", "total_us", "mean_us", "median_us", "share_pct", "matmul", "precision", "comm"]
+    if k.empty:
+        return pd.DataFrame(columns=cols)
+    g = k.groupby("name", observed=True)["dur"].agg(["count", "sum", "mean", "median"]).reset_index()
+    g.columns = ["name", "count", "total_us", "mean_us", "median_us"]
+    g["name"] = g["name"].astype(str)
+    g["share_pct"] = 100 * g["total_us"] / max(g["total_us"].sum(), 1e-9)
+    g["comm"] = g["name"].map(is_comm)
+    g["matmul"] = g["name"].map(is_matmul_like)
+    g["precision"] = [precision_class(n) if m else "" for n, m in zip(g["name"], g["matmul"])]
+    return g.sort_values("total_us", ascending=False, ignore_index=True)
+
+
+def op_table(model: TraceModel) -> pd.DataFrame:
+    cpu = model.cpu
+    cols = ["name", "count", "total_us", "mean_us"]
+    if cpu.empty:
+        return pd.DataFrame(columns=cols)
+    ops = cpu[~cpu["is_annotation"]]
+    g = ops.groupby("name", observed=True)["dur"].agg(["count", "sum", "mean"]).reset_index()
+    g.columns = cols
+    g["name"] = g["name"].astype(str)
+    return g.sort_values("total_us", ascending=False, ignore_index=True)
+
+
+def _in_window(ts: np.ndarray, steps: list[Step]) -> np.ndarray:
+    """Index of the step containing each timestamp, -1 outside every step (all 0 without steps)."""
+    if not steps:
+        return np.zeros(len(ts), dtype=np.int64)
+    starts = np.array([s.start for s in steps])
+    ends = np.array([s.end for s in steps])
+    k = np.searchsorted(starts, ts, side="right") - 1
+    ok = (k >= 0) & (ts < ends[np.clip(k, 0, None)])
+    return np.where(ok, k, -1)
+
+
+def copy_table(model: TraceModel, steps: list[Step]) -> pd.DataFrame:
+    gpu = model.gpu
+    g = gpu[gpu["kind"] != "kernel"].copy()
+    cols = ["name", "kind", "ts", "end", "dur", "bytes", "direction", "src", "dst", "step", "correlation", "call"]
+    if g.empty:
+        return pd.DataFrame(columns=cols)
+    names = g["name"].astype(str)
+    parsed = names.str.extract(COPY_NAME)
+    g["direction"] = parsed[0].fillna("")
+    g["src"] = parsed[1].fillna("")
+    g["dst"] = parsed[2].fillna("")
+    g["kind"] = g["kind"].astype(str)
+    g["name"] = names
+    calls = model.runtime[["correlation", "name"]].drop_duplicates("correlation")
+    g = g.merge(calls.rename(columns={"name": "call"}), on="correlation", how="left")
+    g["call"] = g["call"].astype(object).fillna("").astype(str)
+    g["step"] = _in_window(g["ts"].to_numpy(), steps)
+    return g[cols]
+
+
+def copy_summary(copies: pd.DataFrame) -> pd.DataFrame:
+    cols = ["kind", "direction", "src", "dst", "count", "bytes", "total_us", "gbps"]
+    if copies.empty:
+        return pd.DataFrame(columns=cols)
+    g = copies.groupby(["kind", "direction", "src", "dst"], dropna=False).agg(
+        count=("dur", "size"), bytes=("bytes", "sum"), total_us=("dur", "sum")).reset_index()
+    g["gbps"] = g["bytes"] / np.maximum(g["total_us"], 1e-9) / 1e3
+    return g.sort_values("total_us", ascending=False, ignore_index=True)
+
+
+def sync_table(model: TraceModel, steps: list[Step]) -> pd.DataFrame:
+    """Every call that blocks the CPU on the GPU, with its op, source and step."""
+    rt = model.runtime
+    cols = ["name", "kind", "ts", "end", "dur", "tid", "external_id", "step", "profiler_sync", "op", "source"]
+    if rt.empty:
+        return pd.DataFrame(columns=cols)
+    names = rt["name"].astype(str)
+    mask = names.isin(SYNC_CALLS.keys())
+    s = rt[mask].copy()
+    s["name"] = names[mask]
+    # cudaMemcpyAsync into pageable host memory is synchronous too: add those DtoH calls.
+    gpu_copies = model.gpu[model.gpu["kind"] == "memcpy"]
+    if len(gpu_copies):
+        pageable = gpu_copies[gpu_copies["name"].astype(str).str.contains(r"DtoH \(Device -> Pageable\)", regex=True)]
+        async_rt = rt[names.isin({"cudaMemcpyAsync", "hipMemcpyAsync"}) & rt["correlation"].isin(pageable["correlation"])].copy()
+        if len(async_rt):
+            async_rt["name"] = async_rt["name"].astype(str)
+            s = pd.concat([s, async_rt])
+    if s.empty:
+        return pd.DataFrame(columns=cols)
+    s["kind"] = s["name"].map(lambda n: SYNC_CALLS.get(n, "blocking copy"))
+    s = s.sort_values("ts", ignore_index=True)
+    s["step"] = _in_window(s["ts"].to_numpy(), steps)
+    s["profiler_sync"] = _profiler_final_sync(model, s, steps)
+    s["op"], s["source"] = _attribute(model, s)
+    return s[cols]
+
+
+def _profiler_final_sync(model: TraceModel, s: pd.DataFrame, steps: list[Step]) -> np.ndarray:
+    """The device sync torch.profiler issues when it stops: the last device sync, with no launch after it."""
+    flag = np.zeros(len(s), dtype=bool)
+    dev = np.flatnonzero(s["name"].isin(DEVICE_SYNCS).to_numpy())
+    if dev.size == 0:
+        return flag
+    last = dev[-1]
+    ts = s["ts"].iloc[last]
+    rt = model.runtime
+    later = rt[(rt["ts"] > ts) & rt["name"].astype(str).isin(LAUNCH_CALLS | COPY_CALLS)]
+    outside_steps = not steps or ts >= steps[-1].end
+    if later.empty or outside_steps:
+        flag[last] = True
+    return flag
+
+
+def _attribute(model: TraceModel, calls: pd.DataFrame) -> tuple[list, list]:
+    """For each call: the innermost CPU op around it, and the user source line when the trace has one."""
+    cpu = model.cpu
+    ops, sources = [], []
+    if cpu.empty:
+        return [""] * len(calls), [""] * len(calls)
+    real = cpu[~cpu["is_annotation"]]
+    by_tid = {tid: g for tid, g in real.groupby("tid")}
+    for ts, end, tid in zip(calls["ts"].to_numpy(), calls["end"].to_numpy(), calls["tid"].to_numpy()):
+        g = by_tid.get(tid)
+        op, src = "", ""
+        if g is not None:
+            inside = g[(g["ts"] <= ts) & (g["end"] >= end)]
+            if len(inside):
+                inner = inside.iloc[-1]
+                op = str(inner["name"])
+                src = user_frame_from_stack(str(inside["call_stack"].iloc[-1]))
+                if not src:
+                    outer = inside.iloc[0]
+                    src = user_frame_from_stack(str(outer["call_stack"]))
+        if not src:
+            src = python_source(model, ts, end, tid)
+        ops.append(op)
+        sources.append(src)
+    return ops, sources
+
+
+_LIBRARY = re.compile(r"site-packages|dist-packages|/torch/|/lib/python\d|<built-in|^torch/|threading\.py|runpy\.py|/gpuadvise/")
+
+
+def user_frame_from_stack(stack: str) -> str:
+    """Innermost user frame of a legacy `Call stack` string ("file(line): func;…", innermost first)."""
+    if not stack or stack == "nan":
+        return ""
+    for frame in stack.split(";"):
+        frame = frame.strip()
+        if frame and not _LIBRARY.search(frame):
+            return frame
+    return ""
+
+
+def python_source(model: TraceModel, ts: float, end: float, tid: int) -> str:
+    """Innermost user python_function frame (with_stack=True) enclosing [ts, end] on thread tid."""
+    py = model.python
+    if py.empty:
+        return ""
+    frames = py[(py["ts"] <= ts) & (py["end"] >= end)]
+    if tid in set(frames["tid"]):
+        frames = frames[frames["tid"] == tid]
+    best = ""
+    for name in frames.sort_values("ts")["name"].astype(str):
+        if not _LIBRARY.search(name) and "(" in name:
+            best = name  # keep going: later (inner) user frames are more precise
+    return best
+
+
+def dataloader_spans(model: TraceModel, steps: list[Step]) -> pd.DataFrame:
+    cpu = model.cpu
+    cols = ["name", "ts", "end", "dur", "tid", "step", "single_process", "source"]
+    if cpu.empty:
+        return pd.DataFrame(columns=cols)
+    names = cpu["name"].astype(str)
+    mask = names.str.match(DATALOADER)
+    d = cpu[mask].copy()
+    if d.empty:
+        return pd.DataFrame(columns=cols)
+    d["name"] = names[mask]
+    d["step"] = _in_window(d["ts"].to_numpy(), steps)
+    d["single_process"] = d["name"].str.contains("SingleProcess")
+    d["source"] = [user_frame_from_stack(str(s)) for s in d["call_stack"]]
+    missing = d["source"] == ""
+    if missing.any() and not model.python.empty:
+        d.loc[missing, "source"] = [python_source(model, t, e, tid) for t, e, tid in
+                                     zip(d["ts"][missing], d["end"][missing], d["tid"][missing])]
+    return d.sort_values("ts", ignore_index=True)[cols]

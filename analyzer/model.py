@@ -1,0 +1,99 @@
+"""The analysis model: one trace (one rank) as typed pandas frames plus its facts.
+
+Every frame has `ts` and `dur` in microseconds, rebased so that the earliest event is at 0, and
+`end = ts + dur`. Names are pandas categoricals: a 100k-row kernel frame with 300 distinct names costs
+a few bytes per row for the name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+
+@dataclass
+class Device:
+    id: int
+    name: str
+    compute_major: int | None = None
+    compute_minor: int | None = None
+    total_memory: int | None = None
+    num_sms: int | None = None
+
+    @property
+    def vendor(self) -> str:
+        n = self.name.lower()
+        if "amd" in n or "instinct" in n or "radeon" in n:
+            return "amd"
+        if n:
+            return "nvidia"
+        return "unknown"
+
+
+@dataclass
+class TraceMeta:
+    path: str
+    rank: int | None = None
+    world_size: int | None = None
+    devices: list[Device] = field(default_factory=list)
+    platform: str = "unknown"  # "cuda", "rocm" or "unknown"
+    versions: dict[str, Any] = field(default_factory=dict)
+    flags: dict[str, Any] = field(default_factory=dict)  # record_shapes, with_stack, profile_memory
+    base_ts_us: float = 0.0  # absolute timestamp of rebased 0
+    events_total: int = 0
+    events_skipped: int = 0  # malformed events dropped while loading
+    unknown_categories: dict[str, int] = field(default_factory=dict)
+    truncated: bool = False  # the file was cut off mid-write and salvaged
+    bytes_read: int = 0
+    bytes_total: int = 0
+    thread_names: dict[tuple[int, int], str] = field(default_factory=dict)
+    process_names: dict[int, str] = field(default_factory=dict)
+    profiler_ranges: int = 0  # CUPTI range-profiler events (no kernel timeline in that mode)
+    overhead_events: int = 0
+
+
+@dataclass
+class TraceModel:
+    """One rank's trace. Frames (all may be empty):
+
+    - `gpu`: kernels, memcpys and memsets (`kind` in {"kernel", "memcpy", "memset"}), with
+      `device`, `stream`, `correlation`, `external_id`, `bytes`.
+    - `runtime`: CUDA/HIP runtime and driver calls (`pid`, `tid`, `correlation`, `external_id`).
+    - `cpu`: CPU ops and user annotations (`is_annotation`), with `external_id`, `input_type`,
+      `input_dims` (matmul/conv ops only) and the legacy `call_stack`.
+    - `python`: python_function frames (`python_id`, `parent_id`).
+    - `memory`: `[memory]` instant events (`bytes`, `total_allocated`, `total_reserved`, `device`).
+    - `syncs`: Kineto `cuda_sync` events.
+    - `gpu_annotations`: GPU-projected user annotations.
+    """
+
+    meta: TraceMeta
+    gpu: pd.DataFrame
+    runtime: pd.DataFrame
+    cpu: pd.DataFrame
+    python: pd.DataFrame
+    memory: pd.DataFrame
+    syncs: pd.DataFrame
+    gpu_annotations: pd.DataFrame
+
+    @property
+    def kernels(self) -> pd.DataFrame:
+        return self.gpu[self.gpu["kind"] == "kernel"]
+
+    @property
+    def copies(self) -> pd.DataFrame:
+        return self.gpu[self.gpu["kind"] == "memcpy"]
+
+    @property
+    def device(self) -> Device | None:
+        """The device the GPU events ran on (the busiest one when several appear)."""
+        if not self.meta.devices:
+            return None
+        if len(self.gpu):
+            busiest = int(self.gpu.groupby("device", observed=True)["dur"].sum().idxmax())
+            for d in self.meta.devices:
+                if d.id == busiest:
+                    return d
+        return self.meta.devices[0]

@@ -1,0 +1,60 @@
+"""JSON report: `findings` (the finding fields) and `summary`, for scripts and CI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from gpuadvise import __version__
+
+from .engine import TraceReport, all_findings
+
+
+def summary(reports: list[TraceReport]) -> dict:
+    """The first trace's summary at the top (the usual single-trace case), every trace under `traces`."""
+    traces = [r.summary() for r in reports]
+    main = next((t for t in traces if t.get("kind") == "trace" and "steps" in t), traces[0] if traces else {})
+    top = {k: main.get(k) for k in ("steps", "median_step_ms", "gpu_busy_pct", "gpu_busy_in_steps_pct", "device", "platform")}
+    top["traces"] = len(reports)
+    top["findings"] = len(all_findings(reports))
+    return top
+
+
+def render(reports: list[TraceReport]) -> str:
+    doc = {
+        "tool": "gpuadvise",
+        "version": __version__,
+        "summary": summary(reports),
+        "findings": [f.to_dict() for f in all_findings(reports)],
+        "traces": [dict(r.summary(), notes=r.notes) for r in reports],
+    }
+    return json.dumps(_finite(doc), indent=2, default=_default, allow_nan=False) + "\n"
+
+
+def _finite(o):
+    """NaN/inf are not JSON: they become null."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    try:
+        import numpy as np
+
+        if isinstance(o, np.generic):
+            return _finite(o.item())
+    except ImportError:  # pragma: no cover
+        pass
+    return o
+
+
+def _default(o):
+    try:
+        import numpy as np
+
+        if isinstance(o, np.generic):
+            return o.item()
+    except ImportError:  # pragma: no cover
+        pass
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

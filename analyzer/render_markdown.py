@@ -1,0 +1,119 @@
+"""Markdown report: what a user pastes into a PR or an issue."""
+
+from __future__ import annotations
+
+from .engine import TraceReport, all_findings
+from .findings import Finding
+from .safe import md, md_cell, md_code, short
+
+
+def render(reports: list[TraceReport]) -> str:
+    out = ["# gpuadvise report", ""]
+    findings = all_findings(reports)
+    for r in reports:
+        out += _trace_header(r)
+    out += ["## Summary", ""]
+    if findings:
+        out += [f"{len(findings)} finding{'s' if len(findings) != 1 else ''}, ordered by the step time a fix is predicted to save.", ""]
+        multi = len(reports) > 1
+        out += ["| # | Finding | Topic | Severity | Est. saving" + (" | Rank |" if multi else " |"),
+                "|---|---|---|---|---" + ("|---|" if multi else "|")]
+        for i, f in enumerate(findings, 1):
+            row = f"| {i} | {md(f.title)} | `{f.topic}` | {f.severity} | {f.impact.est_step_saving_pct:.1f} %"
+            out.append(row + (f" | {f.rank if f.rank is not None else '–'} |" if multi else " |"))
+        out.append("")
+    else:
+        out += ["No findings: nothing in this trace points at a slowdown gpuadvise knows how to fix.", ""]
+    for r in reports:
+        out += _steps_table(r, len(reports) > 1)
+    if findings:
+        out += ["## Findings", ""]
+        for i, f in enumerate(findings, 1):
+            out += _finding(i, f)
+    for r in reports:
+        out += _kernels_table(r, len(reports) > 1)
+    notes = [(r, n) for r in reports for n in r.notes]
+    if notes:
+        out += ["## Notes", ""]
+        out += [f"- {md(n)}" + (f" ({md(r.source)})" if len(reports) > 1 else "") for r, n in notes]
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _trace_header(r: TraceReport) -> list[str]:
+    s = r.summary()
+    lines = [f"- **Trace:** {md_code(r.source)}" + (f" (rank {r.rank})" if r.rank is not None else "")]
+    if r.kind != "trace" or r.metrics is None:
+        return lines + [""]
+    dev = s.get("device") or "not recorded"
+    cc = f" (sm {s['compute_capability']})" if s.get("compute_capability") else ""
+    lines.append(f"- **Device:** {md(dev)}{cc}, {s['platform']}")
+    if s["steps"]:
+        nums = s["step_numbers"]
+        lines.append(f"- **Steps:** {s['steps']} (ProfilerStep#{nums[0]}–#{nums[-1]}), median {s['median_step_ms']:.2f} ms")
+    else:
+        lines.append(f"- **Steps:** none recorded; the whole trace ({s['window_ms']:.2f} ms) is one window")
+    if s.get("gpu_busy_pct") is not None:
+        in_steps = f", {s['gpu_busy_in_steps_pct']:.1f} % inside the steps" if s["steps"] else ""
+        lines.append(f"- **GPU busy:** {s['gpu_busy_pct']:.1f} % of the GPU's active span{in_steps}")
+    else:
+        lines.append("- **GPU busy:** no GPU activity recorded")
+    return lines + [""]
+
+
+def _steps_table(r: TraceReport, multi: bool) -> list[str]:
+    m = r.metrics
+    if m is None or m.per_step.empty:
+        return []
+    title = "## Steps" + (f" — {md(r.source)}" if multi else "")
+    out = [title, "", "| Step | Time (ms) | GPU busy | Compute | Comm | Memcpy | DataLoader | Sync wait | GPU idle |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in m.per_step.itertuples():
+        step = f"#{row.step}" if row.step >= 0 else "all"
+        out.append(f"| {step} | {row.dur_us / 1e3:.2f} | {row.gpu_busy_pct:.1f} % | {row.kernel_us / 1e3:.2f} | "
+                   f"{row.comm_us / 1e3:.2f} | {row.memcpy_us / 1e3:.2f} | {row.dataloader_us / 1e3:.2f} | "
+                   f"{row.sync_us / 1e3:.2f} | {row.idle_us / 1e3:.2f} |")
+    return out + ["", "Times in ms; GPU columns are the union of GPU activity inside each step's CPU-side window.", ""]
+
+
+def _finding(i: int, f: Finding) -> list[str]:
+    e = f.evidence
+    where = f" · rank {f.rank}" if f.rank is not None else ""
+    out = [f"### {i}. {md(f.title)}", "",
+           f"`{f.rule}` · `{f.topic}` · **{f.severity}** · est. saving **{f.impact.est_step_saving_pct:.1f} %** of step time{where}", "",
+           md(f.message), ""]
+    ev = []
+    if e.steps:
+        ev.append(f"- Steps: {', '.join('#' + str(s) for s in e.steps[:12])}{' …' if len(e.steps) > 12 else ''}")
+    if e.time_ranges_ms:
+        ev.append("- Where (ms from trace start): " + ", ".join(f"{a:.2f}–{b:.2f}" for a, b in e.time_ranges_ms[:6]))
+    if e.sources:
+        ev.append("- Source: " + ", ".join(md_code(s) for s in e.sources[:5]))
+    if ev:
+        out += ["**Evidence**", ""] + ev + [""]
+    if e.items:
+        keys = [k for k in e.items[0].keys()]
+        out += ["| " + " | ".join(md(k) for k in keys) + " |", "|" + "---|" * len(keys)]
+        for item in e.items[:10]:
+            cells = [md_cell(short(str(v), 80)) if k == "name" else md(_fmt(v)) for k, v in item.items()]
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+    out += [f"**Impact:** {md(f.impact.basis)}", "", "**Fix**", "", f.recommendation, ""]
+    return out
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+    return str(v)
+
+
+def _kernels_table(r: TraceReport, multi: bool) -> list[str]:
+    m = r.metrics
+    if m is None or m.kernels.empty:
+        return []
+    out = ["## Top kernels" + (f" — {md(r.source)}" if multi else ""), "",
+           "| Kernel | Count | Total (ms) | Mean (µs) | Share |", "|---|---:|---:|---:|---:|"]
+    for row in m.kernels.head(10).itertuples():
+        out.append(f"| {md_cell(short(row.name, 80))} | {row.count} | {row.total_us / 1e3:.2f} | {row.mean_us:.1f} | {row.share_pct:.1f} % |")
+    return out + [""]

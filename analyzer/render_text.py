@@ -1,0 +1,49 @@
+"""Terminal summary: the headline numbers and the top findings, nothing more."""
+
+from __future__ import annotations
+
+import textwrap
+
+from .engine import TraceReport, all_findings
+from .safe import short, terminal
+
+
+def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
+    out = []
+    for r in reports:
+        s = r.summary()
+        head = f"{terminal(r.source)}" + (f" (rank {r.rank})" if r.rank is not None else "")
+        if r.metrics is None:
+            out.append(head)
+            out += [f"  {terminal(n)}" for n in r.notes]
+            continue
+        busy = s.get("gpu_busy_in_steps_pct") if s["steps"] else s.get("gpu_busy_pct")
+        busy_txt = f"GPU busy {busy:.1f}%" if busy is not None else "no GPU activity recorded"
+        steps = f"{s['steps']} steps, median {s['median_step_ms']:.1f} ms" if s["steps"] else f"no steps, {s['window_ms']:.1f} ms traced"
+        dev = terminal(s.get("device") or "device not recorded")
+        out.append(f"{head}\n  {dev} · {steps} · {busy_txt}")
+    findings = all_findings(reports)
+    if not findings:
+        out.append("\nNo findings.")
+    else:
+        out.append(f"\n{len(findings)} finding{'s' if len(findings) != 1 else ''} (by predicted saving):")
+        for i, f in enumerate(findings[:top], 1):
+            rank = f" [rank {f.rank}]" if f.rank is not None and len(reports) > 1 else ""
+            out.append(f"\n{i}. [{f.severity}] {terminal(f.title)}  (~{f.impact.est_step_saving_pct:.1f}% of step time){rank}")
+            out.append(f"   {f.rule} {f.topic}")
+            for line in textwrap.wrap(terminal(f.message), 96):
+                out.append(f"   {line}")
+            if f.evidence.sources:
+                out.append(f"   at {terminal(short(', '.join(f.evidence.sources[:3]), 90))}")
+            first = terminal(f.recommendation.split("\n", 1)[0])
+            out.append(f"   → {first}")
+        if len(findings) > top:
+            out.append(f"\n… and {len(findings) - top} more (use --format md for the full report).")
+    notes = [n for r in reports for n in r.notes]
+    if notes:
+        out.append("")
+        out += [f"note: {terminal(n)}" for n in notes]
+    text = "\n".join(out) + "\n"
+    if prefix:
+        text = "".join(prefix + line + "\n" for line in text.splitlines())
+    return text

@@ -1,0 +1,3 @@
+from gpuadvise.analyzer.cli import main
+
+raise SystemExit(main())

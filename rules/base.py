@@ -1,0 +1,61 @@
+"""The rule contract. A rule is one module in this package that defines `RULE = SomeRule()`.
+
+The module docstring is the rule's documentation, with these headings (a test enforces them):
+`## What it detects`, `## Why it matters`, `## Fix`, `## Thresholds`. `gpuadvise explain CODE`
+prints it. `positive()` and `negative()` build the rule's own fixtures: a trace that must trigger
+it and a near miss that must not.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+
+from gpuadvise.analyzer.analysis import Analysis
+from gpuadvise.analyzer.findings import Evidence, Finding, Impact, severity_for
+from gpuadvise.fixtures.builder import TraceBuilder
+
+DOC_HEADINGS = ("## What it detects", "## Why it matters", "## Fix", "## Thresholds")
+
+
+class Rule:
+    code: str = ""  # stable id, e.g. GA101
+    name: str = ""  # kebab-case name of the pattern
+    topic: str = ""  # one of the topics findings are grouped by
+    title: str = ""  # one line
+    thresholds: dict = {}
+
+    def check(self, a: Analysis) -> list[Finding]:
+        raise NotImplementedError
+
+    def positive(self) -> TraceBuilder:
+        raise NotImplementedError
+
+    def negative(self) -> TraceBuilder:
+        raise NotImplementedError
+
+    # -- helpers for subclasses -------------------------------------------------------------------
+    @property
+    def docs(self) -> str:
+        return inspect.cleandoc(sys.modules[type(self).__module__].__doc__ or "")
+
+    @property
+    def fix(self) -> str:
+        """The `## Fix` section of the docs, used as the general part of each recommendation."""
+        m = re.search(r"^## Fix\n(.*?)(?=^## |\Z)", self.docs, flags=re.S | re.M)
+        return m.group(1).strip() if m else ""
+
+    def finding(self, *, message: str, evidence: Evidence, saving: float, basis: str, advice: str,
+                severity: str | None = None, title: str | None = None) -> Finding:
+        saving = round(max(0.0, saving), 1)
+        return Finding(
+            rule=self.code,
+            topic=self.topic,
+            severity=severity or severity_for(saving),
+            title=title or self.title,
+            message=message,
+            evidence=evidence,
+            impact=Impact(est_step_saving_pct=saving, basis=basis),
+            recommendation=(advice + "\n\n" + self.fix).strip(),
+        )
