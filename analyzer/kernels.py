@@ -19,7 +19,9 @@ GEMM = re.compile(
     r"Kernel2.*MT\d|triton_tem_fused_.*mm",
     re.I,
 )
-CONV = re.compile(r"conv|cudnn|wgrad|dgrad|fprop|implicit_gemm|igemm|winograd|miopen|fft2d|precomputed", re.I)
+# Plain "cudnn"/"miopen" is not enough: batch-norm and layout kernels (bn_fw_tr_1C11, nchwToNhwc) live there too.
+CONV = re.compile(r"conv|wgrad|dgrad|fprop|implicit_gemm|igemm|winograd|fft2d_|scudnn|precomputed_convolve", re.I)
+NOT_MATMUL = re.compile(r"\bbn_|batch_?norm|nchwToNhwc|nhwcToNchw|pooling|softmax|elementwise", re.I)
 
 # Tensor Core / matrix core evidence in a GEMM or conv kernel name.
 TENSOR_CORE = re.compile(
@@ -38,7 +40,7 @@ def is_comm(name: str) -> bool:
 
 
 def is_matmul_like(name: str) -> bool:
-    if is_comm(name) or name.startswith(("Memcpy", "Memset")):
+    if is_comm(name) or name.startswith(("Memcpy", "Memset")) or NOT_MATMUL.search(name):
         return False
     return bool(GEMM.search(name) or CONV.search(name))
 

@@ -381,7 +381,7 @@ def sync_table(model: TraceModel, steps: list[Step]) -> pd.DataFrame:
     s = s.sort_values("ts", ignore_index=True)
     s["step"] = _in_window(s["ts"].to_numpy(), steps)
     s["profiler_sync"] = _profiler_final_sync(model, s, steps)
-    s["op"], s["source"] = _attribute(model, s)
+    s["op"], s["source"] = attribute(model, s)
     return s[cols]
 
 
@@ -401,7 +401,7 @@ def _profiler_final_sync(model: TraceModel, s: pd.DataFrame, steps: list[Step]) 
     return flag
 
 
-def _attribute(model: TraceModel, calls: pd.DataFrame) -> tuple[list, list]:
+def attribute(model: TraceModel, calls: pd.DataFrame) -> tuple[list, list]:
     """For each call: the innermost CPU op around it, and the user source line when the trace has one."""
     cpu = model.cpu
     ops, sources = [], []

@@ -70,7 +70,7 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
     talk = names.isin(LAUNCH_CALLS | COPY_CALLS | SYNC_CALLS.keys())
     calls = rt[talk & (rt["ts"] >= ws) & (rt["ts"] < we)].copy()
     calls["name"] = names[calls.index]
-    calls = calls.sort_values(["tid", "ts"], ignore_index=True)
+    calls = calls.sort_values("ts", kind="stable", ignore_index=True)
     calls["blocking"] = calls["name"].isin(SYNC_CALLS.keys())
     gpu = model.gpu
     launched = gpu["correlation"].isin(calls["correlation"]) & (gpu["correlation"] >= 0)
@@ -83,51 +83,119 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
     g = nx.DiGraph()
     g.add_node("S")
     g.add_node("E")
-    delays = np.clip(np.nan_to_num(metrics.launches["delay_us"].to_numpy(), nan=5.0), 0, None)
-    latency = float(np.clip(np.percentile(delays, 5), 1.0, 20.0)) if delays.size else 5.0
+    latency = _idle_launch_latency(metrics.launches)
 
-    # CPU chains, one per thread
-    for tid, c in calls.groupby("tid", sort=False):
-        prev_end, prev_node = ws, "S"
-        for i, ts, end in zip(c.index, c["ts"].to_numpy(), c["end"].to_numpy()):
-            g.add_edge(prev_node, ("c", i), base=max(0.0, ts - prev_end), gap=(prev_end, ts), kind="cpu")
-            g.add_edge(("c", i), ("d", i), base=float(end - ts), kind="call", call=i)
-            prev_end, prev_node = end, ("d", i)
-        g.add_edge(prev_node, "E", base=max(0.0, we - prev_end), gap=(prev_end, we), kind="cpu")
+    # One CPU chain for all threads, in time order. PyTorch's threads hand work to each other (the
+    # autograd thread runs backward while the main thread waits in loss.backward()), so a per-thread
+    # chain would count a thread's waiting as work; the merged chain follows whichever thread is active.
+    prev_end, prev_node = ws, "S"
+    for i, ts, end in zip(calls.index, calls["ts"].to_numpy(), calls["end"].to_numpy()):
+        g.add_edge(prev_node, ("c", i), base=max(0.0, ts - prev_end), gap=(prev_end, ts), kind="cpu")
+        g.add_edge(("c", i), ("d", i), base=float(end - ts), kind="call", call=i)
+        prev_end, prev_node = max(prev_end, end), ("d", i)
+    g.add_edge(prev_node, "E", base=max(0.0, we - prev_end), gap=(prev_end, we), kind="cpu")
 
-    # GPU ops: launched by a call, ordered on their stream
+    # GPU ops: launched by a call, ordered on their stream. A blocking call's own copy starts from the
+    # call's start (the call returns only after it), every other op from the end of its launch call.
     call_of = dict(zip(calls["correlation"], calls.index))
+    call_ts = calls["ts"].to_numpy()
+    call_end = calls["end"].to_numpy()
+    blocking_calls = calls["blocking"].to_numpy()
+    launch_ts = np.full(len(ops), -np.inf)
+    owner = np.full(len(ops), -1)
     for stream, o in ops.groupby("stream", sort=False):
-        prev = None
+        prev, prev_end = None, -np.inf
         for k, ts, dur, corr in zip(o.index, o["ts"].to_numpy(), o["dur"].to_numpy(), o["correlation"].to_numpy()):
             i = call_of.get(corr)
             if i is not None:
-                g.add_edge(("d", i), ("gs", k), base=latency, kind="launch")
+                if blocking_calls[i]:
+                    # a synchronous copy stages its data inside the call before the DMA starts: keep that time
+                    staged = min(max(latency, ts - max(call_ts[i], prev_end)), float(call_end[i] - call_ts[i]))
+                    g.add_edge(("c", i), ("gs", k), base=staged, kind="launch")
+                    launch_ts[k] = call_ts[i] + staged - latency
+                else:
+                    g.add_edge(("d", i), ("gs", k), base=latency, kind="launch")
+                    launch_ts[k] = call_end[i]
+                owner[k] = i
             else:  # launched before the window (or by a graph): keep its real start as a floor
                 g.add_edge("S", ("gs", k), base=max(0.0, ts - ws), kind="anchor")
             g.add_edge(("gs", k), ("ge", k), base=float(dur), kind="gpu", op=k)
             if prev is not None:
                 g.add_edge(("ge", prev), ("gs", k), base=0.0, kind="stream")
-            prev = k
+            prev, prev_end = k, max(prev_end, ts + dur)
         g.add_edge(("ge", prev), "E", base=0.0, kind="drain")
 
-    # Blocking calls wait for the GPU op that finished just before they returned.
+    # Blocking calls wait for the GPU op that finished just before they returned. Only ops launched
+    # before the call (or by it) qualify, which keeps every edge pointing forward in time.
     if len(ops):
         order = np.argsort(ops["end"].to_numpy(), kind="stable")
         ends_sorted = ops["end"].to_numpy()[order]
         blocking = calls[calls["blocking"]]
         for i, ts, end in zip(blocking.index, blocking["ts"].to_numpy(), blocking["end"].to_numpy()):
             j = np.searchsorted(ends_sorted, end + 1.0, side="right") - 1
-            if j < 0 or ends_sorted[j] <= ts:
-                continue  # the GPU was already idle: the call did not wait
-            k = int(order[j])
-            g.add_edge(("ge", k), ("d", i), base=min(WAKE_US, max(0.0, end - ends_sorted[j])), kind="wait", call=i)
-            # the call's own CPU cost is what is left once the wait is taken out
-            g.edges[("c", i), ("d", i)]["base"] = min(float(end - ts), WAKE_US)
+            while j >= 0 and ends_sorted[j] > ts:
+                k = int(order[j])
+                if owner[k] == i or (owner[k] >= 0 and call_ts[owner[k]] < ts) or owner[k] < 0:
+                    g.add_edge(("ge", k), ("d", i), base=min(WAKE_US, max(0.0, end - ends_sorted[j])), kind="wait", call=i)
+                    # the call's own CPU cost is what is left once the wait is taken out
+                    g.edges[("c", i), ("d", i)]["base"] = min(float(end - ts), WAKE_US)
+                    break
+                j -= 1
+
+    # An op that started well after both its launch and its stream's previous op waited for something
+    # else, usually an event recorded on another stream (cudaStreamWaitEvent): tie it to the op on another
+    # stream that ended just before it started.
+    if len(ops):
+        _unexplained_starts(g, ops, launch_ts, latency, ws)
+
+    if not nx.is_directed_acyclic_graph(g):  # orderings we cannot see (clock skew, threads): drop the guesses
+        g.remove_edges_from([(u, v) for u, v, d in g.edges(data=True) if d["kind"] in ("wait", "dep")])
 
     replay = Replay(graph=g, calls=calls, ops=ops, window=(ws, we), steps=nsteps, baseline_us=0.0, actual_us=we - ws)
     replay.baseline_us = replay.simulate(Scenario("baseline"))
     return replay
+
+
+def _idle_launch_latency(launches: pd.DataFrame) -> float:
+    """Median delay from a launch call's end to its op's start when the stream was idle (no queue)."""
+    if launches.empty:
+        return 2.0
+    delays = []
+    for _, g in launches.sort_values("gpu_ts").groupby("stream"):
+        end = (g["gpu_ts"] + g["gpu_us"]).to_numpy()
+        prev = np.concatenate([[-np.inf], np.maximum.accumulate(end)[:-1]])
+        idle = prev < g["launch_end"].to_numpy()
+        delays.append((g["gpu_ts"].to_numpy() - g["launch_end"].to_numpy())[idle])
+    d = np.concatenate(delays) if delays else np.empty(0)
+    d = d[d >= 0]
+    return float(np.clip(np.median(d), 1.0, 20.0)) if d.size else 2.0
+
+
+def _unexplained_starts(g: nx.DiGraph, ops: pd.DataFrame, launch_ts: np.ndarray, latency: float, ws: float,
+                        slack_us: float = 5.0, tie_us: float = 20.0, anchor_us: float = 100.0) -> None:
+    """Ops that started later than their launch and stream allow waited for something: another stream's
+    op that ended just before (an event wait), or, failing that, something the trace does not show; those
+    keep their real start as a floor so the replay never invents time that was not there."""
+    ts, end, stream = ops["ts"].to_numpy(), ops["end"].to_numpy(), ops["stream"].to_numpy()
+    prev_end = np.full(len(ops), -np.inf)
+    for _, idx in ops.groupby("stream", sort=False).indices.items():
+        idx = np.sort(idx)
+        prev_end[idx[1:]] = np.maximum.accumulate(end[idx])[:-1]
+    earliest = np.maximum(launch_ts + latency, prev_end)  # launch_ts: when the call let the op go
+    order = np.argsort(end, kind="stable")
+    ends_sorted = end[order]
+    for k in np.flatnonzero(ts > earliest + slack_us):
+        j = np.searchsorted(ends_sorted, ts[k] + 1.0, side="right") - 1
+        tied = False
+        while j >= 0 and ends_sorted[j] >= ts[k] - tie_us:
+            cand = int(order[j])
+            if stream[cand] != stream[k] and launch_ts[cand] <= launch_ts[k]:
+                g.add_edge(("ge", cand), ("gs", int(k)), base=0.0, kind="dep")
+                tied = True
+                break
+            j -= 1
+        if not tied and ts[k] > earliest[k] + anchor_us and np.isfinite(launch_ts[k]):
+            g.add_edge("S", ("gs", int(k)), base=max(0.0, ts[k] - ws), kind="anchor")
 
 
 def _choose_window(model: TraceModel, metrics: Metrics):
@@ -167,7 +235,7 @@ def _choose_window(model: TraceModel, metrics: Metrics):
 
 def _apply(replay: Replay, s: Scenario) -> None:
     g, calls, ops = replay.graph, replay.calls, replay.ops
-    unblocked = set(calls.index[s.unblock(calls)]) if s.unblock is not None else set()
+    unblocked = set(calls.index[np.asarray(s.unblock(calls), dtype=bool)]) if s.unblock is not None else set()
     scale = s.gpu_scale(ops) if s.gpu_scale is not None else None
     removed = s.cpu_removed
     for _, _, d in g.edges(data=True):
@@ -186,6 +254,8 @@ def _apply(replay: Replay, s: Scenario) -> None:
             w = -1.0  # marked below as removed
         elif kind == "gpu" and scale is not None:
             w = w * float(scale[d["op"]])
+        elif kind == "launch":
+            w *= 1.0
         d["w"] = w
     # a removed wait must not constrain the path: give it a weight that never wins
     for u, v, d in g.edges(data=True):

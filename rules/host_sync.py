@@ -1,0 +1,121 @@
+"""host-sync: the CPU blocks on the GPU inside the training steps.
+
+## What it detects
+Calls that make the training thread wait for the GPU: `cudaStreamSynchronize`,
+`cudaDeviceSynchronize`, `cudaEventSynchronize` (and their `hip*` twins), blocking copies
+(`cudaMemcpy`, `hipMemcpyWithStream`, copies into pageable host memory) and `.item()`
+(`aten::_local_scalar_dense`). The one device sync torch.profiler itself issues when it stops is not
+counted. Each call is traced to the op and, where the trace has Python stacks, the source line that
+issued it.
+
+## Why it matters
+A sync drains the GPU's queue: while the CPU waits it launches nothing, and once it resumes the GPU
+waits for the new launches. In a loop that is a bubble every step. Calls such as `loss.item()`,
+`print(tensor)`, `tensor.cpu()`, `if tensor.any():` or `torch.cuda.synchronize()` for timing hide in
+ordinary-looking code.
+
+## Fix
+```python
+# before: a sync every step
+running_loss += loss.item()
+# after: accumulate on the GPU, read once per log interval
+running_loss += loss.detach()
+if step % log_every == 0:
+    print(running_loss.item() / log_every)
+```
+Copy results to the host with `non_blocking=True` into pinned buffers, replace data-dependent Python
+control flow with tensor ops (`torch.where`), and find hidden syncs with
+`torch.cuda.set_sync_debug_mode("warn")`.
+
+## Thresholds
+Fires when blocking calls inside the steps are predicted (by the critical-path replay) to cost at
+least 1 % of step time, or, with no GPU timeline to replay, when they take at least 1 % of it.
+Syncs while the GPU is saturated cost little and are not reported.
+"""
+
+from __future__ import annotations
+
+from gpuadvise.analyzer.analysis import Analysis
+from gpuadvise.analyzer.findings import Evidence
+from gpuadvise.analyzer.metrics import SCALAR_OPS
+from gpuadvise.analyzer.whatif import Scenario
+from gpuadvise.fixtures.builder import TraceBuilder
+
+from .base import Rule
+
+
+class HostSync(Rule):
+    code = "GA104"
+    name = "host-sync"
+    topic = "host-sync"
+    title = "The CPU waits for the GPU inside the steps"
+    thresholds = {"min_saving_pct": 1.0, "min_share_pct": 1.0}
+
+    def check(self, a: Analysis):
+        m = a.metrics
+        s = m.syncs
+        if s.empty:
+            return []
+        s = s[~s["profiler_sync"]]
+        if m.steps:
+            s = s[s["step"] >= 0]
+        if s.empty:
+            return []
+        window = max(m.per_step["dur_us"].sum(), 1e-9)
+        share = 100 * s["dur"].sum() / window
+        keys = set(zip(s["ts"], s["tid"]))
+        saving, basis = a.predicted_saving(Scenario(
+            "these syncs removed", unblock=lambda c: [(t, tid) in keys for t, tid in zip(c["ts"], c["tid"])]))
+        if saving is None:
+            if share < self.thresholds["min_share_pct"]:
+                return []
+            saving, basis = share, "share of step time (no GPU timeline to replay)"
+        elif saving < self.thresholds["min_saving_pct"]:
+            return []
+        nsteps = max(len(m.steps), 1)
+        scalar = int(s["op"].isin(SCALAR_OPS).sum())
+        groups = (s.assign(op=s["op"].replace("", "(no op)"))
+                  .groupby(["name", "op", "source"]).agg(count=("dur", "size"), total_us=("dur", "sum"))
+                  .reset_index().sort_values("total_us", ascending=False))
+        items = [{"name": r.name, "op": r.op, "source": r.source or "–", "count": int(r.count), "total_ms": a.ms(r.total_us)}
+                 for r in groups.head(8).itertuples()]
+        worst = s.nlargest(5, "dur")
+        scalar_txt = f", {scalar} of them `.item()`-style scalar reads" if scalar else ""
+        message = (f"{len(s)} blocking calls ({len(s) / nsteps:.1f} per step{scalar_txt}) hold the CPU for "
+                   f"{s['dur'].sum() / 1e3:.2f} ms in total ({share:.1f}% of step time); the worst is "
+                   f"{groups.iloc[0]['name']} in {groups.iloc[0]['op'] or 'no op'} ({a.ms(groups.iloc[0]['total_us'])} ms).")
+        evidence = Evidence(
+            steps=sorted({int(st.number) for st in m.steps}),
+            time_ranges_ms=[(a.rel_ms(t), a.rel_ms(e)) for t, e in zip(worst["ts"], worst["end"])],
+            items=items,
+            sources=[x for x in groups["source"].unique().tolist() if x][:5],
+            numbers={"blocking_calls": int(len(s)), "per_step": round(len(s) / nsteps, 1), "scalar_reads": scalar,
+                     "blocked_ms": a.ms(s["dur"].sum()), "blocked_share_pct": round(share, 1)},
+        )
+        advice = "Remove the syncs from the loop, or move them to where the value is really needed."
+        return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice)]
+
+    def positive(self) -> TraceBuilder:
+        b = TraceBuilder()
+        for _ in range(4):
+            with b.step():
+                for _ in range(5):
+                    for _ in range(10):
+                        b.kernel("ampere_tf32_s1688gemm_64x64_nn", 200)
+                    b.item()
+                    b.idle(1_500)  # Python work the GPU now waits for
+        b.finish()
+        return b
+
+    def negative(self) -> TraceBuilder:
+        b = TraceBuilder()
+        for _ in range(4):
+            with b.step():
+                for _ in range(50):
+                    b.kernel("ampere_tf32_s1688gemm_64x64_nn", 200)
+                b.idle(1_000)
+        b.finish()
+        return b
+
+
+RULE = HostSync()

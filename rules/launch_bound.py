@@ -1,0 +1,123 @@
+"""launch-bound: many tiny kernels, and the GPU waits for the CPU to launch them.
+
+## What it detects
+Steps where most kernels are shorter than the CPU time it takes to launch them: at least half of the
+kernels run under 10 µs, the GPU is busy less than 60 % of the step, and most of its idle time is
+*host wait* (HTA's term: the next kernel's launch call started only after the previous kernel had
+finished). Time the DataLoader already explains is set aside, and steps already replayed through CUDA
+graphs are not flagged.
+
+## Why it matters
+Each launch costs the CPU 5–20 µs of framework and driver work. When kernels are shorter than that,
+the GPU finishes each one before the next arrives, and the Python loop, not the GPU, sets the pace:
+a faster GPU would not make training faster.
+
+## Fix
+```python
+model = torch.compile(model)                     # fuse small ops into fewer, larger kernels
+# or: torch.compile(model, mode="reduce-overhead")  # also replays the step as a CUDA graph
+opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)  # one kernel for the whole update
+```
+Larger batches (or fewer, larger layers) give each launch more work. For fixed shapes, capture the
+step once with `torch.cuda.graphs.make_graphed_callables` or `torch.cuda.CUDAGraph`.
+
+## Thresholds
+Short kernel: under 10 µs (TraceLens' short-kernel cut). Fires when ≥ 50 % of kernels are short, GPU
+busy < 60 %, host wait ≥ 50 % of GPU idle time, at least 50 % of kernels launched one by one (not from
+a CUDA graph), and the replay predicts a saving of at least 3 % when per-launch CPU overhead falls by
+75 % (what CUDA graphs or compilation typically remove).
+"""
+
+from __future__ import annotations
+
+from gpuadvise.analyzer import intervals as iv
+from gpuadvise.analyzer.analysis import Analysis
+from gpuadvise.analyzer.findings import Evidence
+from gpuadvise.analyzer.metrics import GRAPH_LAUNCHES
+from gpuadvise.analyzer.whatif import Scenario
+from gpuadvise.fixtures.builder import TraceBuilder
+
+from .base import Rule
+
+
+class LaunchBound(Rule):
+    code = "GA105"
+    name = "launch-bound"
+    topic = "launch-bound"
+    title = "Many tiny kernels: the GPU waits for launches"
+    thresholds = {"short_kernel_us": 10.0, "min_short_share_pct": 50.0, "max_busy_pct": 60.0,
+                  "min_host_wait_pct": 50.0, "min_direct_launch_pct": 50.0, "cpu_overhead_cut": 0.75,
+                  "min_saving_pct": 3.0}
+
+    def check(self, a: Analysis):
+        m, t = a.metrics, self.thresholds
+        k = a.model.kernels
+        if m.steps:
+            lo, hi = m.window
+            k = k[(k["ts"] >= lo) & (k["ts"] < hi)]
+        if len(k) < 20:
+            return []
+        short = float((k["dur"] < t["short_kernel_us"]).mean() * 100)
+        busy = m.busy_in_steps_pct if m.steps else m.gpu_busy_pct
+        ib = m.idle_breakdown
+        idle = float(ib["idle_us"].sum()) if len(ib) else 0.0
+        host = 100 * float(ib["host_wait_us"].sum()) / idle if idle else 0.0
+        la = m.launches
+        direct = 100 * float((~la["call"].isin(GRAPH_LAUNCHES)).sum()) / max(len(a.model.kernels), 1) if len(la) else 0.0
+        if (short < t["min_short_share_pct"] or busy is None or busy >= t["max_busy_pct"]
+                or host < t["min_host_wait_pct"] or direct < t["min_direct_launch_pct"]):
+            return []
+        dl = m.dataloader
+        dl_removed = iv.union(dl["ts"], dl["end"]) if len(dl) else None
+        base, _ = a.predicted_saving(Scenario("input pipeline fixed", cpu_removed=dl_removed))
+        both, basis = a.predicted_saving(Scenario(
+            f"per-launch CPU overhead cut by {t['cpu_overhead_cut']:.0%} (CUDA graphs / torch.compile)",
+            cpu_removed=dl_removed, cpu_scale=1 - t["cpu_overhead_cut"]))
+        if base is None or both is None:
+            return []
+        saving = max(0.0, (both - base) / max(1 - base / 100, 1e-9))  # beyond what fixing the loader gives
+        if saving < t["min_saving_pct"]:
+            return []
+        nsteps = max(len(m.steps), 1)
+        la_win = la[la["gpu_ts"].between(*m.window)] if m.steps else la
+        top = (k.groupby("name", observed=True)["dur"].agg(["count", "mean"]).reset_index()
+               .sort_values("count", ascending=False).head(8))
+        message = (f"{len(k) / nsteps:.0f} kernels per step, {short:.0f}% of them shorter than {t['short_kernel_us']:.0f} µs "
+                   f"(median {k['dur'].median():.1f} µs), while each launch costs the CPU a median "
+                   f"{la_win['cpu_us'].median():.1f} µs. The GPU is busy {busy:.1f}% of the step and {host:.0f}% of its idle "
+                   "time is spent waiting for the next launch.")
+        evidence = Evidence(
+            steps=[int(s.number) for s in m.steps],
+            items=[{"name": str(r.name), "count": int(r.count), "mean_us": round(float(r.mean), 2)} for r in top.itertuples()],
+            numbers={"kernels_per_step": round(len(k) / nsteps, 1), "short_kernel_pct": round(short, 1),
+                     "median_kernel_us": round(float(k["dur"].median()), 2),
+                     "median_launch_cpu_us": round(float(la_win["cpu_us"].median()), 2) if len(la_win) else None,
+                     "gpu_busy_pct": round(busy, 1), "host_wait_pct_of_idle": round(host, 1)},
+        )
+        advice = "Cut the number of launches: fuse kernels with torch.compile, replay the step as a CUDA graph, or batch more work per launch."
+        return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis + ", beyond fixing the input pipeline",
+                             advice=advice)]
+
+    def positive(self) -> TraceBuilder:
+        b = TraceBuilder(launch_us=12.0)
+        for _ in range(4):
+            with b.step():
+                for _ in range(200):
+                    b.kernel("void at::native::vectorized_elementwise_kernel<4, add>", 3)
+                    b.idle(8)
+                b.sync()
+        b.finish()
+        return b
+
+    def negative(self) -> TraceBuilder:
+        b = TraceBuilder(launch_us=12.0)
+        for _ in range(4):
+            with b.step():
+                for _ in range(200):
+                    b.kernel("ampere_bf16_s16816gemm_bf16_128x128_nn", 120)
+                b.sync()
+        b.finish()
+        return b
+
+
+RULE = LaunchBound()

@@ -1,0 +1,116 @@
+"""low-gpu-utilization: the GPU sits idle for much of each step.
+
+## What it detects
+The share of step time during which no kernel, copy or memset runs on the GPU (the union of GPU
+activity inside each ProfilerStep; without steps, HTA's temporal breakdown over the GPU's active
+span). The idle time is split as Holistic Trace Analysis does: *host wait* (the GPU waited for the
+CPU to launch the next op), *kernel wait* (short gaps between back-to-back ops) and *other*.
+
+## Why it matters
+An idle GPU is paid for and does nothing. This finding is the symptom; the other findings (data
+loading, syncs, launch overhead) name causes. Its saving is an upper bound: what the step would take
+if the GPU never waited for the CPU.
+
+## Fix
+Find what the CPU is doing in the gaps, starting with the other findings of this report. In general:
+```python
+# feed the GPU faster: parallel, pinned, prefetched input
+loader = DataLoader(ds, batch_size=bs, num_workers=8, pin_memory=True, persistent_workers=True)
+# fewer, larger kernels: compile the model (or capture CUDA graphs)
+model = torch.compile(model)
+# more work per launch: a larger batch, if memory and convergence allow
+```
+
+## Thresholds
+Fires below 50 % GPU busy (the PyTorch TensorBoard plugin's low-utilization threshold). A trace with
+no GPU activity at all gets `capture-problem` instead, never a 0 % utilization verdict.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuadvise.analyzer.analysis import Analysis
+from gpuadvise.analyzer.findings import Evidence
+from gpuadvise.analyzer.whatif import Scenario
+from gpuadvise.fixtures.builder import TraceBuilder
+
+from .base import Rule
+
+
+class LowGpuUtilization(Rule):
+    code = "GA101"
+    name = "low-gpu-utilization"
+    topic = "low-gpu-utilization"
+    title = "The GPU is idle for much of each step"
+    thresholds = {"max_busy_pct": 50.0}
+
+    def check(self, a: Analysis):
+        m = a.metrics
+        if not m.has_gpu:
+            return []
+        busy = m.busy_in_steps_pct if m.steps else m.gpu_busy_pct
+        if busy is None or busy >= self.thresholds["max_busy_pct"]:
+            return []
+        ib = m.idle_breakdown
+        idle_total = float(ib["idle_us"].sum()) if len(ib) else 0.0
+        split = {k: round(100 * float(ib[f"{k}_us"].sum()) / idle_total, 1) if idle_total else 0.0
+                 for k in ("host_wait", "kernel_wait", "other")}
+        saving, basis = a.predicted_saving(Scenario("upper bound: the GPU never waits for the CPU", cpu_scale=0.0,
+                                                    unblock=lambda c: c["blocking"].to_numpy()))
+        if saving is None:
+            saving, basis = 100 - busy, "idle share of the step"
+        gaps = _largest_gaps(m)
+        where = "inside the steps" if m.steps else "over the GPU's active span"
+        message = (f"The GPU is busy only {busy:.1f}% of the time {where} (median step {m.median_step_us / 1e3:.1f} ms). "
+                   f"Of the idle time, {split['host_wait']:.0f}% is the GPU waiting for the CPU to launch work, "
+                   f"{split['kernel_wait']:.0f}% short gaps between kernels, {split['other']:.0f}% other waits.")
+        worst = m.per_step.nsmallest(3, "gpu_busy_pct")
+        evidence = Evidence(
+            steps=[int(s) for s in worst["step"] if s >= 0],
+            time_ranges_ms=[(a.rel_ms(s), a.rel_ms(e)) for s, e in gaps],
+            items=[{"name": f"step #{int(r.step)}" if r.step >= 0 else "whole trace", "busy_pct": round(r.gpu_busy_pct, 1),
+                    "step_ms": a.ms(r.dur_us)} for r in worst.itertuples()],
+            numbers={"gpu_busy_pct": round(busy, 1), "idle_split_pct": split,
+                     "hta_temporal_idle_pct": round(m.temporal.get("idle_pct", 0.0), 1)},
+        )
+        advice = ("The GPU mostly waits for the CPU to hand it work: see the other findings for the cause."
+                  if split["host_wait"] >= 50 else "The GPU waits on something other than launches (syncs, other streams).")
+        return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice)]
+
+    def positive(self) -> TraceBuilder:
+        b = TraceBuilder()
+        for _ in range(4):
+            with b.step():
+                b.idle(4_000)
+                for _ in range(10):
+                    b.kernel("ampere_tf32_s1688gemm_64x64_nn", 100)
+                b.sync()
+        b.finish()
+        return b
+
+    def negative(self) -> TraceBuilder:
+        b = TraceBuilder()
+        for _ in range(4):
+            with b.step():
+                b.idle(100)
+                for _ in range(10):
+                    b.kernel("ampere_tf32_s1688gemm_64x64_nn", 500)
+                b.sync()
+        b.finish()
+        return b
+
+
+def _largest_gaps(m, n: int = 5) -> list[tuple[float, float]]:
+    s, e = m.gpu_union
+    if s.size < 2:
+        return []
+    lo, hi = m.window
+    gs, ge = e[:-1], s[1:]
+    keep = (ge > lo) & (gs < hi)
+    gs, ge = gs[keep], ge[keep]
+    order = np.argsort(gs - ge)[:n]  # largest gaps first
+    return [(float(gs[i]), float(ge[i])) for i in sorted(order, key=lambda i: gs[i])]
+
+
+RULE = LowGpuUtilization()
