@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .analysis import Analysis
-from .findings import Finding
+from .findings import Finding, order
 from .loader import load_trace
 from .metrics import Metrics, compute
 from .model import TraceModel
@@ -94,7 +94,7 @@ def analyze_model(model: TraceModel, facts: dict | None = None, source: str = ""
             f.rank = rank
             f.trace = source
         findings.extend(found)
-    findings.sort(key=lambda f: (-f.impact.est_step_saving_pct, f.rule))
+    findings = order(findings)
     return TraceReport(source=source, rank=rank, model=model, metrics=metrics, findings=findings, notes=notes)
 
 
@@ -127,9 +127,7 @@ def _debug() -> bool:
 
 
 def all_findings(reports: list[TraceReport]) -> list[Finding]:
-    out = [f for r in reports for f in r.findings]
-    out.sort(key=lambda f: (-f.impact.est_step_saving_pct, f.rule, f.rank if f.rank is not None else -1))
-    return out
+    return order([f for r in reports for f in r.findings])
 
 
 def warn(msg: str) -> None:

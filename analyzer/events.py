@@ -53,7 +53,7 @@ class Event(msgspec.Struct):
 class Header(msgspec.Struct):
     """The top level of a trace file; events stay raw byte slices until decoded chunk by chunk."""
 
-    traceEvents: Union[list[msgspec.Raw], None] = None
+    traceEvents: msgspec.Raw = msgspec.Raw(b"null")  # the events array, still undecoded
     schemaVersion: Any = None
     deviceProperties: Any = None
     computeProperties: Any = None

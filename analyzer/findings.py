@@ -20,6 +20,7 @@ class Evidence:
 class Impact:
     est_step_saving_pct: float  # predicted % of the median step time saved by the fix
     basis: str  # how it was predicted
+    upper_bound: bool = False  # True when the figure is a ceiling (a symptom), not a fix's prediction
 
 
 @dataclass
@@ -39,6 +40,21 @@ class Finding:
         d = asdict(self)
         d["evidence"]["time_ranges_ms"] = [list(r) for r in self.evidence.time_ranges_ms]
         return d
+
+
+def order(findings: list) -> list:
+    """By predicted saving, biggest first. A symptom's ceiling (upper_bound) does not outrank a cause
+    that explains at least half of it: the user should read the cause first."""
+    causes = [f.impact.est_step_saving_pct for f in findings if not f.impact.upper_bound]
+    top_cause = max(causes, default=0.0)
+
+    def key(f):
+        est = f.impact.est_step_saving_pct
+        if f.impact.upper_bound and top_cause >= 0.5 * est:
+            est = top_cause - 1e-6
+        return (-est, f.rule, f.rank if f.rank is not None else -1)
+
+    return sorted(findings, key=key)
 
 
 def severity_for(saving_pct: float, high: float = 10.0, medium: float = 3.0) -> str:

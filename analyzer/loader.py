@@ -56,14 +56,14 @@ class _Interner(dict):
 def read_trace_bytes(path: Path) -> tuple[bytes, bool]:
     """The decompressed bytes of a trace file, and whether a .gz stream was cut short."""
     try:
-        with open(path, "rb") as fh:
+        with open(path, "rb", buffering=0) as fh:  # unbuffered: read() then fills one exact-size buffer
             magic = fh.read(2)
             fh.seek(0)
             if magic != b"\x1f\x8b":
                 size = os.fstat(fh.fileno()).st_size
                 if size > MAX_TRACE_BYTES:
                     raise InputError(path, f"trace is {size / 2**30:.1f} GiB, above the {MAX_TRACE_BYTES / 2**30:.0f} GiB limit")
-                return fh.read(), False
+                return fh.readall(), False
             return _gunzip(path, fh)
     except FileNotFoundError:
         raise InputError(path, "no such file") from None
@@ -97,18 +97,23 @@ def _gunzip(path: Path, fh) -> tuple[bytes, bool]:
         if not out:
             raise InputError(path, "corrupt gzip data") from None
         truncated = True
-    return bytes(out), truncated
+    return out, truncated  # a bytearray: msgspec reads it in place, no second copy
 
 
 def load_trace(path: str | Path) -> TraceModel:
     path = Path(path)
-    data, gz_truncated = read_trace_bytes(path)
-    return parse_trace_bytes(data, path, gz_truncated=gz_truncated)
+    # The bytes travel in a one-slot list so the parser can drop the last reference (1 GB for a 1 GB
+    # trace) as soon as the events are decoded, before the frames are assembled.
+    holder = list(read_trace_bytes(path))
+    return parse_trace_bytes(holder, path)
 
 
-def parse_trace_bytes(data: bytes, path: Path, gz_truncated: bool = False) -> TraceModel:
+def parse_trace_bytes(data, path: Path, gz_truncated: bool = False) -> TraceModel:
+    """Parse trace bytes; `data` may be a [bytes, gz_truncated] holder whose bytes are released early."""
+    if isinstance(data, list):
+        data, gz_truncated = data.pop(0), data.pop(0)
     # Strip only when needed: lstrip copies the whole buffer, which matters at 1 GB.
-    body = data.lstrip(_SPACE) if data[:1] in _SPACE_STARTS else data
+    body = bytes(data).lstrip(_SPACE) if bytes(data[:1]) in _SPACE_STARTS else data
     if not body:
         raise InputError(path, "empty file")
     header = ev.Header()
@@ -123,7 +128,9 @@ def parse_trace_bytes(data: bytes, path: Path, gz_truncated: bool = False) -> Tr
     meta = _meta_from_header(header, path)
     meta.bytes_total = total
     meta.truncated = gz_truncated or cut
-    return _build(raws, meta, path)
+    box = [raws]  # _build takes the only reference, so the file's bytes die with the events
+    del raws
+    return _build(box, meta, path)
 
 
 _SPACE = b"\xef\xbb\xbf \t\r\n"
@@ -139,15 +146,20 @@ def _decode_document(body: bytes, path: Path):
         raise InputError(path, f"not a Kineto trace ({_short(exc)})") from None
     except msgspec.DecodeError:
         return _salvage_document(body, path)
-    if header.traceEvents is None:
+    events = header.traceEvents
+    head = bytes(memoryview(events)[:64]).lstrip()
+    if head.startswith(b"null"):
         raise InputError(path, "JSON has no 'traceEvents' list: not a PyTorch profiler trace")
-    raws, header.traceEvents = header.traceEvents, None
-    return header, raws, False
+    if not head.startswith(b"["):
+        raise InputError(path, "'traceEvents' is not a list of events")
+    header.traceEvents = msgspec.Raw(b"null")
+    return header, events, False
 
 
 def _decode_event_list(body: bytes, path: Path):
     try:
-        return _RAW_LIST.decode(body), False
+        msgspec.json.decode(body, type=msgspec.Raw)  # validate once; events are decoded in chunks later
+        return body, False
     except msgspec.DecodeError:
         start = 0
         raws = _salvage_events(body, start)
@@ -269,23 +281,32 @@ class _Columns:
         return out
 
 
-def _f(values) -> list:
-    return [math.nan if v is None else v for v in values]
+def _f(values) -> np.ndarray:
+    """Floats, None → NaN (numpy converts None to NaN for float arrays)."""
+    return np.asarray(values if isinstance(values, list) else list(values), dtype=np.float64)
 
 
-def _i(values) -> list:
-    return [-1 if v is None else int(v) for v in values]
+def _i(values) -> np.ndarray:
+    """Integer ids, None → -1 (ids stay exact below 2**53, far above any Kineto id)."""
+    a = _f(values)
+    return np.where(np.isnan(a), -1, a).astype(np.int64)
+
+
+_INSPECT = -3  # empty or instant category: look at ph/name (metadata, [memory])
 
 
 class _Builder:
     def __init__(self, meta: TraceMeta):
         self.meta = meta
         self.names = _Interner()
+        self.matmul_names: set[int] = set()
+        self.names_checked = 0
         self.stacks = _Interner()
         self.stacks[""]  # code 0 = no stack
         self.types = _Interner()
         self.types[""]
         self.thread_codes = _Interner()  # non-numeric pid/tid strings → negative ids
+        self.ident_cache: dict = {}
         self.tables = {k: _Columns() for k in ("gpu", "runtime", "cpu", "python", "memory", "syncs", "gpu_annotations")}
         self.cat_cache: dict = {}
         self.unknown = Counter()
@@ -294,62 +315,85 @@ class _Builder:
         self.min_ts = math.inf
 
     # -- helpers --------------------------------------------------------------------------------
-    def _category(self, cat, name) -> int | None:
-        if name == "[memory]":
-            return ev.MEMORY
-        code = self.cat_cache.get(cat, -2)
-        if code == -2:
-            key = cat.lower() if isinstance(cat, str) else ""
+    def _learn(self, cat) -> int | None:
+        key = cat.lower() if isinstance(cat, str) else ""
+        if key in ("", "cpu_instant_event"):
+            code = _INSPECT
+        else:
             code = ev.CATEGORY.get(key)
             if code is None and key not in ev.IGNORED_CATEGORIES:
                 code = -1
+        try:
             self.cat_cache[cat] = code
-        if code == -1:
-            self.unknown[str(cat)] += 1
-            return None
-        if code == ev.MEMORY:  # other cpu_instant_events carry nothing we use
-            return None
+        except TypeError:  # an unhashable category (a list, say): treat as unknown
+            return -1
         return code
+
+    def _codes(self, events: list) -> list:
+        cache = self.cat_cache
+        try:
+            return [cache[c] if c in cache else self._learn(c) for c in [e.cat for e in events]]
+        except TypeError:
+            return [self._learn(e.cat) if isinstance(e.cat, (str, int, float, type(None))) else -1 for e in events]
 
     def _ident(self, value) -> int:
         if type(value) is int:
             return value
+        try:
+            return self.ident_cache[value]
+        except (KeyError, TypeError):
+            pass
         if value is None:
             return -1
         s = str(value)
         if s.isdigit():
-            return int(s)
-        if s.startswith("stream "):
-            rest = s[7:].strip()
-            if rest.isdigit():
-                return int(rest)
-        return -2 - self.thread_codes[s]
+            out = int(s)
+        elif s.startswith("stream ") and s[7:].strip().isdigit():
+            out = int(s[7:].strip())
+        else:
+            out = -2 - self.thread_codes[s]
+        try:
+            self.ident_cache[value] = out
+        except TypeError:
+            pass
+        return out
 
-    def _names(self, evs) -> list:
+    def _idents(self, values: list) -> list:
+        ident = self._ident
+        return [v if type(v) is int else ident(v) for v in values]
+
+    def _names(self, evs) -> np.ndarray:
         names = self.names
-        return [names[n if type(n) is str else str(n)] for n in (e.name for e in evs)]
+        try:
+            return np.fromiter(map(names.__getitem__, [e.name for e in evs]), dtype=np.int32, count=len(evs))
+        except TypeError:
+            return np.array([names[n if isinstance(n, str) else str(n)] for n in (e.name for e in evs)], dtype=np.int32)
 
     # -- per chunk ------------------------------------------------------------------------------
     def add_chunk(self, events: list) -> None:
+        codes = np.array([-9 if c is None else c for c in self._codes(events)], dtype=np.int16)
         buckets: dict[int, list] = {}
-        for e in events:
-            if e.ph == "M":
-                self._metadata(e)
+        for code in np.unique(codes).tolist():
+            if code == -9:
                 continue
-            code = self._category(e.cat, e.name)
-            if code is None:
+            idx = np.flatnonzero(codes == code).tolist()
+            evs = [events[i] for i in idx]
+            if code == -1:
+                for e in evs:
+                    self.unknown[str(e.cat)] += 1
                 continue
-            ts = e.ts
-            if ts is None or ts != ts or (e.dur is not None and (e.dur < 0 or e.dur != e.dur)):
-                self.skipped += 1
+            if code == _INSPECT:
+                for e in evs:
+                    if e.ph == "M":
+                        self._metadata(e)
+                    elif e.name == "[memory]":
+                        buckets.setdefault(ev.MEMORY, []).append(e)
                 continue
-            if ts < self.min_ts:
-                self.min_ts = ts
-            b = buckets.get(code)
-            if b is None:
-                b = buckets[code] = []
-            b.append(e)
+            buckets[code] = evs
         for code, evs in buckets.items():
+            evs = self._valid(evs)
+            if not evs:
+                continue
             if code in (ev.KERNEL, ev.MEMCPY, ev.MEMSET):
                 self._gpu(evs, code)
             elif code == ev.RUNTIME:
@@ -369,6 +413,19 @@ class _Builder:
             elif code == ev.OVERHEAD:
                 self.meta.overhead_events += len(evs)
 
+    def _valid(self, evs: list) -> list:
+        """Drop events without a usable timestamp or with a negative duration (counted, not fatal)."""
+        ts = _f([e.ts for e in evs])
+        dur = _f([e.dur for e in evs])
+        bad = np.isnan(ts) | (dur < 0) | np.isinf(ts) | np.isinf(dur)
+        if bad.any():
+            self.skipped += int(bad.sum())
+            evs = [e for e, b in zip(evs, bad.tolist()) if not b]
+            ts = ts[~bad]
+        if ts.size:
+            self.min_ts = min(self.min_ts, float(ts.min()))
+        return evs
+
     def _metadata(self, e) -> None:
         a = e.args
         if a is None or not isinstance(a.name, str):
@@ -380,76 +437,96 @@ class _Builder:
 
     def _base(self, t: _Columns, evs) -> list:
         t.add("name", self._names(evs), np.int32)
-        t.add("ts", [e.ts for e in evs], np.float64)
-        t.add("dur", [0.0 if e.dur is None else e.dur for e in evs], np.float64)
+        t.add("ts", _f([e.ts for e in evs]), np.float64)
+        t.add("dur", np.nan_to_num(_f([e.dur for e in evs]), nan=0.0), np.float64)
         return [e.args or _EMPTY_ARGS for e in evs]
 
     def _gpu(self, evs, code) -> None:
         t = self.tables["gpu"]
         args = self._base(t, evs)
         t.add("kind", np.full(len(evs), code, np.int8), np.int8)
-        ident = self._ident
-        t.add("device", [ident(e.pid) if a.device is None else int(a.device) for e, a in zip(evs, args)], np.int64)
-        t.add("stream", [ident(e.tid) if a.stream is None else int(a.stream) for e, a in zip(evs, args)], np.int64)
-        t.add("correlation", _i(a.correlation for a in args), np.int64)
-        t.add("external_id", _i(a.external_id if a.external_id is not None else a.external_id_legacy for a in args), np.int64)
-        t.add("bytes", _f(a.nbytes for a in args), np.float64)
+        t.add("device", self._device_or(args, [e.pid for e in evs]), np.int64)
+        t.add("stream", self._stream_or(args, [e.tid for e in evs]), np.int64)
+        t.add("correlation", _i([a.correlation for a in args]), np.int64)
+        t.add("external_id", _external(args), np.int64)
+        t.add("bytes", _f([a.nbytes for a in args]), np.float64)
+
+    def _device_or(self, args, fallback) -> np.ndarray:
+        dev = _i([a.device for a in args])
+        missing = dev < 0
+        if missing.any():
+            alt = np.array(self._idents(fallback), dtype=np.int64)
+            dev = np.where(missing, alt, dev)
+        return dev
+
+    def _stream_or(self, args, fallback) -> np.ndarray:
+        stream = _i([a.stream for a in args])
+        missing = stream < 0
+        if missing.any():
+            alt = np.array(self._idents(fallback), dtype=np.int64)
+            stream = np.where(missing, alt, stream)
+        return stream
 
     def _runtime(self, evs) -> None:
         t = self.tables["runtime"]
         args = self._base(t, evs)
-        ident = self._ident
-        t.add("pid", [ident(e.pid) for e in evs], np.int64)
-        t.add("tid", [ident(e.tid) for e in evs], np.int64)
-        t.add("correlation", _i(a.correlation for a in args), np.int64)
-        t.add("external_id", _i(a.external_id if a.external_id is not None else a.external_id_legacy for a in args), np.int64)
+        t.add("pid", self._idents([e.pid for e in evs]), np.int64)
+        t.add("tid", self._idents([e.tid for e in evs]), np.int64)
+        t.add("correlation", _i([a.correlation for a in args]), np.int64)
+        t.add("external_id", _external(args), np.int64)
 
     def _cpu(self, evs, annotation: bool) -> None:
         t = self.tables["cpu"]
-        args = self._base(t, evs)
-        ident = self._ident
-        t.add("pid", [ident(e.pid) for e in evs], np.int64)
-        t.add("tid", [ident(e.tid) for e in evs], np.int64)
+        names = self._names(evs)
+        t.add("name", names, np.int32)
+        t.add("ts", _f([e.ts for e in evs]), np.float64)
+        t.add("dur", np.nan_to_num(_f([e.dur for e in evs]), nan=0.0), np.float64)
+        args = [e.args or _EMPTY_ARGS for e in evs]
+        t.add("pid", self._idents([e.pid for e in evs]), np.int64)
+        t.add("tid", self._idents([e.tid for e in evs]), np.int64)
         t.add("is_annotation", np.full(len(evs), annotation), bool)
-        t.add("external_id", _i(a.external_id if a.external_id is not None else a.external_id_legacy for a in args), np.int64)
-        stacks, types = self.stacks, self.types
-        t.add("call_stack", [stacks[a.call_stack] if isinstance(a.call_stack, str) else 0 for a in args], np.int32)
-        typ, dims = [], []
-        for e, a in zip(evs, args):
-            if isinstance(e.name, str) and MATMUL_OPS.match(e.name):
-                typ.append(types[",".join(map(str, a.input_type))] if isinstance(a.input_type, list) else 0)
-                dims.append(types[bytes(a.input_dims).decode("utf-8", "replace")])
-            else:
-                typ.append(0)
-                dims.append(0)
+        t.add("external_id", _external(args), np.int64)
+        stacks = self.stacks
+        t.add("call_stack", [stacks[c] if type(c) is str else 0 for c in [a.call_stack for a in args]], np.int32)
+        # shapes and dtypes only for matmul/conv ops: checked once per distinct name
+        for code, name in list(self.names.items())[self.names_checked:]:
+            if isinstance(name, str) and MATMUL_OPS.match(name):
+                self.matmul_names.add(code)
+        self.names_checked = len(self.names)
+        typ = np.zeros(len(evs), np.int32)
+        dims = np.zeros(len(evs), np.int32)
+        if self.matmul_names:
+            for i in np.flatnonzero(np.isin(names, list(self.matmul_names))).tolist():
+                a = args[i]
+                typ[i] = self.types[",".join(map(str, a.input_type))] if isinstance(a.input_type, list) else 0
+                dims[i] = self.types[bytes(a.input_dims).decode("utf-8", "replace")]
         t.add("input_type", typ, np.int32)
         t.add("input_dims", dims, np.int32)
 
     def _python(self, evs) -> None:
         t = self.tables["python"]
         args = self._base(t, evs)
-        t.add("tid", [self._ident(e.tid) for e in evs], np.int64)
-        t.add("python_id", _i(a.python_id for a in args), np.int64)
-        t.add("parent_id", _i(a.python_parent_id for a in args), np.int64)
+        t.add("tid", self._idents([e.tid for e in evs]), np.int64)
+        t.add("python_id", _i([a.python_id for a in args]), np.int64)
+        t.add("parent_id", _i([a.python_parent_id for a in args]), np.int64)
 
     def _memory(self, evs) -> None:
         t = self.tables["memory"]
-        t.add("ts", [e.ts for e in evs], np.float64)
+        t.add("ts", _f([e.ts for e in evs]), np.float64)
         args = [e.args or _EMPTY_ARGS for e in evs]
-        t.add("bytes", _f(a.mem_bytes for a in args), np.float64)
-        t.add("total_allocated", _f(a.total_allocated for a in args), np.float64)
-        t.add("total_reserved", _f(a.total_reserved for a in args), np.float64)
-        t.add("device_type", _i(a.device_type for a in args), np.int64)
-        t.add("device", _i(a.device_id for a in args), np.int64)
-        t.add("addr", _f(a.addr for a in args), np.float64)
+        t.add("bytes", _f([a.mem_bytes for a in args]), np.float64)
+        t.add("total_allocated", _f([a.total_allocated for a in args]), np.float64)
+        t.add("total_reserved", _f([a.total_reserved for a in args]), np.float64)
+        t.add("device_type", _i([a.device_type for a in args]), np.int64)
+        t.add("device", _i([a.device_id for a in args]), np.int64)
+        t.add("addr", _f([a.addr for a in args]), np.float64)
 
     def _span(self, table: str, evs) -> None:
         t = self.tables[table]
         args = self._base(t, evs)
-        ident = self._ident
-        t.add("device", [ident(e.pid) if a.device is None else int(a.device) for e, a in zip(evs, args)], np.int64)
-        t.add("stream", [ident(e.tid) if a.stream is None else int(a.stream) for e, a in zip(evs, args)], np.int64)
-        t.add("correlation", _i(a.correlation for a in args), np.int64)
+        t.add("device", self._device_or(args, [e.pid for e in evs]), np.int64)
+        t.add("stream", self._stream_or(args, [e.tid for e in evs]), np.int64)
+        t.add("correlation", _i([a.correlation for a in args]), np.int64)
 
     # -- frames ---------------------------------------------------------------------------------
     def frames(self) -> dict[str, pd.DataFrame]:
@@ -488,8 +565,13 @@ class _Builder:
             df = pd.DataFrame(cols)
             if "name" in df:
                 df["name"] = df["name"].cat.remove_unused_categories()
-            out[table] = df.sort_values("ts", kind="stable", ignore_index=True)
+            out[table] = df if df["ts"].is_monotonic_increasing else df.sort_values("ts", kind="stable", ignore_index=True)
         return out
+
+
+def _external(args) -> np.ndarray:
+    """`External id` (new traces) or `external id` (2021 traces)."""
+    return _i([a.external_id if a.external_id is not None else a.external_id_legacy for a in args])
 
 
 def _unique_categories(names: list) -> list:
@@ -500,23 +582,73 @@ def _decode_codes(codes: np.ndarray, interner: _Interner) -> pd.Categorical:
     return pd.Categorical.from_codes(codes.astype(np.int64), categories=interner.categories())
 
 
-def _build(raws: list, meta: TraceMeta, path: Path) -> TraceModel:
+def _build(events: list, meta: TraceMeta, path: Path) -> TraceModel:
+    """`events`: a one-slot list holding the JSON events array (bytes) or raw event slices (salvage)."""
+    events = events.pop()
     b = _Builder(meta)
-    for start in range(0, len(raws), CHUNK_EVENTS):
-        chunk = raws[start : start + CHUNK_EVENTS]
-        b.total += len(chunk)
+    chunks = _raw_list_chunks(events) if isinstance(events, list) else _array_chunks(events)
+    buf = next(chunks, None)
+    while buf is not None:
         try:
-            events = _EVENTS.decode(b"[" + b",".join(chunk) + b"]")
-        except msgspec.MsgspecError:
-            events = _decode_leniently(chunk, b)
-        b.add_chunk(events)
-        del events
+            decoded = _EVENTS.decode(buf)
+        except msgspec.ValidationError:
+            decoded = _decode_leniently(_RAW_LIST.decode(buf), b)
+        except msgspec.DecodeError:
+            if isinstance(events, list):
+                raise
+            buf = chunks.send(True)  # cut inside a string: ask for a longer piece
+            continue
+        b.total += len(decoded)
+        b.add_chunk(decoded)
+        del decoded
+        buf = next(chunks, None)
+    del chunks, events, buf  # the last references to the file's bytes: free them before the frames
+    if b.total and b.skipped >= b.total:
+        raise InputError(path, f"none of its {b.total} events is a trace event: not a PyTorch profiler trace")
     meta.events_total = b.total
     meta.events_skipped = b.skipped
     meta.unknown_categories = dict(b.unknown)
     frames = b.frames()
     _platform_from_names(meta, frames["runtime"])
     return TraceModel(meta=meta, **frames)
+
+
+CHUNK_BYTES = 8 << 20
+_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+_OPEN = re.compile(rb"\{")
+
+
+def _raw_list_chunks(raws: list):
+    for start in range(0, len(raws), CHUNK_EVENTS):
+        yield b"[" + b",".join(raws[start : start + CHUNK_EVENTS]) + b"]"
+
+
+def _array_chunks(array):
+    """Split a JSON array of objects into ~8 MB sub-arrays at `},{` without parsing it first.
+
+    A cut can only go wrong inside a string that itself contains `},{`; such a piece fails to parse,
+    and the caller asks for a longer one (`send(True)`), so the pieces are always exact.
+    """
+    data = memoryview(array)  # zero-copy: the array stays inside the file's bytes
+    end = data.nbytes
+    while end > 0 and bytes(data[end - 1 : end]) in b" \t\r\n":
+        end -= 1
+    end -= 1  # the closing ]
+    pos = 1
+    while True:
+        m = _OPEN.search(data, pos, end)
+        if m is None:
+            return
+        pos = m.start()
+        reach = pos + CHUNK_BYTES
+        while True:
+            m = _BOUNDARY.search(data, reach, end) if end - reach > CHUNK_BYTES // 4 else None
+            cut = m.start() + 1 if m else end
+            retry = yield b"".join((b"[", data[pos:cut], b"]"))
+            if not retry or cut == end:
+                break
+            reach = cut + 1  # the cut fell inside a string: extend to the next boundary
+        pos = cut
 
 
 def _decode_leniently(chunk: list, b: _Builder) -> list:

@@ -13,8 +13,12 @@ from .engine import TraceReport, all_findings
 def summary(reports: list[TraceReport]) -> dict:
     """The first trace's summary at the top (the usual single-trace case), every trace under `traces`."""
     traces = [r.summary() for r in reports]
-    main = next((t for t in traces if t.get("kind") == "trace" and "steps" in t), traces[0] if traces else {})
+    timed = [t for t in traces if t.get("kind") == "trace" and "steps" in t]
+    # several ranks: the slowest one sets the pace of the job, so it heads the summary
+    main = max(timed, key=lambda t: t.get("median_step_ms") or 0.0) if timed else (traces[0] if traces else {})
     top = {k: main.get(k) for k in ("steps", "median_step_ms", "gpu_busy_pct", "gpu_busy_in_steps_pct", "device", "platform")}
+    top["trace"] = main.get("trace")
+    top["rank"] = main.get("rank")
     top["traces"] = len(reports)
     top["findings"] = len(all_findings(reports))
     return top

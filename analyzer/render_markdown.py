@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .engine import TraceReport, all_findings
 from .findings import Finding
-from .safe import md, md_cell, md_code, short
+from .safe import md, md_cell, md_code, md_text, short
 
 
 def render(reports: list[TraceReport]) -> str:
@@ -19,7 +19,7 @@ def render(reports: list[TraceReport]) -> str:
         out += ["| # | Finding | Topic | Severity | Est. saving" + (" | Rank |" if multi else " |"),
                 "|---|---|---|---|---" + ("|---|" if multi else "|")]
         for i, f in enumerate(findings, 1):
-            row = f"| {i} | {md(f.title)} | `{f.topic}` | {f.severity} | {f.impact.est_step_saving_pct:.1f} %"
+            row = f"| {i} | {md(f.title)} | `{f.topic}` | {f.severity} | {_saving(f)}"
             out.append(row + (f" | {f.rank if f.rank is not None else '–'} |" if multi else " |"))
         out.append("")
     else:
@@ -80,8 +80,8 @@ def _finding(i: int, f: Finding) -> list[str]:
     e = f.evidence
     where = f" · rank {f.rank}" if f.rank is not None else ""
     out = [f"### {i}. {md(f.title)}", "",
-           f"`{f.rule}` · `{f.topic}` · **{f.severity}** · est. saving **{f.impact.est_step_saving_pct:.1f} %** of step time{where}", "",
-           md(f.message), ""]
+           f"`{f.rule}` · `{f.topic}` · **{f.severity}** · est. saving **{_saving(f)}** of step time{where}", "",
+           md_text(f.message), ""]
     ev = []
     if e.steps:
         ev.append(f"- Steps: {', '.join('#' + str(s) for s in e.steps[:12])}{' …' if len(e.steps) > 12 else ''}")
@@ -98,8 +98,13 @@ def _finding(i: int, f: Finding) -> list[str]:
             cells = [md_cell(short(str(v), 80)) if k == "name" else md(_fmt(v)) for k, v in item.items()]
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
-    out += [f"**Impact:** {md(f.impact.basis)}", "", "**Fix**", "", f.recommendation, ""]
+    out += [f"**Impact:** {md_text(f.impact.basis)}", "", "**Fix**", "", f.recommendation, ""]
     return out
+
+
+def _saving(f: Finding) -> str:
+    pct = f"{f.impact.est_step_saving_pct:.1f} %"
+    return f"up to {pct}" if f.impact.upper_bound else pct
 
 
 def _fmt(v) -> str:

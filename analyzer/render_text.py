@@ -20,7 +20,7 @@ def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
         busy = s.get("gpu_busy_in_steps_pct") if s["steps"] else s.get("gpu_busy_pct")
         busy_txt = f"GPU busy {busy:.1f}%" if busy is not None else "no GPU activity recorded"
         steps = f"{s['steps']} steps, median {s['median_step_ms']:.1f} ms" if s["steps"] else f"no steps, {s['window_ms']:.1f} ms traced"
-        dev = terminal(s.get("device") or "device not recorded")
+        dev = terminal(s.get("device") or ("device not recorded" if r.metrics.has_gpu or r.model.meta.devices else "CPU only"))
         out.append(f"{head}\n  {dev} · {steps} · {busy_txt}")
     findings = all_findings(reports)
     if not findings:
@@ -29,7 +29,10 @@ def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
         out.append(f"\n{len(findings)} finding{'s' if len(findings) != 1 else ''} (by predicted saving):")
         for i, f in enumerate(findings[:top], 1):
             rank = f" [rank {f.rank}]" if f.rank is not None and len(reports) > 1 else ""
-            out.append(f"\n{i}. [{f.severity}] {terminal(f.title)}  (~{f.impact.est_step_saving_pct:.1f}% of step time){rank}")
+            pct = f.impact.est_step_saving_pct
+            est = f"up to {pct:.1f}%" if f.impact.upper_bound else f"~{pct:.1f}%"
+            est = f"  ({est} of step time)" if pct > 0 or f.severity != "info" else ""
+            out.append(f"\n{i}. [{f.severity}] {terminal(f.title)}{est}{rank}")
             out.append(f"   {f.rule} {f.topic}")
             for line in textwrap.wrap(terminal(f.message), 96):
                 out.append(f"   {line}")

@@ -18,6 +18,15 @@ def md(text: str) -> str:
     return _MD_SPECIAL.sub(r"\\\1", terminal(text)).replace("\n", " ")
 
 
+_MD_TEXT_SPECIAL = re.compile(r"([\\<>|\[\]*])")
+
+
+def md_text(text: str) -> str:
+    """Prose written by a rule: keep its `code` spans, but defuse HTML, links and table pipes that a
+    trace-sourced name inside it could carry."""
+    return _MD_TEXT_SPECIAL.sub(r"\\\1", terminal(text)).replace("\n", " ")
+
+
 def md_code(text: str) -> str:
     """A name in inline code: backticks in it are balanced by a longer fence."""
     t = terminal(text).replace("\n", " ")

@@ -47,11 +47,39 @@ class Replay:
     steps: int
     baseline_us: float
     actual_us: float
-    _cache: dict = field(default_factory=dict)
+    _edges: dict = field(default_factory=dict)
+
+    def compile(self) -> None:
+        """Freeze the graph into edge arrays in topological order (networkx does the sort once)."""
+        g = self.graph
+        pos = {n: i for i, n in enumerate(nx.topological_sort(g))}
+        edges = sorted(g.edges(data=True), key=lambda e: pos[e[0]])
+        e = self._edges
+        e["n"] = len(pos)
+        e["src"] = np.array([pos[u] for u, _, _ in edges], dtype=np.int64)
+        e["dst"] = np.array([pos[v] for _, v, _ in edges], dtype=np.int64)
+        e["kind"] = np.array([d["kind"] for _, _, d in edges], dtype=object)
+        e["base"] = np.array([d["base"] for _, _, d in edges], dtype=np.float64)
+        e["call"] = np.array([d.get("call", -1) for _, _, d in edges], dtype=np.int64)
+        e["op"] = np.array([d.get("op", -1) for _, _, d in edges], dtype=np.int64)
+        gaps = [d.get("gap", (0.0, 0.0)) for _, _, d in edges]
+        e["gap_a"] = np.array([a for a, _ in gaps], dtype=np.float64)
+        e["gap_b"] = np.array([b for _, b in gaps], dtype=np.float64)
+        e["end"] = pos["E"]
+        e["start"] = pos["S"]
 
     def simulate(self, scenario: Scenario) -> float:
-        _apply(self, scenario)
-        return float(nx.dag_longest_path_length(self.graph, weight="w"))
+        e = self._edges
+        w = _weights(self, scenario)
+        dist = np.full(e["n"], -np.inf)
+        dist[e["start"]] = 0.0
+        src, dst = e["src"].tolist(), e["dst"].tolist()
+        dl = dist.tolist()
+        for u, v, wt in zip(src, dst, w.tolist()):
+            cand = dl[u] + wt
+            if cand > dl[v]:
+                dl[v] = cand
+        return float(max(dl[e["end"]], 0.0))
 
     def saving_pct(self, scenario: Scenario) -> float:
         if self.baseline_us <= 0:
@@ -152,6 +180,7 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
         g.remove_edges_from([(u, v) for u, v, d in g.edges(data=True) if d["kind"] in ("wait", "dep")])
 
     replay = Replay(graph=g, calls=calls, ops=ops, window=(ws, we), steps=nsteps, baseline_us=0.0, actual_us=we - ws)
+    replay.compile()
     replay.baseline_us = replay.simulate(Scenario("baseline"))
     return replay
 
@@ -233,31 +262,23 @@ def _choose_window(model: TraceModel, metrics: Metrics):
     return (steps[lo].start, steps[hi].end), hi - lo + 1
 
 
-def _apply(replay: Replay, s: Scenario) -> None:
-    g, calls, ops = replay.graph, replay.calls, replay.ops
-    unblocked = set(calls.index[np.asarray(s.unblock(calls), dtype=bool)]) if s.unblock is not None else set()
-    scale = s.gpu_scale(ops) if s.gpu_scale is not None else None
-    removed = s.cpu_removed
-    for _, _, d in g.edges(data=True):
-        w = d["base"]
-        kind = d["kind"]
-        if kind == "cpu":
-            if removed is not None and w > 0:
-                a, b = d["gap"]
-                w = max(0.0, w - float(iv.covered(removed[0], removed[1], a, b)[0]))
-            w *= s.cpu_scale
-        elif kind == "call":
-            if d["call"] in unblocked:
-                w = min(w, WAKE_US)
-            w *= s.cpu_scale if s.cpu_scale < 1 else 1.0
-        elif kind == "wait" and d["call"] in unblocked:
-            w = -1.0  # marked below as removed
-        elif kind == "gpu" and scale is not None:
-            w = w * float(scale[d["op"]])
-        elif kind == "launch":
-            w *= 1.0
-        d["w"] = w
-    # a removed wait must not constrain the path: give it a weight that never wins
-    for u, v, d in g.edges(data=True):
-        if d["w"] < 0:
-            d["w"] = -1e18
+def _weights(replay: Replay, s: Scenario) -> np.ndarray:
+    """Edge weights under a scenario, all edges at once."""
+    e, calls, ops = replay._edges, replay.calls, replay.ops
+    kind, w = e["kind"], e["base"].copy()
+    cpu, call, wait, gpu = kind == "cpu", kind == "call", kind == "wait", kind == "gpu"
+    if s.cpu_removed is not None and len(s.cpu_removed[0]):
+        removed = iv.covered(s.cpu_removed[0], s.cpu_removed[1], e["gap_a"][cpu], e["gap_b"][cpu])
+        w[cpu] = np.maximum(0.0, w[cpu] - removed)
+    w[cpu] *= s.cpu_scale
+    if s.cpu_scale < 1:  # cheaper launches: the calls' own CPU cost shrinks too
+        w[call] *= s.cpu_scale
+    if s.unblock is not None:
+        mask = np.asarray(s.unblock(calls), dtype=bool)
+        freed = np.isin(e["call"], calls.index[mask].to_numpy())
+        w[call & freed] = np.minimum(w[call & freed], WAKE_US)
+        w[wait & freed] = -np.inf  # the call no longer waits for the GPU
+    if s.gpu_scale is not None:
+        factor = np.asarray(s.gpu_scale(ops), dtype=np.float64)
+        w[gpu] *= factor[e["op"][gpu]]
+    return w

@@ -74,16 +74,17 @@ class HostSync(Rule):
             return []
         nsteps = max(len(m.steps), 1)
         scalar = int(s["op"].isin(SCALAR_OPS).sum())
-        groups = (s.assign(op=s["op"].replace("", "(no op)"))
-                  .groupby(["name", "op", "source"]).agg(count=("dur", "size"), total_us=("dur", "sum"))
+        groups = (s.groupby(["name", "op", "source"]).agg(count=("dur", "size"), total_us=("dur", "sum"))
                   .reset_index().sort_values("total_us", ascending=False))
-        items = [{"name": r.name, "op": r.op, "source": r.source or "–", "count": int(r.count), "total_ms": a.ms(r.total_us)}
+        items = [{"name": r.name, "op": r.op, "source": r.source, "count": int(r.count), "total_ms": round(r.total_us / 1e3, 2)}
                  for r in groups.head(8).itertuples()]
         worst = s.nlargest(5, "dur")
+        top = groups.iloc[0]
         scalar_txt = f", {scalar} of them `.item()`-style scalar reads" if scalar else ""
+        inside = f" inside `{top['op']}`" if top["op"] else ""
         message = (f"{len(s)} blocking calls ({len(s) / nsteps:.1f} per step{scalar_txt}) hold the CPU for "
-                   f"{s['dur'].sum() / 1e3:.2f} ms in total ({share:.1f}% of step time); the worst is "
-                   f"{groups.iloc[0]['name']} in {groups.iloc[0]['op'] or 'no op'} ({a.ms(groups.iloc[0]['total_us'])} ms).")
+                   f"{s['dur'].sum() / 1e3:.2f} ms in total ({share:.1f}% of step time). The largest share is "
+                   f"{int(top['count'])}× `{top['name']}`{inside}: {top['total_us'] / 1e3:.2f} ms.")
         evidence = Evidence(
             steps=sorted({int(st.number) for st in m.steps}),
             time_ranges_ms=[(a.rel_ms(t), a.rel_ms(e)) for t, e in zip(worst["ts"], worst["end"])],

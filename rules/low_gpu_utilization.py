@@ -65,9 +65,10 @@ class LowGpuUtilization(Rule):
         message = (f"The GPU is busy only {busy:.1f}% of the time {where} (median step {m.median_step_us / 1e3:.1f} ms). "
                    f"Of the idle time, {split['host_wait']:.0f}% is the GPU waiting for the CPU to launch work, "
                    f"{split['kernel_wait']:.0f}% short gaps between kernels, {split['other']:.0f}% other waits.")
-        worst = m.per_step.nsmallest(3, "gpu_busy_pct")
+        low = m.per_step[m.per_step["gpu_busy_pct"] < self.thresholds["max_busy_pct"]]
+        worst = low.nsmallest(3, "gpu_busy_pct")
         evidence = Evidence(
-            steps=[int(s) for s in worst["step"] if s >= 0],
+            steps=[int(s) for s in low["step"] if s >= 0],
             time_ranges_ms=[(a.rel_ms(s), a.rel_ms(e)) for s, e in gaps],
             items=[{"name": f"step #{int(r.step)}" if r.step >= 0 else "whole trace", "busy_pct": round(r.gpu_busy_pct, 1),
                     "step_ms": a.ms(r.dur_us)} for r in worst.itertuples()],
@@ -76,7 +77,9 @@ class LowGpuUtilization(Rule):
         )
         advice = ("The GPU mostly waits for the CPU to hand it work: see the other findings for the cause."
                   if split["host_wait"] >= 50 else "The GPU waits on something other than launches (syncs, other streams).")
-        return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice)]
+        f = self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice)
+        f.impact.upper_bound = True  # a symptom: its causes' findings carry the real predictions
+        return [f]
 
     def positive(self) -> TraceBuilder:
         b = TraceBuilder()

@@ -1,0 +1,32 @@
+"""The same kind of loop with its data already in memory: nothing waits on input.
+
+    gpuadvise profile examples/train_healthy.py
+"""
+
+import argparse
+
+import torch
+from torch import nn
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--batch-size", type=int, default=64)
+    args = p.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 10)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = torch.randn(args.steps, args.batch_size, 512, device=device)
+    labels = torch.randint(0, 10, (args.steps, args.batch_size), device=device)
+    for step in range(args.steps):
+        loss = nn.functional.cross_entropy(model(data[step]), labels[step])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    print(f"done: {args.steps} steps, last loss {loss.item():.3f}")
+
+
+if __name__ == "__main__":
+    main()

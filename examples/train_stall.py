@@ -1,0 +1,53 @@
+"""A small training loop with a planted input-pipeline stall: a single-process DataLoader whose
+samples are slow to produce (as decoding JPEGs on the training thread would be).
+
+    python examples/train_stall.py            # runs on the GPU if there is one, else on the CPU
+    gpuadvise profile examples/train_stall.py # find out why it is slow
+"""
+
+import argparse
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+
+class SlowImages(Dataset):
+    """Random 'images' that take `delay` seconds each to load, like decoding on the training thread."""
+
+    def __init__(self, n: int, delay: float):
+        self.n, self.delay = n, delay
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(3, 32, 32, generator=g), i % 10
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--delay", type=float, default=0.001, help="seconds to load one sample")
+    args = p.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(),
+                          nn.Linear(256, 10)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(SlowImages(args.steps * args.batch_size, args.delay), batch_size=args.batch_size,
+                        num_workers=0)  # the planted stall: loading happens on the training thread
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(f"done: {args.steps} steps, last loss {loss.item():.3f}")
+
+
+if __name__ == "__main__":
+    main()

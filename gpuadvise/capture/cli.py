@@ -1,0 +1,211 @@
+"""`gpuadvise profile [options] [--] script.py [args…]` / `gpuadvise profile [options] -m module [args…]`.
+
+The script runs in a child Python process (the bootstrap), so a crash, `os._exit` or a signal in the
+training job cannot take the analysis down with it, and the profiler never touches this process. The
+child inherits stdin/stdout/stderr and the working directory; this process forwards SIGTERM, waits,
+exits with the child's status, and then reads the run folder to print the top findings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import runfolder
+
+PREFIX = "gpuadvise> "
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpuadvise profile",
+        usage="gpuadvise profile [options] [--] script.py [args ...]\n       gpuadvise profile [options] -m module [args ...]",
+        description="Run an unmodified training script under torch.profiler, write a run folder, print the top findings.",
+    )
+    p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, as python -m does")
+    p.add_argument("-o", "--output", metavar="DIR", help="run folder (default: a new ./gpuadvise-runs/<script>-<time>/)")
+    p.add_argument("--force", action="store_true", help="reuse an existing run folder, replacing its files")
+    p.add_argument("--wait", type=int, default=1, help="steps to skip before warm-up (default 1)")
+    p.add_argument("--warmup", type=int, default=2, help="warm-up steps, traced but discarded (default 2)")
+    p.add_argument("--active", "--steps", dest="active", type=int, default=3, help="steps recorded (default 3)")
+    p.add_argument("--stop-after-capture", action="store_true", help="end the script as soon as the steps are captured")
+    p.add_argument("--with-stack", action=argparse.BooleanOptionalAction, default=False,
+                   help="record Python stacks (source lines in findings; larger traces; default off)")
+    p.add_argument("--record-shapes", action=argparse.BooleanOptionalAction, default=True,
+                   help="record op input shapes and dtypes (default on)")
+    p.add_argument("--profile-memory", action=argparse.BooleanOptionalAction, default=False,
+                   help="record tensor allocations in the trace (default off)")
+    p.add_argument("--memory-history", action=argparse.BooleanOptionalAction, default=True,
+                   help="on a GPU, record CUDA memory history and dump a snapshot (default on)")
+    p.add_argument("--max-entries", type=int, default=100_000, help="memory history entries kept (default 100000)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no summary at the end")
+    p.add_argument("target", nargs=argparse.REMAINDER, help="script.py and its arguments")
+    return p
+
+
+def parse(argv: list[str]):
+    parser = build_parser()
+    # Our options end at the script: everything from the first non-option word on belongs to it.
+    ours, rest = _split(argv)
+    args = parser.parse_args(ours)
+    if args.module:
+        target = ["-m", args.module] + rest
+    else:
+        if not rest:
+            parser.error("no script given (gpuadvise profile [options] script.py [args ...])")
+        target = rest
+    for name in ("wait", "warmup", "active"):
+        if getattr(args, name) < (1 if name == "active" else 0):
+            parser.error(f"--{name} must be {'at least 1' if name == 'active' else 'zero or more'}")
+    return args, target
+
+
+_VALUED = {"-o", "--output", "--wait", "--warmup", "--active", "--steps", "--max-entries", "-m"}
+
+
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
+    ours: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            return ours, argv[i + 1:]
+        if a == "-m":
+            if i + 1 >= len(argv):
+                return ours + [a], []
+            return ours + [a, argv[i + 1]], argv[i + 2:]
+        if not a.startswith("-") or a == "-":
+            return ours, argv[i:]
+        ours.append(a)
+        if a in _VALUED and "=" not in a:
+            if i + 1 < len(argv):
+                ours.append(argv[i + 1])
+            i += 2
+            continue
+        i += 1
+    return ours, []
+
+
+def main(argv: list[str]) -> int:
+    args, target = parse(argv)
+    if not args.module:
+        script = Path(target[0])
+        if not script.is_file():
+            print(f"gpuadvise: error: {script}: no such script", file=sys.stderr)
+            return 2
+    out = Path(args.output) if args.output else runfolder.new_run_dir(args.module or target[0])
+    r = runfolder.rank()
+    mine = [out / runfolder.trace_name(r), out / runfolder.run_json_name(r)]
+    if any(p.exists() for p in mine) and not args.force:
+        print(f"gpuadvise: error: {out}: run folder already holds a capture; use --force to replace it or -o for another",
+              file=sys.stderr)
+        return 2
+    if args.force:
+        for p in mine + [out / runfolder.snapshot_name(r)]:
+            if p.exists():
+                p.unlink()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"gpuadvise: error: {out}: cannot create the run folder: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    started = time.time()
+    run = {
+        "command": ["gpuadvise", "profile"] + argv,
+        "script": args.module and f"-m {args.module}" or target[0],
+        "argv": target,
+        "cwd": os.getcwd(),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+    }
+    config = {
+        "out": str(out.resolve()), "wait": args.wait, "warmup": args.warmup, "active": args.active,
+        "stop_after_capture": args.stop_after_capture, "with_stack": args.with_stack, "record_shapes": args.record_shapes,
+        "profile_memory": args.profile_memory, "memory_history": args.memory_history, "max_entries": args.max_entries,
+        "run": run,
+    }
+    fd, config_path = tempfile.mkstemp(prefix="gpuadvise-profile-", suffix=".json")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(config, fh)
+    if not args.quiet:
+        print(f"{PREFIX}profiling {shlex.join(target)} (steps: wait {args.wait}, warm-up {args.warmup}, "
+              f"record {args.active}) → {out}", file=sys.stderr, flush=True)
+    code = _run_child([sys.executable, "-m", "gpuadvise.capture.bootstrap", config_path] + target)
+    _finish_run_json(out, r, code, started)
+    if not args.quiet:
+        _summary(out, r)
+    if code < 0:  # the script died by a signal: die the same way, as the unwrapped script would
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code
+
+
+def _run_child(cmd: list[str]) -> int:
+    child = subprocess.Popen(cmd)
+    forwarded = {}
+
+    def forward(signum, frame):
+        try:
+            child.send_signal(signum)
+        except OSError:
+            pass
+
+    # Ctrl-C reaches the child directly (same process group); we only wait for it to finish.
+    forwarded[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        forwarded[sig] = signal.signal(sig, forward)
+    try:
+        return child.wait()
+    finally:
+        for sig, handler in forwarded.items():
+            signal.signal(sig, handler)
+
+
+def _finish_run_json(out: Path, r, code: int, started: float) -> None:
+    path = out / runfolder.run_json_name(r)
+    data = runfolder.read_json(path)
+    data["exit_code"] = code
+    if code < 0:
+        data["exit_signal"] = signal.Signals(-code).name
+    data["ended_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    data["duration_s"] = round(time.time() - started, 3)
+    capture = data.setdefault("capture", {"state": "not started: the script ended before the profiler could start"})
+    if capture.get("state") in ("waiting for steps", "not started"):
+        capture["state"] = "incomplete: the script ended before the window completed"
+    try:
+        runfolder.write_json_atomic(path, data)
+    except OSError as exc:
+        print(f"{PREFIX}could not write {path}: {exc}", file=sys.stderr)
+
+
+def _summary(out: Path, r) -> None:
+    trace = out / runfolder.trace_name(r)
+    status = runfolder.read_json(out / runfolder.run_json_name(r)).get("capture", {})
+    if not trace.exists():
+        print(f"{PREFIX}no trace captured: {status.get('state', 'unknown')}", file=sys.stderr)
+        if status.get("error"):
+            print(f"{PREFIX}{status['error']}", file=sys.stderr)
+        elif status.get("steps_stepped", 0) == 0:
+            print(f"{PREFIX}no training step was seen (no optimizer.step(), no DataLoader batch): call "
+                  "gpuadvise.step() once per iteration", file=sys.stderr)
+        else:
+            print(f"{PREFIX}tip: the script ran {status['steps_stepped']} steps; lower --wait/--warmup/--active",
+                  file=sys.stderr)
+        return
+    try:
+        from gpuadvise.analyzer.engine import analyze_paths
+        from gpuadvise.analyzer.render_text import render
+
+        reports = analyze_paths([str(out)])
+        print(render(reports, top=3, prefix=PREFIX), end="", file=sys.stderr)
+    except Exception as exc:  # the run folder is intact; analysis can be rerun
+        print(f"{PREFIX}analysis failed ({type(exc).__name__}: {exc}); the run folder is intact", file=sys.stderr)
+    print(f"{PREFIX}full report: gpuadvise analyze {shlex.quote(str(out))} --format md", file=sys.stderr)
+    print(f"{PREFIX}browse it:   gpuadvise view {shlex.quote(str(out))}", file=sys.stderr)

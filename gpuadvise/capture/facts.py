@@ -1,0 +1,146 @@
+"""Light instrumentation of the settings the rules care about, recorded while the script runs.
+
+Each patch wraps a constructor or function, records a few attributes and where the user called it
+(file:line of the first frame outside torch and gpuadvise), and calls the original. Every recording is
+wrapped so that a failure here can never reach the user's code.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+_FACTS: dict = {"dataloaders": [], "optimizers": [], "autocast": [], "compile": [], "wrappers": []}
+_SKIP = ("/torch/", "/gpuadvise/", "<frozen", "/runpy.py", "\\torch\\")
+
+
+def facts() -> dict:
+    return _FACTS
+
+
+def caller() -> str:
+    """file:line of the innermost frame that belongs to the user's code."""
+    f = sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not any(s in name for s in _SKIP):
+            return f"{_short(name)}:{f.f_lineno}"
+        f = f.f_back
+    return "?"
+
+
+def _short(path: str) -> str:
+    import os
+
+    try:
+        rel = os.path.relpath(path)
+        return rel if not rel.startswith("..") else path
+    except ValueError:
+        return path
+
+
+def _safe(fn):
+    @functools.wraps(fn)
+    def inner(*a, **k):
+        try:
+            return fn(*a, **k)
+        except Exception:  # recording must never break training
+            return None
+
+    return inner
+
+
+def install(torch) -> None:
+    """Patch torch entry points to record facts. Called once, before the user's script runs."""
+    _wrap_init(torch.utils.data.DataLoader, _record_dataloader)
+    _wrap_init(torch.nn.DataParallel, lambda obj, a, k, where: _FACTS["wrappers"].append({"kind": "DataParallel", "created_at": where}))
+    try:
+        from torch.nn.parallel import DistributedDataParallel
+
+        _wrap_init(DistributedDataParallel,
+                   lambda obj, a, k, where: _FACTS["wrappers"].append({"kind": "DistributedDataParallel", "created_at": where}))
+    except ImportError:  # pragma: no cover - distributed not built
+        pass
+    _wrap_init(torch.autocast, _record_autocast)
+    original_compile = torch.compile
+
+    @functools.wraps(original_compile)
+    def compile_(*a, **k):
+        _safe(lambda: _FACTS["compile"].append({"called_at": caller(), "mode": k.get("mode")}))()
+        return original_compile(*a, **k)
+
+    torch.compile = compile_
+
+
+def _wrap_init(cls, record) -> None:
+    original = cls.__init__
+
+    @functools.wraps(original)
+    def __init__(self, *a, **k):
+        original(self, *a, **k)
+        where = _safe(caller)() or "?"
+        _safe(record)(self, a, k, where)
+
+    cls.__init__ = __init__
+
+
+def _record_dataloader(loader, a, k, where) -> None:
+    _FACTS["dataloaders"].append({
+        "created_at": where,
+        "num_workers": loader.num_workers,
+        "pin_memory": bool(loader.pin_memory),
+        "batch_size": loader.batch_size,
+        "prefetch_factor": loader.prefetch_factor,
+        "persistent_workers": bool(loader.persistent_workers),
+    })
+
+
+def _record_autocast(ctx, a, k, where) -> None:
+    entry = {"created_at": where, "device_type": getattr(ctx, "device", None), "dtype": str(getattr(ctx, "fast_dtype", ""))}
+    if len(_FACTS["autocast"]) < 20 and entry not in _FACTS["autocast"]:
+        _FACTS["autocast"].append(entry)
+
+
+def record_optimizer(opt) -> None:
+    """Called from the optimizer-step hook: which optimizers step, and with foreach/fused or not."""
+    name = type(opt).__name__
+    for known in _FACTS["optimizers"]:
+        if known["class"] == name and known["id"] == id(opt):
+            return
+    defaults = getattr(opt, "defaults", {}) or {}
+    _FACTS["optimizers"].append({"class": name, "id": id(opt), "foreach": defaults.get("foreach"), "fused": defaults.get("fused"),
+                                 "params": sum(len(g.get("params", [])) for g in getattr(opt, "param_groups", []))})
+
+
+def backend_flags(torch) -> dict:
+    out = {}
+    for key, get in (
+        ("cudnn_benchmark", lambda: torch.backends.cudnn.benchmark),
+        ("cudnn_allow_tf32", lambda: torch.backends.cudnn.allow_tf32),
+        ("matmul_allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32),
+        ("float32_matmul_precision", lambda: torch.get_float32_matmul_precision()),
+    ):
+        try:
+            out[key] = get()
+        except Exception:
+            out[key] = None
+    return out
+
+
+def environment(torch) -> dict:
+    env = {"torch": torch.__version__, "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None),
+           "python": sys.version.split()[0], "cuda_available": False}
+    try:
+        env["cudnn"] = torch.backends.cudnn.version()
+    except Exception:
+        env["cudnn"] = None
+    try:
+        if torch.cuda.is_available():
+            env["cuda_available"] = True
+            idx = torch.cuda.current_device()
+            props = torch.cuda.get_device_properties(idx)
+            env["device"] = {"name": props.name, "capability": list(torch.cuda.get_device_capability(idx)),
+                             "total_memory": props.total_memory, "count": torch.cuda.device_count()}
+    except Exception as exc:
+        env["device_error"] = repr(exc)
+    return env

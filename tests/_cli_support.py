@@ -1,0 +1,89 @@
+"""Helpers shared by test_cli.py, test_corpus.py and test_golden.py (not a conftest: plain imports).
+
+`run_cli` runs the real command (`python -m gpuadvise`, what the `gpuadvise` console script calls) in a
+subprocess; `call_main` runs it in-process, which is much faster and enough where exit codes and
+captured output are all a test looks at. The `write_*` functions build small deterministic traces.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from gpuadvise.fixtures.builder import TraceBuilder
+from gpuadvise.rules import find_rule
+
+REPO = Path(__file__).resolve().parents[1]
+
+GEMM = "ampere_tf32_s1688gemm_64x64_nn"
+SINGLE_LOADER = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+
+# What `gpuadvise profile` writes into a run folder about the DataLoader it saw.
+DATALOADER_FACTS = {
+    "dataloaders": [
+        {"created_at": "train.py:41", "num_workers": 0, "pin_memory": False, "prefetch_factor": None,
+         "persistent_workers": False}
+    ]
+}
+
+
+def run_cli(*args: str, cwd: str | os.PathLike | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`gpuadvise ARGS...` as a user runs it; GPUADVISE_DEBUG is cleared so errors take the user path."""
+    env = {k: v for k, v in os.environ.items() if k != "GPUADVISE_DEBUG"}
+    return subprocess.run([sys.executable, "-m", "gpuadvise", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=timeout)
+
+
+def call_main(capsys, *args: str) -> tuple[int, str, str]:
+    """`gpuadvise ARGS...` in-process: (exit code, stdout, stderr)."""
+    from gpuadvise.analyzer.cli import main
+
+    capsys.readouterr()  # drop anything captured before
+    try:
+        rc = main([str(a) for a in args])
+    except SystemExit as exc:  # argparse: --version, usage errors
+        rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def write_rule_positive(rule: str, path: Path) -> Path:
+    """The rule's own positive fixture (the trace that must trigger it), written to `path`."""
+    r = find_rule(rule)
+    assert r is not None, f"no rule {rule!r}"
+    return r.positive().write(path)
+
+
+def rank_trace(rank: int, stall_us: float = 0.0) -> TraceBuilder:
+    """One rank of a data-parallel job: python overhead, 10 GEMMs and a sync per step; `stall_us` of
+    single-process DataLoader time at the start of each step makes this rank the straggler."""
+    b = TraceBuilder(rank=rank)
+    for _ in range(4):
+        with b.step():
+            if stall_us:
+                b.cpu(SINGLE_LOADER, stall_us)
+            b.idle(1_000)
+            for _ in range(10):
+                b.kernel(GEMM, 400)
+            b.sync()
+    b.finish()
+    return b
+
+
+def write_rank_folder(folder: Path, names=("trace_a.json", "trace_b.json"), stall_us=(0.0, 0.0)) -> Path:
+    """A folder of two per-rank traces; the rank comes from each trace's distributedInfo (the names say nothing)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for rank, (name, stall) in enumerate(zip(names, stall_us)):
+        rank_trace(rank, stall).write(folder / name)
+    return folder
+
+
+def write_run_folder(folder: Path) -> Path:
+    """A `gpuadvise profile` run folder: run.json with the DataLoader's settings, and a trace that stalls on it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "run.json").write_text(json.dumps(DATALOADER_FACTS))
+    write_rule_positive("dataloader-stall", folder / "trace.json.gz")
+    return folder

@@ -1,0 +1,229 @@
+"""The critical-path replay: unchanged, it reproduces the trace; each scenario saves what the fix would,
+and overlapped work does not come back."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuadvise.analyzer import intervals as iv
+from gpuadvise.analyzer import whatif
+from gpuadvise.analyzer.metrics import compute
+from gpuadvise.analyzer.whatif import Scenario
+from gpuadvise.fixtures.builder import TraceBuilder
+from gpuadvise.rules import all_rules
+
+GEMM = "ampere_tf32_s1688gemm_64x64_nn"
+BASELINE = Scenario("baseline")
+
+
+def replay_of(model):
+    replay = whatif.build(model, compute(model))
+    assert replay is not None
+    return replay
+
+
+def traced_time(model, replay) -> float:
+    """What the trace shows for the replayed window: from its start until both the CPU has left the
+    window and the GPU has finished the work launched in it."""
+    ws, we = replay.window
+    ops_end = float(replay.ops["end"].max()) if len(replay.ops) else we
+    return max(we, ops_end) - ws
+
+
+def saved_us(replay, scenario) -> float:
+    return replay.baseline_us - replay.simulate(scenario)
+
+
+def gpu_bound_trace() -> TraceBuilder:
+    b = TraceBuilder()
+    for _ in range(4):
+        with b.step():
+            for _ in range(20):
+                b.kernel(GEMM, 1_000)
+            b.sync()
+    b.finish()
+    return b
+
+
+def sync_heavy_trace() -> TraceBuilder:
+    b = TraceBuilder()
+    for _ in range(4):
+        with b.step():
+            for _ in range(5):
+                for _ in range(10):
+                    b.kernel(GEMM, 200)
+                b.sync()
+                b.idle(1_500)  # python work after each sync, while the GPU idles
+    b.finish()
+    return b
+
+
+def overlap_trace() -> TraceBuilder:
+    b = TraceBuilder()
+    for _ in range(4):
+        with b.step():
+            for _ in range(10):
+                b.kernel(GEMM, 1_500)  # 15 ms queued on the GPU
+            b.cpu("preprocess_next_batch", 20_000)  # 20 ms of CPU work while it runs
+            b.sync()
+    b.finish()
+    return b
+
+
+CUSTOM = {"gpu-bound": gpu_bound_trace, "sync-heavy": sync_heavy_trace, "overlap": overlap_trace}
+FIXTURES = [(f"{r.name}-{kind}", getattr(r, kind)) for r in all_rules() for kind in ("positive", "negative")]
+ALL = list(CUSTOM.items()) + FIXTURES
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory):
+    """(model, replay) of each trace in ALL, loaded through the real loader once per module."""
+    from gpuadvise.analyzer.loader import load_trace
+
+    d, cache = tmp_path_factory.mktemp("whatif"), {}
+
+    def get(name):
+        if name not in cache:
+            model = load_trace(dict(ALL)[name]().write(d / f"{name}.json.gz"))
+            if model.gpu.empty:
+                pytest.skip("no GPU timeline to replay")
+            cache[name] = model, replay_of(model)
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", [n for n, _ in ALL])
+def test_replay_reproduces_traced_time(name, replayed):
+    model, replay = replayed(name)
+    traced = traced_time(model, replay)
+    assert replay.baseline_us == pytest.approx(traced, rel=0.05), (
+        f"replayed {replay.baseline_us:.0f} µs, traced {traced:.0f} µs (steps {replay.actual_us:.0f} µs)")
+
+
+@pytest.mark.parametrize("name", [n for n, _ in ALL])
+def test_baseline_scenario_saves_nothing(name, replayed):
+    _, replay = replayed(name)
+    assert replay.simulate(BASELINE) == pytest.approx(replay.baseline_us)
+    assert replay.saving_pct(BASELINE) == 0.0
+    # and doing nothing is stable: simulating twice gives the same answer
+    assert replay.simulate(BASELINE) == replay.simulate(Scenario("again"))
+
+
+def test_replay_covers_the_steps(load_built):
+    model = load_built(gpu_bound_trace())
+    replay = replay_of(model)
+    m = compute(model)
+    assert replay.steps == 4
+    assert replay.window == (m.steps[0].start, m.steps[-1].end)
+    assert len(replay.ops) == 80
+
+
+def test_removing_overlapped_cpu_time_saves_less_than_its_length(load_built):
+    model = load_built(overlap_trace())
+    replay = replay_of(model)
+    cpu = model.cpu[model.cpu["name"] == "preprocess_next_batch"]
+    removed = iv.union(cpu["ts"], cpu["end"])
+    length = iv.total(*removed)
+    assert length == pytest.approx(4 * 20_000)
+    saved = saved_us(replay, Scenario("no preprocessing", cpu_removed=removed))
+    # each step drops from ≈ 20.07 ms (CPU-bound) to ≈ 15.07 ms (GPU-bound): 5 ms of the 20 ms come back
+    assert 0 < saved < length
+    assert saved == pytest.approx(4 * 5_000, rel=0.1)
+
+
+def test_removing_cpu_time_that_nothing_overlaps_saves_all_of_it(load_built):
+    b = TraceBuilder()
+    for _ in range(4):
+        with b.step():
+            b.cpu("preprocess", 5_000)
+            for _ in range(10):
+                b.kernel(GEMM, 100)
+            b.sync()
+    b.finish()
+    model = load_built(b)
+    replay = replay_of(model)
+    cpu = model.cpu[model.cpu["name"] == "preprocess"]
+    saved = saved_us(replay, Scenario("no preprocessing", cpu_removed=iv.union(cpu["ts"], cpu["end"])))
+    assert saved == pytest.approx(4 * 5_000, rel=0.02)
+
+
+def test_unblocking_syncs_saves_time(load_built):
+    model = load_built(sync_heavy_trace())
+    replay = replay_of(model)
+    pct = replay.saving_pct(Scenario("no syncs", unblock=lambda c: c["blocking"].to_numpy()))
+    # per sync: ≈ 2.01 ms of GPU work then 1.5 ms of Python, serialised (≈ 3.5 ms); without the sync the
+    # Python work overlaps the next kernels and the loop is GPU-bound at ≈ 2 ms: ≈ 40 % saved
+    assert 30 <= pct <= 45, pct
+
+
+def test_unblocking_nothing_saves_nothing(load_built):
+    replay = replay_of(load_built(sync_heavy_trace()))
+    none = Scenario("no change", unblock=lambda c: np.zeros(len(c), dtype=bool))
+    assert replay.saving_pct(none) == 0.0
+
+
+def test_half_speed_kernels_on_gpu_bound_trace(load_built):
+    model = load_built(gpu_bound_trace())
+    replay = replay_of(model)
+    gpu_time = float(replay.ops["dur"].sum())
+    assert gpu_time / replay.baseline_us > 0.99  # really GPU-bound
+    saved = saved_us(replay, Scenario("kernels 2x faster", gpu_scale=lambda ops: np.full(len(ops), 0.5)))
+    assert saved == pytest.approx(gpu_time / 2, rel=0.02)
+
+
+def test_faster_kernels_on_cpu_bound_trace_save_little(load_built):
+    b = TraceBuilder()
+    for _ in range(4):
+        with b.step():
+            for _ in range(20):
+                b.kernel(GEMM, 50)
+                b.idle(200)  # the CPU, not the GPU, sets the pace
+            b.sync()
+    b.finish()
+    replay = replay_of(load_built(b))
+    pct = replay.saving_pct(Scenario("kernels 2x faster", gpu_scale=lambda ops: np.full(len(ops), 0.5)))
+    assert pct < 2, pct
+
+
+def test_slower_scenario_is_clamped_to_zero_saving(load_built):
+    replay = replay_of(load_built(gpu_bound_trace()))
+    slower = Scenario("kernels 2x slower", gpu_scale=lambda ops: np.full(len(ops), 2.0))
+    assert replay.simulate(slower) > replay.baseline_us
+    assert replay.saving_pct(slower) == 0.0
+
+
+def test_savings_are_monotonic_in_cpu_scale(load_built):
+    replay = replay_of(load_built(sync_heavy_trace()))
+    times = [replay.simulate(Scenario(f"cpu x{s}", cpu_scale=s)) for s in (1.0, 0.75, 0.5, 0.25, 0.0)]
+    assert all(a >= b - 1e-6 for a, b in zip(times, times[1:])), times
+    assert times[-1] < times[0]
+
+
+def test_no_runtime_calls_means_no_replay(load_built):
+    b = TraceBuilder()
+    with b.step():
+        b.kernel(GEMM, 100)
+        b.sync()
+    d = b.to_dict()
+    d["traceEvents"] = [e for e in d["traceEvents"] if e.get("cat") != "cuda_runtime"]
+    model = load_built(d)
+    assert whatif.build(model, compute(model)) is None
+
+
+def test_blocking_pageable_htod_copy_is_not_counted_twice(load_built):
+    """cudaMemcpyAsync from pageable memory returns only after the copy (the builder, like CUDA, makes the
+    call last as long as the DMA): the replay must treat the call as waiting for its copy, not as CPU
+    work followed by the copy."""
+    b = TraceBuilder()
+    for _ in range(4):
+        with b.step():
+            b.copy("HtoD", "Pageable", "Device", nbytes=64 << 20, dur=6_000)
+            for _ in range(10):
+                b.kernel(GEMM, 400)
+            b.sync()
+    b.finish()
+    model = load_built(b)
+    replay = replay_of(model)
+    assert replay.baseline_us == pytest.approx(traced_time(model, replay), rel=0.05)
