@@ -312,6 +312,7 @@ class _Builder:
         self.unknown = Counter()
         self.total = 0
         self.skipped = 0
+        self.tabulated = 0  # events that made it into a table
         self.min_ts = math.inf
 
     # -- helpers --------------------------------------------------------------------------------
@@ -394,6 +395,7 @@ class _Builder:
             evs = self._valid(evs)
             if not evs:
                 continue
+            self.tabulated += len(evs)
             if code in (ev.KERNEL, ev.MEMCPY, ev.MEMSET):
                 self._gpu(evs, code)
             elif code == ev.RUNTIME:
@@ -591,19 +593,22 @@ def _build(events: list, meta: TraceMeta, path: Path) -> TraceModel:
     while buf is not None:
         try:
             decoded = _EVENTS.decode(buf)
+            b.total += len(decoded)
         except msgspec.ValidationError:
-            decoded = _decode_leniently(_RAW_LIST.decode(buf), b)
+            raws = _RAW_LIST.decode(buf)
+            b.total += len(raws)
+            decoded = _decode_leniently(raws, b)
+            del raws
         except msgspec.DecodeError:
             if isinstance(events, list):
                 raise
             buf = chunks.send(True)  # cut inside a string: ask for a longer piece
             continue
-        b.total += len(decoded)
         b.add_chunk(decoded)
         del decoded
         buf = next(chunks, None)
     del chunks, events, buf  # the last references to the file's bytes: free them before the frames
-    if b.total and b.skipped >= b.total:
+    if b.total and b.skipped >= b.total and not b.tabulated:
         raise InputError(path, f"none of its {b.total} events is a trace event: not a PyTorch profiler trace")
     meta.events_total = b.total
     meta.events_skipped = b.skipped
@@ -635,10 +640,14 @@ def _array_chunks(array):
         end -= 1
     end -= 1  # the closing ]
     pos = 1
+    first = True
     while True:
         m = _OPEN.search(data, pos, end)
         if m is None:
+            if first and bytes(data[1:end]).strip():  # entries that are not objects: let the decoder judge
+                yield bytes(data[: end + 1])
             return
+        first = False
         pos = m.start()
         reach = pos + CHUNK_BYTES
         while True:

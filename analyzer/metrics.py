@@ -415,12 +415,11 @@ def attribute(model: TraceModel, calls: pd.DataFrame) -> tuple[list, list]:
         if g is not None:
             inside = g[(g["ts"] <= ts) & (g["end"] >= end)]
             if len(inside):
-                inner = inside.iloc[-1]
-                op = str(inner["name"])
-                src = user_frame_from_stack(str(inside["call_stack"].iloc[-1]))
-                if not src:
-                    outer = inside.iloc[0]
-                    src = user_frame_from_stack(str(outer["call_stack"]))
+                # innermost = latest start; nested ops often share a start µs, then the shorter one is inner
+                nest = inside.sort_values(["ts", "end"], ascending=[True, False])
+                op = str(nest["name"].iloc[-1])
+                stacks = [user_frame_from_stack(str(x)) for x in nest["call_stack"].iloc[::-1]]
+                src = next((x for x in stacks if x), "")
         if not src:
             src = python_source(model, ts, end, tid)
         ops.append(op)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import re
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]|\x1b\[[0-9;?]*[ -/]*[@-~]")
+# Whole sequences first (CSI, 8-bit CSI, OSC up to BEL/ST, two-byte ESC), then any lone control char.
+_CONTROL = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x9b[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]|[\x00-\x08\x0b-\x1f\x7f-\x9f]"
+)
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]<>|#])")
 
 

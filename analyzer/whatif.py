@@ -104,9 +104,9 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
     launched = gpu["correlation"].isin(calls["correlation"]) & (gpu["correlation"] >= 0)
     spill_in = (gpu["ts"] >= ws) & (gpu["ts"] < we) & ~launched
     ops = gpu[launched | spill_in].sort_values("ts", ignore_index=True)
-    # pageable device→host copies through cudaMemcpyAsync block the CPU too
-    pageable_dtoh = ops["name"].astype(str).str.contains("-> Pageable", regex=False)
-    calls.loc[calls["correlation"].isin(ops.loc[pageable_dtoh, "correlation"]), "blocking"] = True
+    # cudaMemcpyAsync to or from pageable memory returns only once the data is staged: it blocks too
+    pageable = ops["name"].astype(str).str.contains("Pageable", regex=False)
+    calls.loc[calls["correlation"].isin(ops.loc[pageable, "correlation"]), "blocking"] = True
 
     g = nx.DiGraph()
     g.add_node("S")

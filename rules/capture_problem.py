@@ -72,7 +72,8 @@ class CaptureProblem(Rule):
                        "CUDA calls: it was captured without `ProfilerActivity.CUDA`.",
                        "Add `ProfilerActivity.CUDA` to the profiler's activities.", "high")
         elif not has_gpu:
-            problem = ("No GPU activity was recorded: this looks like a CPU-only run, so GPU findings do not apply.",
+            problem = (f"No GPU activity was recorded ({len(m.cpu)} CPU ops, {len(a.metrics.steps)} steps, no CUDA/HIP "
+                       "calls): this looks like a CPU-only run, so GPU findings do not apply.",
                        "If the job should use a GPU, check that the model and batches are moved to it (`.to('cuda')`).",
                        "info")
         if problem:

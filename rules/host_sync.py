@@ -73,7 +73,8 @@ class HostSync(Rule):
         elif saving < self.thresholds["min_saving_pct"]:
             return []
         nsteps = max(len(m.steps), 1)
-        scalar = int(s["op"].isin(SCALAR_OPS).sum())
+        scalar_rows = s[s["op"].isin(SCALAR_OPS)]
+        scalar = int(scalar_rows["external_id"].nunique()) if len(scalar_rows) else 0  # one .item() = a copy + a sync
         groups = (s.groupby(["name", "op", "source"]).agg(count=("dur", "size"), total_us=("dur", "sum"))
                   .reset_index().sort_values("total_us", ascending=False))
         items = [{"name": r.name, "op": r.op, "source": r.source, "count": int(r.count), "total_ms": round(r.total_us / 1e3, 2)}

@@ -158,8 +158,20 @@ def test_findings_are_complete_and_sorted(rule, kind, fixture_reports):
     report = fixture_reports(rule, kind)
     for f in report.findings:
         _check_finding(f)
-    savings = [f.impact.est_step_saving_pct for f in report.findings]
+    # Predictions of fixes are ordered biggest first; a symptom's ceiling (upper_bound) never outranks
+    # a cause that explains at least half of it, and otherwise sits where its figure puts it.
+    causes = [f for f in report.findings if not f.impact.upper_bound]
+    savings = [f.impact.est_step_saving_pct for f in causes]
     assert savings == sorted(savings, reverse=True)
+    for i, f in enumerate(report.findings):
+        if f.impact.upper_bound:
+            before = report.findings[:i]
+            after = [g for g in report.findings[i + 1:] if not g.impact.upper_bound]
+            assert all(g.impact.est_step_saving_pct < 0.5 * f.impact.est_step_saving_pct or
+                       g.impact.est_step_saving_pct <= max((b.impact.est_step_saving_pct for b in before), default=100.0)
+                       for g in after)
+            assert all(b.impact.est_step_saving_pct >= 0.5 * f.impact.est_step_saving_pct or
+                       b.impact.est_step_saving_pct >= f.impact.est_step_saving_pct for b in before if not b.impact.upper_bound)
 
 
 def test_cpu_only_and_no_cuda_findings_are_complete(load_built):

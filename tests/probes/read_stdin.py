@@ -1,0 +1,6 @@
+"""Echoes its stdin to stdout."""
+
+import sys
+
+sys.stdout.write(sys.stdin.read())
+sys.stdout.flush()
