@@ -491,7 +491,7 @@ class _Builder:
         stacks = self.stacks
         t.add("call_stack", [stacks[c] if type(c) is str else 0 for c in [a.call_stack for a in args]], np.int32)
         # shapes and dtypes only for matmul/conv ops: checked once per distinct name
-        for code, name in list(self.names.items())[self.names_checked:]:
+        for name, code in list(self.names.items())[self.names_checked:]:
             if isinstance(name, str) and MATMUL_OPS.match(name):
                 self.matmul_names.add(code)
         self.names_checked = len(self.names)

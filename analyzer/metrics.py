@@ -475,3 +475,40 @@ def dataloader_spans(model: TraceModel, steps: list[Step]) -> pd.DataFrame:
         d.loc[missing, "source"] = [python_source(model, t, e, tid) for t, e, tid in
                                      zip(d["ts"][missing], d["end"][missing], d["tid"][missing])]
     return d.sort_values("ts", ignore_index=True)[cols]
+
+
+def annotation_spans(model: TraceModel, prefix: str) -> pd.DataFrame:
+    """CPU ops/annotations whose name starts with `prefix` (e.g. "Optimizer.step#")."""
+    cpu = model.cpu
+    if cpu.empty:
+        return cpu
+    names = cpu["name"].astype(str)
+    out = cpu[names.str.startswith(prefix)].copy()
+    out["name"] = names[out.index]
+    return out
+
+
+def ops_inside(model: TraceModel, spans: pd.DataFrame, names: set[str] | None = None) -> pd.DataFrame:
+    """CPU ops (optionally only these names) that lie inside any of the spans, on the span's thread."""
+    cpu = model.cpu
+    if cpu.empty or spans.empty:
+        return cpu.iloc[0:0]
+    ops = cpu[~cpu["is_annotation"]]
+    if names is not None:
+        ops = ops[ops["name"].astype(str).isin(names)]
+    keep = np.zeros(len(ops), dtype=bool)
+    ts, end, tid = ops["ts"].to_numpy(), ops["end"].to_numpy(), ops["tid"].to_numpy()
+    for s_ts, s_end, s_tid in zip(spans["ts"].to_numpy(), spans["end"].to_numpy(), spans["tid"].to_numpy()):
+        keep |= (ts >= s_ts) & (end <= s_end) & (tid == s_tid)
+    return ops[keep]
+
+
+def gpu_ops_launched_in(model: TraceModel, launches: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
+    """GPU ops whose launch call was made inside the spans (on the span's thread)."""
+    if launches.empty or spans.empty:
+        return launches.iloc[0:0]
+    lt, tid = launches["launch_ts"].to_numpy(), launches["tid"].to_numpy()
+    keep = np.zeros(len(launches), dtype=bool)
+    for s_ts, s_end, s_tid in zip(spans["ts"].to_numpy(), spans["end"].to_numpy(), spans["tid"].to_numpy()):
+        keep |= (lt >= s_ts) & (lt < s_end) & (tid == s_tid)
+    return launches[keep]

@@ -33,6 +33,7 @@ class Scenario:
 
     name: str
     cpu_removed: tuple[np.ndarray, np.ndarray] | None = None  # CPU intervals that disappear
+    cpu_shrink: tuple[tuple[np.ndarray, np.ndarray], float] | None = None  # (intervals, factor): CPU time there × factor
     cpu_scale: float = 1.0  # multiplies CPU time between GPU calls (and launch cost)
     unblock: Callable[[pd.DataFrame], np.ndarray] | None = None  # calls (rows of `calls`) that stop blocking
     gpu_scale: Callable[[pd.DataFrame], np.ndarray] | None = None  # per GPU op duration factor
@@ -270,6 +271,10 @@ def _weights(replay: Replay, s: Scenario) -> np.ndarray:
     if s.cpu_removed is not None and len(s.cpu_removed[0]):
         removed = iv.covered(s.cpu_removed[0], s.cpu_removed[1], e["gap_a"][cpu], e["gap_b"][cpu])
         w[cpu] = np.maximum(0.0, w[cpu] - removed)
+    if s.cpu_shrink is not None and len(s.cpu_shrink[0][0]):
+        (lo, hi), factor = s.cpu_shrink
+        inside = iv.covered(lo, hi, e["gap_a"][cpu], e["gap_b"][cpu])
+        w[cpu] = np.maximum(0.0, w[cpu] - inside * (1.0 - factor))
     w[cpu] *= s.cpu_scale
     if s.cpu_scale < 1:  # cheaper launches: the calls' own CPU cost shrinks too
         w[call] *= s.cpu_scale

@@ -1,0 +1,111 @@
+"""single-tensor-optimizer: the optimizer updates parameters one tensor at a time.
+
+## What it detects
+`Optimizer.step#…` spans that launch many kernels (several per parameter) with no sign of the
+multi-tensor paths: no `_foreach_` ops, no `multi_tensor_apply` or fused optimizer kernels. That is
+`foreach=False`, an optimizer without a foreach implementation, or one forced onto the per-tensor path.
+
+## Why it matters
+The per-tensor path launches a handful of small kernels for every parameter: for a model with hundreds
+of parameter tensors that is thousands of launches per step, each costing CPU time while the GPU
+waits. The foreach path batches them into a few launches; `fused=True` does the whole update in one
+kernel per group.
+
+## Fix
+```python
+opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)    # one kernel per param group (CUDA)
+# or
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
+```
+PyTorch picks foreach by default when all parameters are on CUDA; check that nothing forces
+`foreach=False` and that parameters are not split across devices.
+
+## Thresholds
+Fires when an optimizer step launches at least 20 kernels, none of them (nor the ops around them)
+is a foreach/fused one, and the replay predicts at least 0.5 % saving (an optimizer whose launches
+hide behind GPU work costs nothing). The saving is predicted by replaying the steps with the optimizer's CPU time
+cut to a fifth (fewer, larger launches), a conservative figure for foreach.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gpuadvise.analyzer.analysis import Analysis
+from gpuadvise.analyzer.findings import Evidence
+from gpuadvise.analyzer.metrics import annotation_spans, gpu_ops_launched_in, ops_inside
+from gpuadvise.analyzer import intervals as iv
+from gpuadvise.analyzer.whatif import Scenario
+from gpuadvise.fixtures.builder import TraceBuilder
+
+from .base import Rule
+
+MULTI_TENSOR = re.compile(r"_foreach_|multi_tensor_apply|fused|_fused_", re.I)
+
+
+class SingleTensorOptimizer(Rule):
+    code = "GA109"
+    name = "single-tensor-optimizer"
+    topic = "single-tensor-optimizer"
+    title = "The optimizer launches kernels one parameter at a time"
+    thresholds = {"min_kernels_per_step": 20, "cpu_factor": 0.2, "min_saving_pct": 0.5}
+
+    def check(self, a: Analysis):
+        m, t = a.metrics, self.thresholds
+        spans = annotation_spans(a.model, "Optimizer.step#")
+        if spans.empty or m.launches.empty:
+            return []
+        kernels = gpu_ops_launched_in(a.model, m.launches, spans)
+        per_step = len(kernels) / len(spans)
+        if per_step < t["min_kernels_per_step"]:
+            return []
+        ops = ops_inside(a.model, spans)
+        if kernels["gpu_name"].str.contains(MULTI_TENSOR).any() or ops["name"].astype(str).str.contains(MULTI_TENSOR).any():
+            return []
+        saving, basis = a.predicted_saving(Scenario(
+            f"optimizer CPU time × {t['cpu_factor']} (foreach/fused launches)",
+            cpu_shrink=(iv.union(spans["ts"], spans["end"]), t["cpu_factor"])))
+        if saving is None or saving < self.thresholds["min_saving_pct"]:
+            return []  # the optimizer's launches hide behind GPU work: nothing to win here
+        opt = spans["name"].iloc[0].split("#", 1)[-1].split(".")[0]
+        facts = [o for o in a.facts.get("optimizers", []) if o.get("class") == opt]
+        message = (f"Each `{opt}` step launches {per_step:.0f} kernels (median {kernels['gpu_us'].median():.1f} µs each) "
+                   f"and takes {spans['dur'].median() / 1e3:.2f} ms on the CPU; none of them is a foreach or fused kernel.")
+        evidence = Evidence(
+            steps=[s.number for s in m.steps],
+            time_ranges_ms=[(a.rel_ms(s), a.rel_ms(e)) for s, e in zip(spans["ts"].head(5), spans["end"].head(5))],
+            items=[{"name": str(n), "count": int(c)} for n, c in kernels["gpu_name"].value_counts().head(6).items()],
+            numbers={"kernels_per_step": round(per_step, 1), "optimizer_cpu_ms": round(float(spans["dur"].median()) / 1e3, 3),
+                     "optimizer": opt, "recorded_settings": facts[:1]},
+        )
+        return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis,
+                             advice=f"Construct `{opt}` with `foreach=True` or, where available, `fused=True`.")]
+
+    def positive(self) -> TraceBuilder:
+        return _loop("void at::native::vectorized_elementwise_kernel<4, AddFunctor<float>>", per_param=3)
+
+    def negative(self) -> TraceBuilder:
+        return _loop("void at::native::multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor<float>>", per_param=0)
+
+
+def _loop(kernel: str, per_param: int) -> TraceBuilder:
+    b = TraceBuilder()
+    for _ in range(3):
+        with b.step():
+            for _ in range(30):
+                b.kernel("ampere_tf32_s1688gemm_64x64_nn", 20)
+            with b.op("Optimizer.step#AdamW.step", cat="user_annotation"):
+                if per_param:
+                    for _ in range(60):
+                        for _ in range(per_param):
+                            b.kernel(kernel, 3)
+                            b.idle(10)
+                else:
+                    for _ in range(4):
+                        b.kernel(kernel, 40)
+            b.sync()
+    b.finish()
+    return b
+
+
+RULE = SingleTensorOptimizer()

@@ -1,0 +1,101 @@
+"""zero-grad: `optimizer.zero_grad()` writes zeros into every gradient instead of dropping them.
+
+## What it detects
+`aten::zero_` ops inside the `Optimizer.zero_grad#…` span of each step, each launching a fill kernel.
+That is `zero_grad(set_to_none=False)` (or a hand-written `p.grad.zero_()` loop), the behaviour of
+PyTorch before 2.0.
+
+## Why it matters
+Zeroing costs one kernel launch and a full write of every gradient, every step; the next backward then
+reads those zeros back to accumulate into them. Setting gradients to `None` skips both: the backward
+writes fresh gradients directly. It also lowers the memory peak between steps.
+
+## Fix
+```python
+optimizer.zero_grad(set_to_none=True)   # the default since PyTorch 2.0
+# or, for a manual loop over parameters:
+for p in model.parameters():
+    p.grad = None
+```
+Code that reads `.grad` between steps must then handle `None`.
+
+## Thresholds
+Fires when at least one `aten::zero_` runs inside `Optimizer.zero_grad` per profiled step (the PyTorch
+profiler's anti-pattern matcher flags any). The saving is the replay without those ops and kernels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuadvise.analyzer import intervals as iv
+from gpuadvise.analyzer.analysis import Analysis
+from gpuadvise.analyzer.findings import Evidence
+from gpuadvise.analyzer.metrics import annotation_spans, gpu_ops_launched_in, ops_inside
+from gpuadvise.analyzer.whatif import Scenario
+from gpuadvise.fixtures.builder import TraceBuilder
+
+from .base import Rule
+
+
+class ZeroGrad(Rule):
+    code = "GA108"
+    name = "zero-grad"
+    topic = "zero-grad"
+    title = "zero_grad() writes zeros instead of setting gradients to None"
+    thresholds = {"min_zero_ops_per_step": 1}
+
+    def check(self, a: Analysis):
+        m = a.metrics
+        spans = annotation_spans(a.model, "Optimizer.zero_grad#")
+        if spans.empty:
+            return []
+        zeros = ops_inside(a.model, spans, {"aten::zero_"})
+        nsteps = max(len(m.steps), 1)
+        if len(zeros) < self.thresholds["min_zero_ops_per_step"] * nsteps:
+            return []
+        kernels = gpu_ops_launched_in(a.model, m.launches, spans)
+        corr = set(kernels["correlation"])
+        saving, basis = a.predicted_saving(Scenario(
+            "gradients set to None: no zeroing ops or fill kernels",
+            cpu_removed=iv.union(zeros["ts"], zeros["end"]),
+            gpu_scale=lambda ops: np.where(ops["correlation"].isin(corr), 0.0, 1.0)))
+        if saving is None:
+            saving, basis = 100 * zeros["dur"].sum() / max(m.per_step["dur_us"].sum(), 1e-9), "share of step time"
+        message = (f"`zero_grad` zeroes gradients in place: {len(zeros) / nsteps:.0f} `aten::zero_` ops per step "
+                   f"({zeros['dur'].sum() / nsteps / 1e3:.2f} ms of CPU time and {len(kernels) / nsteps:.0f} fill kernels "
+                   f"({kernels['gpu_us'].sum() / nsteps / 1e3:.2f} ms of GPU time) per step).")
+        evidence = Evidence(
+            steps=[s.number for s in m.steps],
+            time_ranges_ms=[(a.rel_ms(t), a.rel_ms(e)) for t, e in zip(spans["ts"].head(5), spans["end"].head(5))],
+            items=[{"name": n, "count": int(len(g))} for n, g in spans.groupby("name")],
+            numbers={"zero_ops_per_step": round(len(zeros) / nsteps, 1), "fill_kernels_per_step": round(len(kernels) / nsteps, 1)},
+        )
+        return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis,
+                             advice="Call `optimizer.zero_grad(set_to_none=True)`.")]
+
+    def positive(self) -> TraceBuilder:
+        return _loop(zeroing=True)
+
+    def negative(self) -> TraceBuilder:
+        return _loop(zeroing=False)
+
+
+def _loop(zeroing: bool) -> TraceBuilder:
+    b = TraceBuilder()
+    for _ in range(3):
+        with b.step():
+            with b.op("Optimizer.zero_grad#SGD.zero_grad", cat="user_annotation"):
+                for _ in range(40 if zeroing else 0):
+                    with b.op("aten::zero_"):
+                        with b.op("aten::fill_"):
+                            b.kernel("void at::native::vectorized_elementwise_kernel<4, FillFunctor<float>>", 8)
+                b.idle(5)
+            for _ in range(30):
+                b.kernel("ampere_tf32_s1688gemm_64x64_nn", 150)
+            b.sync()
+    b.finish()
+    return b
+
+
+RULE = ZeroGrad()
