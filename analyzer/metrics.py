@@ -20,7 +20,7 @@ import pandas as pd
 
 from . import intervals as iv
 from .kernels import is_comm, is_matmul_like, precision_class
-from .model import TraceModel
+from .model import TraceModel, name_mask, names_in
 
 KERNEL_WAIT_US = 30.0
 
@@ -133,13 +133,12 @@ def find_steps(model: TraceModel) -> list[Step]:
     cpu = model.cpu
     if cpu.empty:
         return []
-    names = cpu["name"].astype(str)
-    mask = names.str.startswith("ProfilerStep#")
+    mask = name_mask(cpu["name"], lambda n: n.startswith("ProfilerStep#"))
     if not mask.any():
         return []
     rows = cpu[mask]
     seen: dict[int, Step] = {}
-    for name, ts, end in zip(names[mask], rows["ts"], rows["end"]):
+    for name, ts, end in zip(rows["name"].astype(str), rows["ts"], rows["end"]):
         m = STEP.match(name)
         if not m:
             continue
@@ -258,11 +257,11 @@ def launch_stats(model: TraceModel) -> pd.DataFrame:
         ops[["correlation", "name", "ts", "dur", "stream"]], on="correlation", suffixes=("_rt", "_gpu"))
     out = pd.DataFrame({
         "correlation": j["correlation"],
-        "call": j["name_rt"].astype(str),
+        "call": j["name_rt"],
         "launch_ts": j["ts_rt"],
         "launch_end": j["end"],
         "cpu_us": j["dur_rt"],
-        "gpu_name": j["name_gpu"].astype(str),
+        "gpu_name": j["name_gpu"],
         "gpu_ts": j["ts_gpu"],
         "gpu_us": j["dur_gpu"],
         "delay_us": np.clip(j["ts_gpu"] - j["end"], 0, None),
@@ -277,8 +276,7 @@ def launch_thread(model: TraceModel) -> tuple[int, int] | None:
     rt = model.runtime
     if rt.empty:
         return None
-    names = rt["name"].astype(str)
-    work = rt[names.isin(LAUNCH_CALLS | COPY_CALLS)]
+    work = rt[names_in(rt["name"], LAUNCH_CALLS | COPY_CALLS)]
     if work.empty:
         work = rt
     pid, tid = work.groupby(["pid", "tid"]).size().idxmax()
@@ -363,15 +361,14 @@ def sync_table(model: TraceModel, steps: list[Step]) -> pd.DataFrame:
     cols = ["name", "kind", "ts", "end", "dur", "tid", "external_id", "step", "profiler_sync", "op", "source"]
     if rt.empty:
         return pd.DataFrame(columns=cols)
-    names = rt["name"].astype(str)
-    mask = names.isin(SYNC_CALLS.keys())
+    mask = names_in(rt["name"], SYNC_CALLS.keys())
     s = rt[mask].copy()
-    s["name"] = names[mask]
+    s["name"] = s["name"].astype(str)
     # cudaMemcpyAsync into pageable host memory is synchronous too: add those DtoH calls.
     gpu_copies = model.gpu[model.gpu["kind"] == "memcpy"]
     if len(gpu_copies):
-        pageable = gpu_copies[gpu_copies["name"].astype(str).str.contains(r"DtoH \(Device -> Pageable\)", regex=True)]
-        async_rt = rt[names.isin({"cudaMemcpyAsync", "hipMemcpyAsync"}) & rt["correlation"].isin(pageable["correlation"])].copy()
+        pageable = gpu_copies[name_mask(gpu_copies["name"], lambda n: "DtoH (Device -> Pageable)" in n)]
+        async_rt = rt[names_in(rt["name"], {"cudaMemcpyAsync", "hipMemcpyAsync"}) & rt["correlation"].isin(pageable["correlation"])].copy()
         if len(async_rt):
             async_rt["name"] = async_rt["name"].astype(str)
             s = pd.concat([s, async_rt])
@@ -394,7 +391,7 @@ def _profiler_final_sync(model: TraceModel, s: pd.DataFrame, steps: list[Step]) 
     last = dev[-1]
     ts = s["ts"].iloc[last]
     rt = model.runtime
-    later = rt[(rt["ts"] > ts) & rt["name"].astype(str).isin(LAUNCH_CALLS | COPY_CALLS)]
+    later = rt[(rt["ts"] > ts) & names_in(rt["name"], LAUNCH_CALLS | COPY_CALLS)]
     outside_steps = not steps or ts >= steps[-1].end
     if later.empty or outside_steps:
         flag[last] = True
@@ -461,12 +458,11 @@ def dataloader_spans(model: TraceModel, steps: list[Step]) -> pd.DataFrame:
     cols = ["name", "ts", "end", "dur", "tid", "step", "single_process", "source"]
     if cpu.empty:
         return pd.DataFrame(columns=cols)
-    names = cpu["name"].astype(str)
-    mask = names.str.match(DATALOADER)
+    mask = name_mask(cpu["name"], DATALOADER.match)
     d = cpu[mask].copy()
     if d.empty:
         return pd.DataFrame(columns=cols)
-    d["name"] = names[mask]
+    d["name"] = d["name"].astype(str)
     d["step"] = _in_window(d["ts"].to_numpy(), steps)
     d["single_process"] = d["name"].str.contains("SingleProcess")
     d["source"] = [user_frame_from_stack(str(s)) for s in d["call_stack"]]
@@ -482,9 +478,8 @@ def annotation_spans(model: TraceModel, prefix: str) -> pd.DataFrame:
     cpu = model.cpu
     if cpu.empty:
         return cpu
-    names = cpu["name"].astype(str)
-    out = cpu[names.str.startswith(prefix)].copy()
-    out["name"] = names[out.index]
+    out = cpu[name_mask(cpu["name"], lambda n: n.startswith(prefix))].copy()
+    out["name"] = out["name"].astype(str)
     return out
 
 
@@ -495,7 +490,7 @@ def ops_inside(model: TraceModel, spans: pd.DataFrame, names: set[str] | None = 
         return cpu.iloc[0:0]
     ops = cpu[~cpu["is_annotation"]]
     if names is not None:
-        ops = ops[ops["name"].astype(str).isin(names)]
+        ops = ops[names_in(ops["name"], names)]
     keep = np.zeros(len(ops), dtype=bool)
     ts, end, tid = ops["ts"].to_numpy(), ops["end"].to_numpy(), ops["tid"].to_numpy()
     for s_ts, s_end, s_tid in zip(spans["ts"].to_numpy(), spans["end"].to_numpy(), spans["tid"].to_numpy()):

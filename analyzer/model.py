@@ -10,7 +10,31 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
+
+
+def name_mask(col: pd.Series, predicate) -> np.ndarray:
+    """Boolean mask over a name column, calling `predicate(name)` once per distinct name.
+
+    Names are categoricals: testing the few hundred categories instead of a million strings is what
+    keeps rules cheap on gigabyte traces.
+    """
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        cats = col.cat.categories
+        hit = np.fromiter((bool(predicate(str(c))) for c in cats), dtype=bool, count=len(cats))
+        codes = col.cat.codes.to_numpy()
+        if not len(hit):
+            return np.zeros(len(col), dtype=bool)
+        return np.where(codes >= 0, hit[np.clip(codes, 0, None)], False)
+    cache: dict = {}
+    return np.fromiter((cache[v] if v in cache else cache.setdefault(v, bool(predicate(str(v)))) for v in col),
+                       dtype=bool, count=len(col))
+
+
+def names_in(col: pd.Series, names) -> np.ndarray:
+    names = set(names)
+    return name_mask(col, names.__contains__)
 
 
 @dataclass

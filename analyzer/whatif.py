@@ -21,7 +21,7 @@ import pandas as pd
 
 from . import intervals as iv
 from .metrics import COPY_CALLS, LAUNCH_CALLS, SYNC_CALLS, Metrics
-from .model import TraceModel
+from .model import TraceModel, name_mask, names_in
 
 NODE_BUDGET = 60_000  # nodes in the replay graph; longer windows are cut to their middle steps
 WAKE_US = 5.0  # a blocked call returns about this long after the GPU op it waited for
@@ -95,10 +95,9 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
         return None
     ws, we = window
     rt = model.runtime
-    names = rt["name"].astype(str)
-    talk = names.isin(LAUNCH_CALLS | COPY_CALLS | SYNC_CALLS.keys())
+    talk = names_in(rt["name"], LAUNCH_CALLS | COPY_CALLS | SYNC_CALLS.keys())
     calls = rt[talk & (rt["ts"] >= ws) & (rt["ts"] < we)].copy()
-    calls["name"] = names[calls.index]
+    calls["name"] = calls["name"].astype(str)
     calls = calls.sort_values("ts", kind="stable", ignore_index=True)
     calls["blocking"] = calls["name"].isin(SYNC_CALLS.keys())
     gpu = model.gpu
@@ -106,7 +105,7 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
     spill_in = (gpu["ts"] >= ws) & (gpu["ts"] < we) & ~launched
     ops = gpu[launched | spill_in].sort_values("ts", ignore_index=True)
     # cudaMemcpyAsync to or from pageable memory returns only once the data is staged: it blocks too
-    pageable = ops["name"].astype(str).str.contains("Pageable", regex=False)
+    pageable = name_mask(ops["name"], lambda n: "Pageable" in n)
     calls.loc[calls["correlation"].isin(ops.loc[pageable, "correlation"]), "blocking"] = True
 
     g = nx.DiGraph()

@@ -54,7 +54,7 @@ class CaptureProblem(Rule):
     def check(self, a: Analysis):
         m, meta = a.model, a.model.meta
         out = []
-        rt_names = set(m.runtime["name"].astype(str)) if len(m.runtime) else set()
+        rt_names = {str(n) for n in m.runtime["name"].unique()} if len(m.runtime) else set()
         launches = len(rt_names & LAUNCH_CALLS) > 0
         has_gpu = a.metrics.has_gpu
         numbers = {"kernels": int(len(m.kernels)), "runtime_calls": int(len(m.runtime)), "cpu_ops": int(len(m.cpu))}

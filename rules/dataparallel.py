@@ -30,9 +30,12 @@ GPU-0 bottleneck) are not in the trace and are not counted.
 
 from __future__ import annotations
 
+import re
+
 from gpuadvise.analyzer import intervals as iv
 from gpuadvise.analyzer.analysis import Analysis
 from gpuadvise.analyzer.findings import Evidence
+from gpuadvise.analyzer.model import name_mask
 from gpuadvise.analyzer.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
@@ -40,6 +43,9 @@ from .base import Rule
 
 DP_WORK = ("Broadcast", "ReduceAddCoalesced", "Gather", "Scatter", "replicate", "scatter", "gather", "parallel_apply",
            "BroadcastBackward", "ReduceAddCoalescedBackward", "GatherBackward", "ScatterBackward")
+
+
+DP_PATTERN = re.compile("|".join(DP_WORK))
 
 
 class DataParallelRule(Rule):
@@ -51,14 +57,13 @@ class DataParallelRule(Rule):
 
     def check(self, a: Analysis):
         cpu = a.model.cpu
-        names = cpu["name"].astype(str) if len(cpu) else None
-        marker = cpu[names.str.startswith("DataParallel.forward")] if names is not None else cpu
+        marker = cpu[name_mask(cpu["name"], lambda n: n.startswith("DataParallel.forward"))]
         py = a.model.python
-        py_marker = py[py["name"].astype(str).str.contains("nn.Module: DataParallel")] if len(py) else py
+        py_marker = py[name_mask(py["name"], lambda n: "nn.Module: DataParallel" in n)] if len(py) else py
         wrappers = [w for w in a.facts.get("wrappers", []) if w.get("kind") == "DataParallel"]
         if marker.empty and py_marker.empty and not wrappers:
             return []
-        work = cpu[names.str.contains("|".join(DP_WORK), regex=True)] if names is not None else cpu
+        work = cpu[name_mask(cpu["name"], DP_PATTERN.search)]
         saving, basis = a.predicted_saving(Scenario("DataParallel scatter/replicate/gather work removed",
                                                     cpu_removed=iv.union(work["ts"], work["end"])))
         if saving is None:

@@ -33,6 +33,7 @@ import numpy as np
 
 from gpuadvise.analyzer.analysis import Analysis
 from gpuadvise.analyzer.findings import Evidence
+from gpuadvise.analyzer.model import names_in
 from gpuadvise.analyzer.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
@@ -66,8 +67,7 @@ class MatmulAlignment(Rule):
         cpu = a.model.cpu
         if cpu.empty:
             return []
-        names = cpu["name"].astype(str)
-        ops = cpu[names.isin(OPS)]
+        ops = cpu[names_in(cpu["name"], OPS)]
         ops = ops[ops["input_type"].astype(str).str.contains("|".join(HALF))]
         if ops.empty:
             return []
@@ -90,7 +90,7 @@ class MatmulAlignment(Rule):
             saving, basis = 0.0, "not predicted: no GPU timeline"
         elif saving < self.thresholds["min_saving_pct"]:
             return []  # those kernels hide behind other work: padding would not shorten the step
-        shapes = bad.assign(name=names[bad.index], dims=bad["input_dims"].astype(str)).groupby(["name", "dims"]).size()
+        shapes = bad.assign(name=bad["name"].astype(str), dims=bad["input_dims"].astype(str)).groupby(["name", "dims"]).size()
         items = [{"name": n, "input_dims": d, "count": int(c)} for (n, d), c in shapes.sort_values(ascending=False).head(8).items()]
         odd = sorted({d for ds in bad_dims for d in ds})[:8]
         message = (f"{len(bad)} half-precision matmuls have dimensions that are not multiples of 8 ({', '.join(map(str, odd))}); "

@@ -36,6 +36,7 @@ import numpy as np
 
 from gpuadvise.analyzer.analysis import Analysis
 from gpuadvise.analyzer.findings import Evidence
+from gpuadvise.analyzer.model import names_in
 from gpuadvise.analyzer.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
@@ -65,7 +66,7 @@ class NoTensorCores(Rule):
         factor = 1.0 / t["assumed_speedup"]
         saving, basis = a.predicted_saving(Scenario(
             f"fp32 SIMT matmul/conv kernels {t['assumed_speedup']:.0f}× faster",
-            gpu_scale=lambda ops: np.where(ops["name"].astype(str).isin(names), factor, 1.0)))
+            gpu_scale=lambda ops: np.where(names_in(ops["name"], names), factor, 1.0)))
         if saving is None:
             saving, basis = 0.0, "no replay possible"
         dev = a.device

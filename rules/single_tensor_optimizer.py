@@ -35,6 +35,7 @@ from gpuadvise.analyzer.analysis import Analysis
 from gpuadvise.analyzer.findings import Evidence
 from gpuadvise.analyzer.metrics import annotation_spans, gpu_ops_launched_in, ops_inside
 from gpuadvise.analyzer import intervals as iv
+from gpuadvise.analyzer.model import name_mask
 from gpuadvise.analyzer.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
@@ -60,7 +61,7 @@ class SingleTensorOptimizer(Rule):
         if per_step < t["min_kernels_per_step"]:
             return []
         ops = ops_inside(a.model, spans)
-        if kernels["gpu_name"].str.contains(MULTI_TENSOR).any() or ops["name"].astype(str).str.contains(MULTI_TENSOR).any():
+        if name_mask(kernels["gpu_name"], MULTI_TENSOR.search).any() or name_mask(ops["name"], MULTI_TENSOR.search).any():
             return []
         saving, basis = a.predicted_saving(Scenario(
             f"optimizer CPU time × {t['cpu_factor']} (foreach/fused launches)",

@@ -11,7 +11,18 @@ import functools
 import sys
 
 _FACTS: dict = {"dataloaders": [], "optimizers": [], "autocast": [], "compile": [], "wrappers": []}
-_SKIP = ("/torch/", "/gpuadvise/", "<frozen", "/runpy.py", "\\torch\\")
+_SKIP_DIRS: list[str] = []  # install folders of torch and gpuadvise: their frames are not the user's
+
+
+def _library_dirs(torch) -> list[str]:
+    import os
+
+    import gpuadvise
+    from gpuadvise import analyzer
+
+    dirs = {os.path.dirname(torch.__file__), os.path.dirname(gpuadvise.__file__), os.path.dirname(analyzer.__file__),
+            os.path.dirname(os.__file__)}  # the standard library (runpy, threading, …)
+    return sorted(os.path.realpath(d) + os.sep for d in dirs)
 
 
 def facts() -> dict:
@@ -20,10 +31,12 @@ def facts() -> dict:
 
 def caller() -> str:
     """file:line of the innermost frame that belongs to the user's code."""
+    import os
+
     f = sys._getframe(2)
     while f is not None:
         name = f.f_code.co_filename
-        if not any(s in name for s in _SKIP):
+        if not name.startswith("<") and not any(os.path.realpath(name).startswith(d) for d in _SKIP_DIRS):
             return f"{_short(name)}:{f.f_lineno}"
         f = f.f_back
     return "?"
@@ -52,6 +65,7 @@ def _safe(fn):
 
 def install(torch) -> None:
     """Patch torch entry points to record facts. Called once, before the user's script runs."""
+    _SKIP_DIRS[:] = _library_dirs(torch)
     _wrap_init(torch.utils.data.DataLoader, _record_dataloader)
     _wrap_init(torch.nn.DataParallel, lambda obj, a, k, where: _FACTS["wrappers"].append({"kind": "DataParallel", "created_at": where}))
     try:

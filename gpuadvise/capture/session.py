@@ -40,6 +40,7 @@ class Session:
         self.done = False
         self.failed = False
         self.memory_history = False
+        self.finishing = False  # set before the final stop: a partial window must not become a trace
         self.status: dict = {"state": "not started", "steps_stepped": 0, "step_source": None, "files": {}}
         self.started = time.time()
 
@@ -88,6 +89,7 @@ class Session:
                 except Exception:
                     pass
             if self.prof is not None and not self.done and not self.failed:
+                self.finishing = True
                 self.status["state"] = (f"incomplete: the script ended after {self.steps} steps; the window needs "
                                         f"{self._needed()} (wait {self.config['wait']} + warmup {self.config['warmup']} "
                                         f"+ active {self.config['active']})")
@@ -149,6 +151,8 @@ class Session:
 
     # -- window end ---------------------------------------------------------------------------------
     def _on_trace_ready(self, prof) -> None:
+        if self.finishing:  # stopped mid-window at exit: torch still calls us; keep no partial trace
+            return
         try:
             self.out.mkdir(parents=True, exist_ok=True)
             final = self.out / runfolder.trace_name(self.rank)
