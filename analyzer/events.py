@@ -13,7 +13,7 @@ import msgspec
 Num = Union[int, float, None]
 
 
-class Args(msgspec.Struct, omit_defaults=True):
+class Args(msgspec.Struct, omit_defaults=True, gc=False):
     correlation: Num = None
     external_id: Num = msgspec.field(name="External id", default=None)
     external_id_legacy: Num = msgspec.field(name="external id", default=None)
@@ -39,7 +39,7 @@ class Args(msgspec.Struct, omit_defaults=True):
     labels: Any = None
 
 
-class Event(msgspec.Struct):
+class Event(msgspec.Struct, gc=False):
     ph: str = ""
     cat: Any = ""
     name: Any = ""
