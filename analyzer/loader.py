@@ -538,6 +538,46 @@ class _Builder:
         t.add("stream", self._stream_or(args, [e.tid for e in evs]), np.int64)
         t.add("correlation", _i([a.correlation for a in args]), np.int64)
 
+    # -- merging a forked worker's share -----------------------------------------------------------
+    def export(self) -> dict:
+        tables = {name: {col: np.concatenate(parts) for col, parts in t.parts.items()} for name, t in self.tables.items()}
+        m = self.meta
+        return {"tables": tables, "names": self.names.categories(), "stacks": self.stacks.categories(),
+                "types": self.types.categories(), "threads": self.thread_codes.categories(), "total": self.total,
+                "skipped": self.skipped, "tabulated": self.tabulated, "min_ts": self.min_ts, "unknown": dict(self.unknown),
+                "process_names": m.process_names, "thread_names": m.thread_names,
+                "profiler_ranges": m.profiler_ranges, "overhead_events": m.overhead_events}
+
+    def merge(self, other: dict) -> None:
+        """Append a worker's columns, translating its string codes into this builder's."""
+        names = np.array([self.names[n] for n in other["names"]], dtype=np.int32)
+        stacks = np.array([self.stacks[x] for x in other["stacks"]], dtype=np.int32)
+        types = np.array([self.types[x] for x in other["types"]], dtype=np.int32)
+        threads = np.array([-2 - self.thread_codes[x] for x in other["threads"]], dtype=np.int64)
+        recode = {"name": names, "call_stack": stacks, "input_type": types, "input_dims": types}
+        for table, cols in other["tables"].items():
+            t = self.tables[table]
+            for col, values in cols.items():
+                if col in recode and len(values):
+                    values = recode[col][values]
+                elif col in ("pid", "tid", "device", "stream") and len(threads):
+                    coded = values <= -2
+                    if coded.any():
+                        values = values.copy()
+                        values[coded] = threads[-2 - values[coded]]
+                t.parts.setdefault(col, []).append(values)
+        self.total += other["total"]
+        self.skipped += other["skipped"]
+        self.tabulated += other["tabulated"]
+        self.min_ts = min(self.min_ts, other["min_ts"])
+        self.unknown.update(other["unknown"])
+        for pid, name in other["process_names"].items():
+            self.meta.process_names.setdefault(pid, name)
+        for key, name in other["thread_names"].items():
+            self.meta.thread_names.setdefault(key, name)
+        self.meta.profiler_ranges += other["profiler_ranges"]
+        self.meta.overhead_events += other["overhead_events"]
+
     # -- frames ---------------------------------------------------------------------------------
     def frames(self) -> dict[str, pd.DataFrame]:
         base = 0.0 if self.min_ts == math.inf else self.min_ts
@@ -596,7 +636,26 @@ def _build(events: list, meta: TraceMeta, path: Path) -> TraceModel:
     """`events`: a one-slot list holding the JSON events array (bytes) or raw event slices (salvage)."""
     events = events.pop()
     b = _Builder(meta)
-    chunks = _raw_list_chunks(events) if isinstance(events, list) else _array_chunks(events)
+    if isinstance(events, list):
+        _feed(b, _raw_list_chunks(events), retry=False)
+    else:
+        parts = _parallel_parts(events)
+        if parts is None or not _build_parallel(b, events, parts):
+            b = _Builder(meta)
+            _feed(b, _array_chunks(events), retry=True)
+    del events  # the last reference to the file's bytes: free them before the frames
+    if b.total and b.skipped >= b.total and not b.tabulated:
+        raise InputError(path, f"none of its {b.total} events is a trace event: not a PyTorch profiler trace")
+    meta.events_total = b.total
+    meta.events_skipped = b.skipped
+    meta.unknown_categories = dict(b.unknown)
+    frames = b.frames()
+    _platform_from_names(meta, frames["runtime"])
+    return TraceModel(meta=meta, **frames)
+
+
+def _feed(b: "_Builder", chunks, retry: bool) -> None:
+    """Decode chunk after chunk into the builder; a chunk cut inside a string asks for a longer one."""
     buf = next(chunks, None)
     while buf is not None:
         try:
@@ -608,22 +667,88 @@ def _build(events: list, meta: TraceMeta, path: Path) -> TraceModel:
             decoded = _decode_leniently(raws, b)
             del raws
         except msgspec.DecodeError:
-            if isinstance(events, list):
+            if not retry:
                 raise
-            buf = chunks.send(True)  # cut inside a string: ask for a longer piece
+            buf = chunks.send(True)
             continue
         b.add_chunk(decoded)
         del decoded
         buf = next(chunks, None)
-    del chunks, events, buf  # the last references to the file's bytes: free them before the frames
-    if b.total and b.skipped >= b.total and not b.tabulated:
-        raise InputError(path, f"none of its {b.total} events is a trace event: not a PyTorch profiler trace")
-    meta.events_total = b.total
-    meta.events_skipped = b.skipped
-    meta.unknown_categories = dict(b.unknown)
-    frames = b.frames()
-    _platform_from_names(meta, frames["runtime"])
-    return TraceModel(meta=meta, **frames)
+
+
+# -- two processes on big traces ------------------------------------------------------------------
+# Decoding is CPU-bound Python/C work under the GIL, so the second core needs a second process. The
+# child is forked: it sees the file's bytes without a copy, decodes the second half of the events and
+# sends back plain numpy columns and its string tables, which the parent re-codes and appends.
+
+PARALLEL_MIN_BYTES = int(os.environ.get("GPUADVISE_PARALLEL_MIN_BYTES", 48 << 20))
+
+
+def _load_workers() -> int:
+    env = os.environ.get("GPUADVISE_LOAD_WORKERS")
+    if env and env.isdigit():
+        return max(1, int(env))
+    return min(2, os.cpu_count() or 1)
+
+
+def _parallel_parts(array):
+    import threading
+
+    data = memoryview(array)
+    if (data.nbytes < PARALLEL_MIN_BYTES or _load_workers() < 2 or not hasattr(os, "fork")
+            or threading.active_count() > 1):  # never fork a process that runs other threads
+        return None
+    lo, hi = _array_interior(data)
+    m = _BOUNDARY.search(data, lo + (hi - lo) // 2, hi)
+    if m is None:
+        return None
+    return (lo, m.start() + 1), (m.end() - 1, hi)
+
+
+def _array_interior(data: memoryview) -> tuple[int, int]:
+    """Offsets just inside the array's brackets."""
+    end = data.nbytes
+    while end > 0 and bytes(data[end - 1 : end]) in b" \t\r\n":
+        end -= 1
+    start = 0
+    while start < end and bytes(data[start : start + 1]) != b"[":
+        start += 1
+    return start + 1, end - 1
+
+
+def _build_parallel(b: "_Builder", array, parts) -> bool:
+    import pickle
+
+    (lo1, hi1), (lo2, hi2) = parts
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: decode the second half, ship it, and leave without running any cleanup
+        code = 0
+        try:
+            os.close(read_fd)
+            child = _Builder(b.meta)
+            _feed(child, _array_chunks(array, lo2, hi2), retry=False)
+            payload = pickle.dumps(child.export(), protocol=pickle.HIGHEST_PROTOCOL)
+        except BaseException:  # noqa: BLE001 - anything: the parent falls back to one process
+            payload, code = b"", 1
+        try:
+            with os.fdopen(write_fd, "wb") as out:
+                out.write(payload)
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    ok = True
+    try:
+        _feed(b, _array_chunks(array, lo1, hi1), retry=False)
+    except msgspec.DecodeError:
+        ok = False  # the split fell inside a string: redo it in one process
+    with os.fdopen(read_fd, "rb") as inp:
+        payload = inp.read()
+    _, status = os.waitpid(pid, 0)
+    if not ok or status != 0 or not payload:
+        return False
+    b.merge(pickle.loads(payload))
+    return True
 
 
 CHUNK_BYTES = 8 << 20
@@ -636,24 +761,25 @@ def _raw_list_chunks(raws: list):
         yield b"[" + b",".join(raws[start : start + CHUNK_EVENTS]) + b"]"
 
 
-def _array_chunks(array):
-    """Split a JSON array of objects into ~8 MB sub-arrays at `},{` without parsing it first.
+def _array_chunks(array, lo: int | None = None, hi: int | None = None):
+    """Split a JSON array of objects (or its [lo, hi) byte range) into ~8 MB sub-arrays at `},{`
+    without parsing it first.
 
     A cut can only go wrong inside a string that itself contains `},{`; such a piece fails to parse,
     and the caller asks for a longer one (`send(True)`), so the pieces are always exact.
     """
     data = memoryview(array)  # zero-copy: the array stays inside the file's bytes
-    end = data.nbytes
-    while end > 0 and bytes(data[end - 1 : end]) in b" \t\r\n":
-        end -= 1
-    end -= 1  # the closing ]
-    pos = 1
+    if lo is None:
+        lo, end = _array_interior(data)
+    else:
+        end = hi
+    pos = lo
     first = True
     while True:
         m = _OPEN.search(data, pos, end)
         if m is None:
-            if first and bytes(data[1:end]).strip():  # entries that are not objects: let the decoder judge
-                yield bytes(data[: end + 1])
+            if first and bytes(data[lo:end]).strip():  # entries that are not objects: let the decoder judge
+                yield b"".join((b"[", data[lo:end], b"]"))
             return
         first = False
         pos = m.start()

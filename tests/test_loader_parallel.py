@@ -1,0 +1,69 @@
+"""The two-process decode of big traces gives exactly the model the one-process decode gives."""
+
+import pandas as pd
+import pytest
+
+from gpuadvise.analyzer import loader
+from gpuadvise.fixtures.builder import TraceBuilder
+from gpuadvise.rules import find_rule
+
+TABLES = ("gpu", "runtime", "cpu", "python", "memory", "syncs", "gpu_annotations")
+
+
+def _legacy_threads(path):
+    """A trace whose tids are strings ("stream 7", "thread main"), so string codes must be re-mapped."""
+    import json
+
+    b = find_rule("dataloader-stall").positive()
+    for step in range(6):
+        b.memory(1 << 20, (step + 1) << 20, 8 << 20)
+    d = b.to_dict()
+    for e in d["traceEvents"]:
+        if e.get("cat") in ("cpu_op", "user_annotation", "cuda_runtime"):
+            e["tid"] = "thread main"
+    path.write_text(json.dumps(d))
+    return path
+
+
+def _load(path, workers, monkeypatch):
+    monkeypatch.setenv("GPUADVISE_LOAD_WORKERS", str(workers))
+    monkeypatch.setattr(loader, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(loader, "CHUNK_BYTES", 4096)
+    used = []
+    real = loader._build_parallel
+    monkeypatch.setattr(loader, "_build_parallel", lambda *a: used.append(real(*a)) or used[-1])
+    model = loader.load_trace(path)
+    assert used == ([True] if workers > 1 else []), "the forked worker did not deliver its half"
+    return model
+
+
+@pytest.mark.parametrize("make", ["builder", "legacy"])
+def test_parallel_decode_equals_serial(tmp_path, monkeypatch, make):
+    path = tmp_path / "t.json"
+    if make == "builder":
+        b = TraceBuilder()
+        for _ in range(5):
+            with b.step():
+                with b.op("aten::mm", **{"Input type": ["float", "float"], "Input Dims": [[8, 8], [8, 8]]}):
+                    for _ in range(30):
+                        b.kernel("ampere_sgemm_64x64_nn", 50)
+                b.item()
+        b.finish()
+        b.write(path)
+    else:
+        _legacy_threads(path)
+    serial = _load(path, 1, monkeypatch)
+    parallel = _load(path, 2, monkeypatch)
+    for table in TABLES:
+        a, b_ = getattr(serial, table), getattr(parallel, table)
+        assert len(a) == len(b_) > 0 or len(a) == len(b_) == 0, table
+        cols = [c for c in a.columns]
+        sa = a.sort_values(["ts"] + (["dur"] if "dur" in cols else []), kind="stable", ignore_index=True)
+        sb = b_.sort_values(["ts"] + (["dur"] if "dur" in cols else []), kind="stable", ignore_index=True)
+        for col in cols:
+            left, right = sa[col], sb[col]
+            if isinstance(left.dtype, pd.CategoricalDtype):
+                left, right = left.astype(str), right.astype(str)
+            pd.testing.assert_series_equal(left, right, check_names=False, obj=f"{table}.{col}")
+    assert serial.meta.events_total == parallel.meta.events_total
+    assert serial.meta.thread_names == parallel.meta.thread_names
