@@ -101,7 +101,8 @@ def _gunzip(path: Path, fh) -> tuple[bytes, bool]:
     return out, truncated  # a bytearray: msgspec reads it in place, no second copy
 
 
-def load_trace(path: str | Path) -> TraceModel:
+def load_trace(path: str | Path, progress=None) -> TraceModel:
+    """Load a trace. `progress(done, total)` (bytes) is called as chunks are decoded, if given."""
     path = Path(path)
     # The bytes travel in a one-slot list so the parser can drop the last reference (1 GB for a 1 GB
     # trace) as soon as the events are decoded, before the frames are assembled.
@@ -110,13 +111,13 @@ def load_trace(path: str | Path) -> TraceModel:
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return parse_trace_bytes(holder, path)
+        return parse_trace_bytes(holder, path, progress=progress)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def parse_trace_bytes(data, path: Path, gz_truncated: bool = False) -> TraceModel:
+def parse_trace_bytes(data, path: Path, gz_truncated: bool = False, progress=None) -> TraceModel:
     """Parse trace bytes; `data` may be a [bytes, gz_truncated] holder whose bytes are released early."""
     if isinstance(data, list):
         data, gz_truncated = data.pop(0), data.pop(0)
@@ -138,7 +139,7 @@ def parse_trace_bytes(data, path: Path, gz_truncated: bool = False) -> TraceMode
     meta.truncated = gz_truncated or cut
     box = [raws]  # _build takes the only reference, so the file's bytes die with the events
     del raws
-    return _build(box, meta, path)
+    return _build(box, meta, path, progress)
 
 
 _SPACE = b"\xef\xbb\xbf \t\r\n"
@@ -632,17 +633,20 @@ def _decode_codes(codes: np.ndarray, interner: _Interner) -> pd.Categorical:
     return pd.Categorical.from_codes(codes.astype(np.int64), categories=interner.categories())
 
 
-def _build(events: list, meta: TraceMeta, path: Path) -> TraceModel:
+def _build(events: list, meta: TraceMeta, path: Path, progress=None) -> TraceModel:
     """`events`: a one-slot list holding the JSON events array (bytes) or raw event slices (salvage)."""
     events = events.pop()
     b = _Builder(meta)
     if isinstance(events, list):
         _feed(b, _raw_list_chunks(events), retry=False)
     else:
+        total = memoryview(events).nbytes
         parts = _parallel_parts(events)
-        if parts is None or not _build_parallel(b, events, parts):
+        # the parent decodes half of the bytes while the worker decodes the other half
+        half = _Progress(progress, total, scale=2) if progress else None
+        if parts is None or not _build_parallel(b, events, parts, half):
             b = _Builder(meta)
-            _feed(b, _array_chunks(events), retry=True)
+            _feed(b, _array_chunks(events), retry=True, progress=_Progress(progress, total) if progress else None)
     del events  # the last reference to the file's bytes: free them before the frames
     if b.total and b.skipped >= b.total and not b.tabulated:
         raise InputError(path, f"none of its {b.total} events is a trace event: not a PyTorch profiler trace")
@@ -654,10 +658,24 @@ def _build(events: list, meta: TraceMeta, path: Path) -> TraceModel:
     return TraceModel(meta=meta, **frames)
 
 
-def _feed(b: "_Builder", chunks, retry: bool) -> None:
+class _Progress:
+    def __init__(self, callback, total: int, scale: int = 1):
+        self.callback, self.total, self.scale, self.done = callback, total, scale, 0
+
+    def add(self, nbytes: int) -> None:
+        self.done += nbytes
+        try:
+            self.callback(min(self.done * self.scale, self.total), self.total)
+        except Exception:  # a progress display must never break loading
+            pass
+
+
+def _feed(b: "_Builder", chunks, retry: bool, progress: _Progress | None = None) -> None:
     """Decode chunk after chunk into the builder; a chunk cut inside a string asks for a longer one."""
     buf = next(chunks, None)
     while buf is not None:
+        if progress is not None:
+            progress.add(len(buf))
         try:
             decoded = _EVENTS.decode(buf)
             b.total += len(decoded)
@@ -716,7 +734,7 @@ def _array_interior(data: memoryview) -> tuple[int, int]:
     return start + 1, end - 1
 
 
-def _build_parallel(b: "_Builder", array, parts) -> bool:
+def _build_parallel(b: "_Builder", array, parts, progress: _Progress | None = None) -> bool:
     import pickle
 
     (lo1, hi1), (lo2, hi2) = parts
@@ -739,7 +757,7 @@ def _build_parallel(b: "_Builder", array, parts) -> bool:
     os.close(write_fd)
     ok = True
     try:
-        _feed(b, _array_chunks(array, lo1, hi1), retry=False)
+        _feed(b, _array_chunks(array, lo1, hi1), retry=False, progress=progress)
     except msgspec.DecodeError:
         ok = False  # the split fell inside a string: redo it in one process
     with os.fdopen(read_fd, "rb") as inp:
