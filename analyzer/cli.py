@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("-o", "--output", metavar="FILE", help="write the report here instead of stdout")
     a.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
     a.add_argument("--top", type=int, default=5, help="findings shown in text format (default 5)")
+    a.add_argument("--no-cache", action="store_true", help="parse the traces again instead of using the cached model")
 
     sub.add_parser("rules", help="list the rule catalog")
     e = sub.add_parser("explain", help="show one rule's documentation")
@@ -72,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
 def cmd_analyze(args) -> int:
     from .engine import analyze_paths
 
+    if args.no_cache:
+        os.environ["GPUADVISE_NO_CACHE"] = "1"
     fmt = args.format
     if fmt is None and args.output:
         fmt = EXTENSIONS.get(Path(args.output).suffix.lower())

@@ -101,9 +101,28 @@ def _gunzip(path: Path, fh) -> tuple[bytes, bool]:
     return out, truncated  # a bytearray: msgspec reads it in place, no second copy
 
 
-def load_trace(path: str | Path, progress=None) -> TraceModel:
-    """Load a trace. `progress(done, total)` (bytes) is called as chunks are decoded, if given."""
+def load_trace(path: str | Path, progress=None, cache: bool | None = None) -> TraceModel:
+    """Load a trace. `progress(done, total)` (bytes) is called as chunks are decoded, if given.
+
+    With `cache` (default: on unless GPUADVISE_NO_CACHE is set) a parsed model of a big trace is
+    kept beside it and reused while the file is unchanged (see cache.py).
+    """
+    from . import cache as cache_mod
+
     path = Path(path)
+    use_cache = cache_mod.enabled() if cache is None else cache
+    if use_cache:
+        cached = cache_mod.load(path)
+        if cached is not None:
+            cached.meta.path = str(path)
+            return cached
+    model = _load_uncached(path, progress)
+    if use_cache:
+        cache_mod.save(path, model)
+    return model
+
+
+def _load_uncached(path: Path, progress) -> TraceModel:
     # The bytes travel in a one-slot list so the parser can drop the last reference (1 GB for a 1 GB
     # trace) as soon as the events are decoded, before the frames are assembled.
     holder = list(read_trace_bytes(path))

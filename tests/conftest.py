@@ -28,3 +28,9 @@ def load_built(tmp_path):
         return load_trace(path)
 
     return _load
+
+
+@pytest.fixture(autouse=True)
+def _no_model_cache(monkeypatch):
+    """Tests parse every trace for real (subprocesses inherit this); tests/test_cache.py opts back in."""
+    monkeypatch.setenv("GPUADVISE_NO_CACHE", "1")
