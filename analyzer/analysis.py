@@ -1,4 +1,7 @@
-"""What a rule sees: the model, its metrics, run facts, and the replay that predicts savings."""
+"""What a rule sees: the model, its metrics, run facts, memory, and the replay that predicts savings.
+
+A snapshot-only analysis has no model or metrics; a rule says what it needs in `Rule.requires`.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +9,30 @@ from functools import cached_property
 
 from . import whatif
 from .kernels import has_matrix_units
+from .memory import MemorySummary
 from .metrics import Metrics
 from .model import TraceModel
 
 
 class Analysis:
-    def __init__(self, model: TraceModel, metrics: Metrics, facts: dict | None = None):
+    def __init__(self, model: TraceModel | None, metrics: Metrics | None, facts: dict | None = None,
+                 memory: MemorySummary | None = None):
         self.model = model
         self.metrics = metrics
         self.facts = facts or {}  # run.json facts from `gpuadvise profile` (DataLoader settings, ...)
+        self.memory = memory  # snapshot, [memory] events and memory_stats, when any exist
+
+    def has(self, need: str) -> bool:
+        """Whether an input a rule requires is here: "trace" (model and metrics) or "memory"."""
+        if need == "trace":
+            return self.model is not None and self.metrics is not None
+        if need == "memory":
+            return self.memory is not None
+        return False
 
     @property
     def device(self):
-        return self.model.device
+        return self.model.device if self.model is not None else None
 
     @cached_property
     def matrix_units(self) -> bool | None:

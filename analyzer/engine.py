@@ -11,6 +11,7 @@ import numpy as np
 from .analysis import Analysis
 from .findings import Finding, order
 from .loader import load_trace
+from .memory import MemorySummary, summarize
 from .metrics import Metrics, compute
 from .model import TraceModel
 from .sources import Source, resolve
@@ -24,10 +25,15 @@ class TraceReport:
     metrics: Metrics | None
     findings: list[Finding]
     notes: list[str] = field(default_factory=list)
-    kind: str = "trace"
+    kind: str = "trace"  # "trace" or "snapshot" (a memory snapshot on its own)
+    memory: MemorySummary | None = None
+    snapshot: str | None = None  # the allocator snapshot read with a trace (run folder)
 
     def summary(self) -> dict:
         s: dict = {"trace": self.source, "rank": self.rank, "kind": self.kind}
+        if self.snapshot:
+            s["snapshot"] = self.snapshot
+        s["memory"] = self.memory.to_dict() if self.memory is not None else None
         if self.model is None or self.metrics is None:
             return s
         m, meta = self.metrics, self.model.meta
@@ -66,12 +72,11 @@ def _r(v, nd=2):
 
 
 def analyze_model(model: TraceModel, facts: dict | None = None, source: str = "", rank: int | None = None,
-                  rules=None) -> TraceReport:
-    from gpuadvise.rules import all_rules
-
+                  rules=None, snapshot: dict | None = None) -> TraceReport:
+    """One trace, with the allocator snapshot taken in the same run when there is one."""
     metrics = compute(model)
-    analysis = Analysis(model, metrics, facts)
-    findings: list[Finding] = []
+    memory = summarize(snapshot, model, metrics, facts)
+    analysis = Analysis(model, metrics, facts, memory)
     notes: list[str] = []
     if model.meta.events_skipped:
         notes.append(f"{model.meta.events_skipped} malformed events were skipped")
@@ -82,7 +87,28 @@ def analyze_model(model: TraceModel, facts: dict | None = None, source: str = ""
     if not metrics.steps and metrics.has_gpu:
         notes.append("no ProfilerStep annotations: the whole trace is treated as one step")
     rank = model.meta.rank if model.meta.rank is not None else rank
+    findings = _run_rules(analysis, rules, source, rank, notes)
+    return TraceReport(source=source, rank=rank, model=model, metrics=metrics, findings=findings, notes=notes,
+                       memory=memory)
+
+
+def analyze_snapshot(snapshot: dict, facts: dict | None = None, source: str = "", rank: int | None = None,
+                     rules=None) -> TraceReport:
+    """A memory snapshot on its own: only the rules that need nothing but memory run."""
+    memory = summarize(snapshot, facts=facts)
+    notes: list[str] = []
+    findings = _run_rules(Analysis(None, None, facts, memory), rules, source, rank, notes)
+    return TraceReport(source=source, rank=rank, model=None, metrics=None, findings=findings, notes=notes,
+                       kind="snapshot", memory=memory)
+
+
+def _run_rules(analysis: Analysis, rules, source: str, rank: int | None, notes: list[str]) -> list[Finding]:
+    from gpuadvise.rules import all_rules
+
+    findings: list[Finding] = []
     for rule in rules or all_rules():
+        if not all(analysis.has(need) for need in getattr(rule, "requires", ("trace",))):
+            continue  # its input is not here (a trace rule on a snapshot, a memory rule without memory data)
         try:
             found = rule.check(analysis)
         except Exception as exc:  # a rule bug must not cost the user the other findings
@@ -94,17 +120,19 @@ def analyze_model(model: TraceModel, facts: dict | None = None, source: str = ""
             f.rank = rank
             f.trace = source
         findings.extend(found)
-    findings = order(findings)
-    return TraceReport(source=source, rank=rank, model=model, metrics=metrics, findings=findings, notes=notes)
+    return order(findings)
 
 
 def analyze_source(src: Source, rules=None) -> TraceReport:
-    if src.kind == "snapshot":
-        from .snapshot import analyze_snapshot
+    from .snapshot import load_snapshot
 
-        return analyze_snapshot(src)
+    if src.kind == "snapshot":
+        return analyze_snapshot(load_snapshot(src.path), src.facts, source=str(src.path), rank=src.rank, rules=rules)
+    snapshot = load_snapshot(src.snapshot) if src.snapshot is not None else None
     model = load_trace(src.path)
-    report = analyze_model(model, src.facts, source=str(src.path), rank=src.rank, rules=rules)
+    report = analyze_model(model, src.facts, source=str(src.path), rank=src.rank, rules=rules, snapshot=snapshot)
+    if src.snapshot is not None:
+        report.snapshot = str(src.snapshot)
     if model.meta.truncated:
         report.notes.insert(0, f"the trace was cut off; analysed the {model.meta.events_total} complete events before the cut")
     return report

@@ -19,6 +19,7 @@ def summary(reports: list[TraceReport]) -> dict:
     top = {k: main.get(k) for k in ("steps", "median_step_ms", "gpu_busy_pct", "gpu_busy_in_steps_pct", "device", "platform")}
     top["trace"] = main.get("trace")
     top["rank"] = main.get("rank")
+    top["memory"] = main.get("memory")
     top["traces"] = len(reports)
     top["findings"] = len(all_findings(reports))
     return top

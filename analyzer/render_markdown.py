@@ -26,6 +26,8 @@ def render(reports: list[TraceReport]) -> str:
         out += ["No findings: nothing in this trace points at a slowdown gpuadvise knows how to fix.", ""]
     for r in reports:
         out += _steps_table(r, len(reports) > 1)
+    for r in reports:
+        out += _memory_section(r, len(reports) > 1)
     if findings:
         out += ["## Findings", ""]
         for i, f in enumerate(findings, 1):
@@ -42,7 +44,10 @@ def render(reports: list[TraceReport]) -> str:
 
 def _trace_header(r: TraceReport) -> list[str]:
     s = r.summary()
-    lines = [f"- **Trace:** {md_code(r.source)}" + (f" (rank {r.rank})" if r.rank is not None else "")]
+    what = "Snapshot" if r.kind == "snapshot" else "Trace"
+    lines = [f"- **{what}:** {md_code(r.source)}" + (f" (rank {r.rank})" if r.rank is not None else "")]
+    if r.snapshot:
+        lines.append(f"- **Memory snapshot:** {md_code(r.snapshot)}")
     if r.kind != "trace" or r.metrics is None:
         return lines + [""]
     dev = s.get("device") or "not recorded"
@@ -74,6 +79,82 @@ def _steps_table(r: TraceReport, multi: bool) -> list[str]:
                    f"{row.comm_us / 1e3:.2f} | {row.memcpy_us / 1e3:.2f} | {row.dataloader_us / 1e3:.2f} | "
                    f"{row.sync_us / 1e3:.2f} | {row.idle_us / 1e3:.2f} |")
     return out + ["", "Times in ms; GPU columns are the union of GPU activity inside each step's CPU-side window.", ""]
+
+
+def _memory_section(r: TraceReport, multi: bool) -> list[str]:
+    """The memory figures, whatever their sources: snapshot state, its history, [memory] events, memory_stats."""
+    mem = r.memory
+    if mem is None:
+        return []
+    rows: list[tuple[str, str]] = []
+    cap = mem.capacity
+    if cap:
+        rows.append(("Device memory", _gib(cap) + (f" ({md(mem.device_name)})" if mem.device_name else "")))
+    for label, value in (("Peak allocated", mem.peak_allocated), ("Peak reserved", mem.peak_reserved)):
+        if value is not None:
+            pct = mem.pct_of_capacity(value)
+            rows.append((label, _gib(value) + (f" ({pct:.1f} % of the device)" if pct is not None else "")))
+    s = mem.snapshot
+    if s is not None:
+        rows += [
+            ("Snapshot: reserved / allocated", f"{_gib(s.reserved)} / {_gib(s.allocated)} ({s.slack_pct:.1f} % unallocated)"),
+            ("Stranded in partly used segments", f"{_gib(s.stranded)} ({s.stranded_pct:.1f} % of reserved) in "
+                                                 f"{s.stranded_blocks} free blocks of {s.partly_used_segments} segments"),
+            ("Cached in empty segments", _gib(s.empty_segment_bytes)),
+            ("Rounding inside live blocks", _gib(s.internal_free)),
+            ("Largest free block / largest live request", f"{_mib(s.largest_free_block)} / {_mib(s.largest_request)}"),
+            ("Segments", str(s.segments)),
+        ]
+    h = mem.history
+    if h is not None:
+        span = f" over {h.span_s:.1f} s" if h.timed and h.span_s is not None else " (no timestamps)"
+        rows.append(("History", f"{h.entries} entries{span}"))
+        if h.reserved_at_peak:
+            rows.append(("At the allocation peak", f"{_gib(h.peak_allocated)} allocated of {_gib(h.reserved_at_peak)} "
+                                                   f"reserved ({h.unused_at_peak_pct:.1f} % unused)"))
+        rows.append(("Segment allocations / releases", f"{h.segment_allocs} / {h.segment_frees} "
+                                                       f"({h.release_cycles} release-then-reallocate cycles)"))
+        if h.ooms:
+            o = h.ooms[0]
+            rows.append(("Out-of-memory events", f"{len(h.ooms)}; first request {_gib(o['requested_bytes'])}"))
+    t = mem.trace
+    if t is not None:
+        if t.events:
+            rows.append(("`[memory]` events", f"{t.events} on device {t.device}: reserved {_gib(t.reserved_at_peak)} at the "
+                                               f"allocation peak, largest reserved − allocated gap {_gib(t.max_gap)}"))
+        if t.mallocs or t.frees:
+            where = (f", {t.mallocs_in_iterations} / {t.frees_in_iterations} inside {t.iterations} iterations "
+                     f"({t.allocator_ms_in_iterations:.1f} ms)" if t.iterations else ", no iterations to place them in")
+            rows.append(("cudaMalloc / cudaFree calls", f"{t.mallocs} / {t.frees}{where}"))
+    c = mem.counters
+    if c is not None:
+        rows.append(("memory_stats(): alloc retries / OOMs", f"{_num(c.num_alloc_retries)} / {_num(c.num_ooms)}"))
+    if mem.allocator_settings:
+        rows.append(("Allocator settings", ", ".join(md_code(f"{k}={v}") for k, v in mem.allocator_settings.items())))
+    out = ["## Memory" + (f" — {md(r.source)}" if multi else ""), "", "| | |", "|---|---|"]
+    out += [f"| {label} | {value} |" for label, value in rows]
+    out.append("")
+    sites = (h.top_sites if h is not None else []) or (s.top_sites if s is not None else [])
+    if sites:
+        keys = list(sites[0].keys())
+        out += ["Top allocation sites" + (" (by memory live at the allocation peak)" if h is not None and h.top_sites else "")
+                + ":", "", "| " + " | ".join(md(k) for k in keys) + " |", "|" + "---|" * len(keys)]
+        out += ["| " + " | ".join(md_cell(short(str(v), 80)) if k == "name" else md(_fmt(v)) for k, v in row.items()) + " |"
+                for row in sites]
+        out.append("")
+    return out
+
+
+def _gib(n) -> str:
+    return "–" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def _mib(n) -> str:
+    return "–" if n is None else f"{n / 2**20:.0f} MiB"
+
+
+def _num(v) -> str:
+    return "–" if v is None else str(v)
 
 
 def _finding(i: int, f: Finding) -> list[str]:

@@ -15,6 +15,7 @@ def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
         head = f"{terminal(r.source)}" + (f" (rank {r.rank})" if r.rank is not None else "")
         if r.metrics is None:
             out.append(head)
+            out += _memory_line(r)
             out += [f"  {terminal(n)}" for n in r.notes]
             continue
         busy = s.get("gpu_busy_in_steps_pct") if s["steps"] else s.get("gpu_busy_pct")
@@ -22,6 +23,7 @@ def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
         steps = f"{s['steps']} steps, median {s['median_step_ms']:.1f} ms" if s["steps"] else f"no steps, {s['window_ms']:.1f} ms traced"
         dev = terminal(s.get("device") or ("device not recorded" if r.metrics.has_gpu or r.model.meta.devices else "CPU only"))
         out.append(f"{head}\n  {dev} · {steps} · {busy_txt}")
+        out += _memory_line(r)
     findings = all_findings(reports)
     if not findings:
         out.append("\nNo findings.")
@@ -31,7 +33,7 @@ def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
             rank = f" [rank {f.rank}]" if f.rank is not None and len(reports) > 1 else ""
             pct = f.impact.est_step_saving_pct
             est = f"up to {pct:.1f}%" if f.impact.upper_bound else f"~{pct:.1f}%"
-            est = f"  ({est} of step time)" if pct > 0 or f.severity != "info" else ""
+            est = f"  ({est} of step time)" if pct > 0 else ""
             out.append(f"\n{i}. [{f.severity}] {terminal(f.title)}{est}{rank}")
             out.append(f"   {f.rule} {f.topic}")
             for line in textwrap.wrap(terminal(f.message), 96):
@@ -50,3 +52,21 @@ def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
     if prefix:
         text = "".join(prefix + line + "\n" for line in text.splitlines())
     return text
+
+
+def _memory_line(r: TraceReport) -> list[str]:
+    mem = r.memory
+    if mem is None or (mem.peak_allocated is None and mem.peak_reserved is None and mem.snapshot is None):
+        return []
+    g = 2**30
+    parts = []
+    peaks = [(v, what) for v, what in ((mem.peak_allocated, "allocated"), (mem.peak_reserved, "reserved")) if v is not None]
+    if peaks:
+        pct = mem.pct_of_capacity(peaks[0][0])
+        parts.append("peak " + ", ".join(f"{v / g:.2f} GiB {what}" for v, what in peaks)
+                     + (f" ({pct:.0f}% of the device)" if pct is not None else ""))
+    s = mem.snapshot
+    if s is not None:
+        parts.append(f"snapshot {s.reserved / g:.2f} GiB reserved, {s.slack_pct:.1f}% unallocated, "
+                     f"{s.stranded / g:.2f} GiB stranded")
+    return ["  memory: " + " · ".join(parts)]

@@ -19,10 +19,14 @@ class Source:
     kind: str  # "trace" or "snapshot"
     rank: int | None = None
     facts: dict = field(default_factory=dict)
+    snapshot: Path | None = None  # a trace's allocator snapshot from the same run (run folder)
+
+
+_RUN_JSON = re.compile(r"^run(\.rank\d+)?\.json$")  # run.json, and run.rankN.json for ranks other than 0
 
 
 def is_trace_name(p: Path) -> bool:
-    return p.name.endswith(TRACE_SUFFIXES) and p.name != "run.json"
+    return p.name.endswith(TRACE_SUFFIXES) and not _RUN_JSON.match(p.name)
 
 
 def resolve(paths: list[str]) -> list[Source]:
@@ -41,24 +45,46 @@ def resolve(paths: list[str]) -> list[Source]:
 
 
 def _folder(d: Path) -> list[Source]:
-    run = d / "run.json"
-    facts: dict = {}
-    if run.is_file():
-        try:
-            facts = json.loads(run.read_text())
-        except (OSError, ValueError) as exc:
-            raise InputError(run, f"run folder's run.json is unreadable: {exc}") from None
-        if not isinstance(facts, dict):
-            raise InputError(run, "run.json is not a JSON object")
+    facts_by_file = {p.name: _read_run_json(p) for p in sorted(d.glob("run*.json")) if _RUN_JSON.match(p.name)}
     files = sorted(p for p in d.iterdir() if p.is_file())
     traces = [p for p in files if is_trace_name(p)]
     snaps = [p for p in files if p.name.endswith(SNAPSHOT_SUFFIXES)]
     if not traces and not snaps:
-        what = "run folder has no trace" if run.is_file() else "folder holds no .json/.json.gz trace"
+        what = "run folder has no trace" if facts_by_file else "folder holds no .json/.json.gz trace"
         raise InputError(d, what)
-    out = [Source(p, "trace", rank=rank_from_name(p.name), facts=facts) for p in traces]
-    out += [Source(p, "snapshot", rank=rank_from_name(p.name), facts=facts) for p in snaps]
+
+    def facts(rank):
+        # gpuadvise profile writes run.json for rank 0 (or no rank) and run.rankN.json for the others
+        own = facts_by_file.get(f"run.rank{rank}.json") if rank not in (None, 0) else None
+        return own if own is not None else facts_by_file.get("run.json", {})
+
+    out = [Source(p, "trace", rank=rank_from_name(p.name), facts=facts(rank_from_name(p.name))) for p in traces]
+    loose = [p for p in snaps if not _attach(p, out)]
+    out += [Source(p, "snapshot", rank=rank_from_name(p.name), facts=facts(rank_from_name(p.name))) for p in loose]
     return out
+
+
+def _read_run_json(run: Path) -> dict:
+    try:
+        facts = json.loads(run.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(run, f"run folder's {run.name} is unreadable: {exc}") from None
+    if not isinstance(facts, dict):
+        raise InputError(run, f"{run.name} is not a JSON object")
+    return facts
+
+
+def _attach(snap: Path, traces: list[Source]) -> bool:
+    """A run folder's memory.rankN.pickle belongs to trace.rankN.json.gz (memory.pickle to the one trace):
+    it is analysed with that trace rather than reported on its own."""
+    rank = rank_from_name(snap.name)
+    same = [t for t in traces if t.rank == rank and t.snapshot is None]
+    if len(same) != 1 and len(traces) == 1 and traces[0].snapshot is None:
+        same = traces  # one trace, one snapshot: the same run whatever the names say
+    if len(same) != 1:
+        return False
+    same[0].snapshot = snap
+    return True
 
 
 _RANK = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.I)

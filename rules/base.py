@@ -2,8 +2,12 @@
 
 The module docstring is the rule's documentation, with these headings (a test enforces them):
 `## What it detects`, `## Why it matters`, `## Fix`, `## Thresholds`. `gpuadvise explain CODE`
-prints it. `positive()` and `negative()` build the rule's own fixtures: a trace that must trigger
-it and a near miss that must not.
+prints it. `positive()` and `negative()` build the rule's own fixtures: a trace (or, for a rule that
+reads allocator snapshots, a snapshot) that must trigger it and a near miss that must not.
+
+`requires` names the inputs the rule reads: "trace" (the model and its metrics) and/or "memory"
+(`Analysis.memory`). The engine runs a rule only when all of them exist, so a snapshot on its own
+never gets a trace verdict.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ class Rule:
     topic: str = ""  # one of the topics findings are grouped by
     title: str = ""  # one line
     thresholds: dict = {}
+    requires: tuple = ("trace",)
 
     def check(self, a: Analysis) -> list[Finding]:
         raise NotImplementedError

@@ -154,13 +154,9 @@ def test_labelled_topics(rel):
         pytest.fail(f"labelled file {rel} is not in the corpus")
     case = LABELS[rel]
     must, must_not = set(case.get("must", [])), set(case.get("must_not", []))
-    snapshot = rel.endswith(SNAPSHOT_NAMES)
-    deferred = {"memory-fragmentation"} if snapshot else set()
     found = topics(rel)
-    assert not (must - deferred) - found, f"{rel}: missed {sorted((must - deferred) - found)}; reported {sorted(found)}"
-    assert not (must_not - deferred) & found, f"{rel}: must not report {sorted((must_not - deferred) & found)}"
-    if snapshot and deferred & (must | must_not):
-        pytest.skip("memory snapshots: issue #4")
+    assert not must - found, f"{rel}: missed {sorted(must - found)}; reported {sorted(found)}"
+    assert not must_not & found, f"{rel}: must not report {sorted(must_not & found)}"
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 import gpuadvise.rules as rules_pkg
-from gpuadvise.analyzer.engine import analyze_model
+from gpuadvise.analyzer.engine import analyze_model, analyze_snapshot
 from gpuadvise.analyzer.findings import Evidence, Impact
 from gpuadvise.analyzer.loader import load_trace
+from gpuadvise.analyzer.snapshot import load_snapshot
 from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.rules import all_rules, find_rule
 
@@ -25,15 +26,20 @@ SINGLE = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
 
 @pytest.fixture(scope="module")
 def fixture_reports(tmp_path_factory):
-    """Every rule's positive and negative fixture, written as .json.gz, loaded and analysed once."""
+    """Every rule's positive and negative fixture, written as .json.gz (a memory snapshot as .pickle),
+    loaded and analysed once, the way `gpuadvise analyze` reads that file."""
     d = tmp_path_factory.mktemp("rule-fixtures")
     cache = {}
 
     def get(rule, kind):
         key = (rule.code, kind)
         if key not in cache:
-            path = getattr(rule, kind)().write(d / f"{rule.name}-{kind}.json.gz")
-            cache[key] = analyze_model(load_trace(path), source=str(path))
+            builder = getattr(rule, kind)()
+            path = builder.write(d / f"{rule.name}-{kind}{getattr(builder, 'suffix', '.json.gz')}")
+            if path.name.endswith(".pickle"):
+                cache[key] = analyze_snapshot(load_snapshot(path), source=str(path))
+            else:
+                cache[key] = analyze_model(load_trace(path), source=str(path))
         return cache[key]
 
     return get

@@ -1,0 +1,172 @@
+"""allocator-churn: GPU memory is given back to CUDA and asked for again, step after step.
+
+## What it detects
+The caching allocator normally takes memory from CUDA once (cudaMalloc) and reuses it for the rest of
+the run. It gives memory back (cudaFree) only on `torch.cuda.empty_cache()`, after a cudaMalloc that
+failed (it frees its whole cache and retries), under `garbage_collection_threshold`, or for every
+tensor when caching is off (`PYTORCH_NO_CUDA_MEMORY_CACHING=1`). This rule finds that happening in
+the loop:
+- in a trace: cudaFree/hipFree runtime calls inside the training iterations (ProfilerSteps, or the
+  spans between `Optimizer.step` annotations when the profiler was not stepped);
+- in an allocator snapshot's history: segments released (`segment_free`/`segment_unmap`) and then
+  allocated again, more than once.
+
+## Why it matters
+cudaFree synchronizes the whole device and cudaMalloc is a slow driver call: the CPU stops launching
+work while they run, and the memory handed back is requested again a moment later. A one-off
+`empty_cache()` between phases is harmless; one per step costs every step.
+
+## Fix
+Take `empty_cache()` out of the loop, and leave the caching allocator on:
+```python
+for batch in loader:
+    loss = model(batch.cuda(non_blocking=True)).mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    # torch.cuda.empty_cache()  # remove: the next step would cudaMalloc the same memory again
+```
+Unset `PYTORCH_NO_CUDA_MEMORY_CACHING` (a debugging switch). If the frees are out-of-memory retries
+(`memory_stats()["num_alloc_retries"]` grows), lower the peak instead: see memory-pressure, and try
+`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`.
+
+## Thresholds
+- Trace: free calls inside at least 2 iterations and at least half of them. The allocator never
+  frees in a steady loop unless told to, so a free recurring across iterations is the pattern, while
+  a single one (a one-off `empty_cache()`, the CUDA context's `cudaFree(0)` at start-up) is not.
+  Without ProfilerSteps or `Optimizer.step` annotations the iterations are unknown and the rule stays
+  silent: start-up allocations would look the same.
+- Snapshot history: at least 2 release-then-reallocate cycles (a one-off `empty_cache()` between
+  benchmark phases makes one).
+The trace saving is the critical-path replay of the steps without the allocator calls on the training
+thread; from a snapshot alone it cannot be timed (0).
+"""
+
+from __future__ import annotations
+
+from gpuadvise.analyzer import intervals as iv
+from gpuadvise.analyzer.analysis import Analysis
+from gpuadvise.analyzer.findings import Evidence
+from gpuadvise.analyzer.memory import FREE_CALLS, allocator_calls, iterations
+from gpuadvise.analyzer.whatif import Scenario
+from gpuadvise.fixtures.builder import TraceBuilder
+
+from .base import Rule
+
+GiB = 2**30
+GEMM = "ampere_tf32_s1688gemm_64x64_nn"
+
+
+class AllocatorChurn(Rule):
+    code = "GA121"
+    name = "allocator-churn"
+    topic = "allocator-churn"
+    title = "GPU memory is freed and re-allocated in the loop"
+    requires = ("memory",)
+    thresholds = {"min_iterations_with_frees": 2, "min_share_of_iterations": 0.5, "min_release_cycles": 2}
+
+    def check(self, a: Analysis):
+        out = []
+        if a.has("trace"):
+            out += self._from_trace(a)
+        if not out:
+            out += self._from_history(a)
+        return out
+
+    def _from_trace(self, a: Analysis):
+        tm, t = a.memory.trace, self.thresholds
+        if tm is None or not tm.iterations:
+            return []
+        if tm.iterations_with_frees < max(t["min_iterations_with_frees"], t["min_share_of_iterations"] * tm.iterations):
+            return []
+        windows, kind = iterations(a.model, a.metrics)
+        calls = allocator_calls(a.model, windows)
+        calls = calls[calls["window"] >= 0]
+        step_us = sum(e - s for s, e in windows)
+        share = 100.0 * tm.allocator_ms_in_iterations * 1e3 / step_us if step_us else 0.0
+        lt = a.metrics.launch_thread
+        own = calls[(calls["pid"] == lt[0]) & (calls["tid"] == lt[1])] if lt else calls
+        saving, basis = a.predicted_saving(Scenario("cudaMalloc/cudaFree calls removed from the training thread",
+                                                    cpu_removed=iv.union(own["ts"], own["end"])))
+        if saving is None:
+            saving, basis = share, "share of iteration time spent in the allocator calls (no GPU timeline to replay)"
+        names = calls["name"].astype(str)
+        free_name = next((n for n in FREE_CALLS if (names == n).any()), "cudaFree")
+        per_iter = calls.groupby("window").agg(frees=("name", lambda s: int(s.isin(FREE_CALLS).sum())),
+                                               calls=("name", "size"), total_ms=("dur", lambda d: round(d.sum() / 1e3, 3)))
+        worst = calls.nlargest(5, "dur")
+        what = "ProfilerSteps" if kind == "ProfilerStep" else "iterations (between `Optimizer.step` calls)"
+        message = (f"{free_name} ran inside {tm.iterations_with_frees} of {tm.iterations} {what}: "
+                   f"{tm.frees_in_iterations} frees and {tm.mallocs_in_iterations} mallocs, covering "
+                   f"{tm.allocator_ms_in_iterations:.1f} ms, {share:.1f} % of the iteration time. The caching allocator "
+                   "frees GPU memory only on empty_cache(), after a failed cudaMalloc, or when caching is disabled.")
+        label = ((lambda w: f"ProfilerStep#{a.metrics.steps[w].number}") if kind == "ProfilerStep"
+                 else (lambda w: f"iteration {w + 1}"))
+        items = [{"name": label(int(w)), "frees": int(r.frees), "calls": int(r.calls), "total_ms": float(r.total_ms)}
+                 for w, r in per_iter.head(10).iterrows()]
+        evidence = Evidence(
+            steps=[s.number for s in a.metrics.steps],
+            time_ranges_ms=[(a.rel_ms(s), a.rel_ms(e)) for s, e in zip(worst["ts"], worst["end"])],
+            items=items,
+            numbers={"iterations": tm.iterations, "iteration_kind": kind, "iterations_with_frees": tm.iterations_with_frees,
+                     "frees_in_iterations": tm.frees_in_iterations, "mallocs_in_iterations": tm.mallocs_in_iterations,
+                     "allocator_ms_in_iterations": tm.allocator_ms_in_iterations, "share_of_iteration_time_pct": round(share, 1)})
+        return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=self._advice(a))]
+
+    def _from_history(self, a: Analysis):
+        h = a.memory.history
+        if h is None or h.release_cycles < self.thresholds["min_release_cycles"]:
+            return []
+        freed = sum(r["bytes"] for r in h.releases)
+        unit = "s" if h.timed else "entry"
+        message = (f"The allocator released segments and allocated them again {h.release_cycles} times in the recorded "
+                   f"history: {h.segment_frees} segment frees and {h.segment_allocs} segment allocations, "
+                   f"{h.reallocated_bytes / GiB:.2f} GiB re-allocated after the first release. Each release is a cudaFree "
+                   "(it synchronizes the device), each re-allocation a cudaMalloc.")
+        evidence = Evidence(
+            items=[{"name": f"release at {r['at']} {unit}", "segments": r["segments"], "gib": round(r["bytes"] / GiB, 2)}
+                   for r in h.releases],
+            numbers={"release_cycles": h.release_cycles, "segment_frees": h.segment_frees, "segment_allocs": h.segment_allocs,
+                     "reallocated_gib": round(h.reallocated_bytes / GiB, 2), "released_gib_listed": round(freed / GiB, 2)})
+        return [self.finding(message=message, evidence=evidence, saving=0.0, advice=self._advice(a),
+                             basis="a snapshot has no timeline of CPU work: the cost of each cudaMalloc/cudaFree cannot be "
+                                   "measured here; profile the steps to time it")]
+
+    @staticmethod
+    def _advice(a: Analysis) -> str:
+        c = a.memory.counters
+        if c is not None and c.num_alloc_retries:
+            return (f"memory_stats() counts {c.num_alloc_retries} cudaMalloc retries: the frees are out-of-memory "
+                    "retries. Lower the peak (see memory-pressure).")
+        return ("Look for `torch.cuda.empty_cache()` (or `gc.collect()` + `empty_cache()`) inside the loop and remove it, "
+                "and check that `PYTORCH_NO_CUDA_MEMORY_CACHING` is not set.")
+
+    def positive(self) -> TraceBuilder:
+        # empty_cache() at the end of every step: the next step cudaMallocs its activations again
+        b = TraceBuilder()
+        for _ in range(4):
+            with b.step():
+                b.cpu("cudaMalloc", 300, cat="cuda_runtime")
+                for _ in range(20):
+                    b.kernel(GEMM, 200)
+                b.sync()
+                b.cpu("cudaFree", 800, cat="cuda_runtime")
+        b.finish()
+        return b
+
+    def negative(self) -> TraceBuilder:
+        # the cache grows in the first step and is reused after; one cudaFree outside the loop
+        b = TraceBuilder()
+        b.cpu("cudaFree", 5_000, cat="cuda_runtime")  # CUDA context start-up (cudaFree(0))
+        for i in range(4):
+            with b.step():
+                if i == 0:
+                    b.cpu("cudaMalloc", 300, cat="cuda_runtime")
+                for _ in range(20):
+                    b.kernel(GEMM, 200)
+                b.sync()
+        b.finish()
+        return b
+
+
+RULE = AllocatorChurn()
