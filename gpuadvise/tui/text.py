@@ -1,13 +1,13 @@
-"""Formatting helpers shared by the screens. Trace names are untrusted: they go through `name_text`,
-which strips terminal control sequences and returns a rich `Text` (never markup), so a `[` in a kernel
-name is just a character."""
+"""Formatting helpers shared by the screens.
+
+Trace names are untrusted. Everything that shows one passes it through `clean` (terminal control and
+escape sequences stripped) and puts it on screen inside a rich `Text`, never a markup string, so a `[`
+in a kernel name is just a character."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-
-from rich.text import Text
 
 from gpuadvise.analyzer.safe import terminal
 
@@ -15,17 +15,6 @@ from gpuadvise.analyzer.safe import terminal
 def clean(name) -> str:
     """A trace-sourced string made safe for the terminal, on one line."""
     return terminal(str(name)).replace("\n", " ").replace("\r", " ").replace("\t", " ")
-
-
-def name_text(name, style: str = "") -> Text:
-    """A trace-sourced name as literal text (no markup parsing)."""
-    return Text(clean(name), style=style, no_wrap=True, end="")
-
-
-def ellipsize(s: str, width: int) -> str:
-    if width <= 0:
-        return ""
-    return s if len(s) <= width else s[: max(width - 1, 0)] + "…"
 
 
 def ms(us: float, digits: int = 2) -> str:

@@ -83,8 +83,17 @@ class Lane:
 
     def busy(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Share of each window [a, b) covered by the lane's events (0..1)."""
-        s, e, _ = self.cover
-        return iv.covered(s, e, a, b) / np.maximum(b - a, 1e-12)
+        return (self._covered_before(b) - self._covered_before(a)) / np.maximum(b - a, 1e-12)
+
+    def _covered_before(self, t: np.ndarray) -> np.ndarray:
+        """Busy time in (-inf, t), from the union's prefix sums (iv.covered would redo them per call)."""
+        s, e, prefix = self.cover
+        if not len(s):
+            return np.zeros(len(t))
+        k = np.searchsorted(s, t, side="right")
+        last = np.clip(k - 1, 0, None)
+        overshoot = np.where(k > 0, np.clip(e[last] - t, 0, None), 0.0)
+        return prefix[k] - overshoot
 
     def count(self, a: float, b: float) -> int:
         """How many events overlap [a, b) (exact for lanes whose events do not nest)."""

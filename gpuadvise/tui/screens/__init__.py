@@ -1,0 +1,1 @@
+"""The screens of `gpuadvise view`, one module each; `base.ViewScreen` holds what they share."""
