@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--top", type=int, default=5, help="findings shown in text format (default 5)")
     a.add_argument("--no-cache", action="store_true", help="parse the traces again instead of using the cached model")
 
+    sub.add_parser("profile", help="run a training script under the profiler and report (gpuadvise profile -h)", add_help=False)
+    sub.add_parser("view", help="browse findings and the trace in a terminal UI (gpuadvise view -h)", add_help=False)
     sub.add_parser("rules", help="list the rule catalog")
     e = sub.add_parser("explain", help="show one rule's documentation")
     e.add_argument("rule", metavar="RULE", help="rule code (GA102) or name (dataloader-stall)")
@@ -83,11 +85,17 @@ def cmd_analyze(args) -> int:
         _check_writable(Path(args.output))
     show = not args.quiet and sys.stderr.isatty()
 
-    def progress(i, n, src):
-        if show:
-            print(f"gpuadvise: analysing {src.path} ({i + 1}/{n})…", file=sys.stderr)
+    bar = _ProgressLine() if show else None
 
-    reports = analyze_paths(args.paths, progress=progress)
+    def progress(i, n, src):
+        if bar:
+            bar.start(f"{src.path}" + (f" ({i + 1}/{n})" if n > 1 else ""))
+
+    try:
+        reports = analyze_paths(args.paths, progress=progress, bytes_progress=bar.update if bar else None)
+    finally:
+        if bar:
+            bar.clear()
     text = render(reports, fmt, top=args.top)
     if args.output:
         write_atomic(Path(args.output), text)
@@ -96,6 +104,33 @@ def cmd_analyze(args) -> int:
     else:
         sys.stdout.write(text)
     return EXIT_OK
+
+
+class _ProgressLine:
+    """One self-overwriting stderr line while a big trace is decoded: percent and MB/s."""
+
+    def __init__(self):
+        import time
+
+        self.time = time.monotonic
+        self.label, self.t0, self.last, self.shown = "", 0.0, 0.0, False
+
+    def start(self, label: str) -> None:
+        self.label, self.t0, self.last = label, self.time(), 0.0
+
+    def update(self, done: int, total: int) -> None:
+        now = self.time()
+        if now - self.last < 0.2 or now - self.t0 < 0.5:  # quiet for small traces, ≤5 redraws a second
+            return
+        self.last, self.shown = now, True
+        rate = done / max(now - self.t0, 1e-9) / 1e6
+        sys.stderr.write(f"\r\x1b[Kgpuadvise: reading {self.label}: {100 * done / max(total, 1):.0f}% ({rate:.0f} MB/s)")
+        sys.stderr.flush()
+
+    def clear(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
 
 
 def render(reports, fmt: str, top: int = 5) -> str:
@@ -133,7 +168,10 @@ def write_atomic(path: Path, text: str) -> None:
         except OSError as exc:
             raise InputError(path, f"cannot write: {exc.strerror or exc}") from None
         return
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
+    except OSError as exc:
+        raise InputError(path, f"cannot write: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)

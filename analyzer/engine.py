@@ -123,13 +123,14 @@ def _run_rules(analysis: Analysis, rules, source: str, rank: int | None, notes: 
     return order(findings)
 
 
-def analyze_source(src: Source, rules=None) -> TraceReport:
+def analyze_source(src: Source, rules=None, progress=None) -> TraceReport:
+    """Analyse one source; `progress(done_bytes, total_bytes)` follows the trace decode when given."""
     from .snapshot import load_snapshot
 
     if src.kind == "snapshot":
         return analyze_snapshot(load_snapshot(src.path), src.facts, source=str(src.path), rank=src.rank, rules=rules)
     snapshot = load_snapshot(src.snapshot) if src.snapshot is not None else None
-    model = load_trace(src.path)
+    model = load_trace(src.path, progress=progress)
     report = analyze_model(model, src.facts, source=str(src.path), rank=src.rank, rules=rules, snapshot=snapshot)
     if src.snapshot is not None:
         report.snapshot = str(src.snapshot)
@@ -138,13 +139,14 @@ def analyze_source(src: Source, rules=None) -> TraceReport:
     return report
 
 
-def analyze_paths(paths: list[str], progress=None, rules=None) -> list[TraceReport]:
+def analyze_paths(paths: list[str], progress=None, rules=None, bytes_progress=None) -> list[TraceReport]:
+    """`progress(i, n, source)` before each source; `bytes_progress(done, total)` during each decode."""
     sources = resolve(paths)
     reports = []
     for i, src in enumerate(sources):
         if progress:
             progress(i, len(sources), src)
-        reports.append(analyze_source(src, rules=rules))
+        reports.append(analyze_source(src, rules=rules, progress=bytes_progress))
     return reports
 
 
