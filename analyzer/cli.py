@@ -83,6 +83,7 @@ def cmd_analyze(args) -> int:
     fmt = fmt or "text"
     if args.output:
         _check_writable(Path(args.output))
+        _refuse_overwriting_inputs(Path(args.output), args.paths)
     show = not args.quiet and sys.stderr.isatty()
 
     bar = _ProgressLine() if show else None
@@ -155,6 +156,17 @@ def _check_writable(path: Path) -> None:
         raise InputError(path, f"output folder {parent} does not exist")
     if not os.access(parent, os.W_OK) and not (path.exists() and os.access(path, os.W_OK)):
         raise InputError(path, "output is not writable")
+
+
+def _refuse_overwriting_inputs(out: Path, paths: list[str]) -> None:
+    if not out.exists():
+        return
+    target = out.resolve()
+    for raw in paths:
+        p = Path(raw)
+        inputs = list(p.iterdir()) if p.is_dir() else [p]
+        if any(q.exists() and q.resolve() == target for q in inputs):
+            raise InputError(out, "the output would overwrite an input trace; choose another -o")
 
 
 def write_atomic(path: Path, text: str) -> None:

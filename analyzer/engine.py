@@ -134,7 +134,10 @@ def analyze_source(src: Source, rules=None, progress=None) -> TraceReport:
     report = analyze_model(model, src.facts, source=str(src.path), rank=src.rank, rules=rules, snapshot=snapshot)
     if src.snapshot is not None:
         report.snapshot = str(src.snapshot)
-    if model.meta.truncated:
+    if model.meta.damaged_at is not None:
+        report.notes.insert(0, f"the trace is damaged at byte {model.meta.damaged_at}; analysed the "
+                               f"{model.meta.events_total} complete events before the damage")
+    elif model.meta.truncated:
         report.notes.insert(0, f"the trace was cut off; analysed the {model.meta.events_total} complete events before the cut")
     return report
 

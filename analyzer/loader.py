@@ -14,6 +14,7 @@ import gzip
 import math
 import os
 import re
+import stat
 import zlib
 from array import array
 from collections import Counter
@@ -43,29 +44,63 @@ _ONE_EVENT = msgspec.json.Decoder(ev.Event)
 _ANY = msgspec.json.Decoder()
 
 
+MAX_NAME = 4096
+
+
 class _Interner(dict):
-    """str → small int code, in first-seen order (pandas categorical codes)."""
+    """str → small int code, in first-seen order (pandas categorical codes). Keys that are not strings
+    (a null or numeric name in a broken trace) share the code of their string form."""
+
+    def __init__(self):
+        super().__init__()
+        self.cats: list[str] = []
 
     def __missing__(self, key):
-        code = self[key] = len(self)
+        if isinstance(key, str) and len(key) > MAX_NAME:
+            code = self[key[: MAX_NAME - 1] + "…"]  # a 50 MB "kernel name" is an attack or a bug, not a name
+        elif isinstance(key, str):
+            code = len(self.cats)
+            self.cats.append(key)
+        else:
+            code = self["" if key is None else str(key)]
+        self[key] = code
         return code
 
     def categories(self) -> list:
-        return list(self.keys())
+        return list(self.cats)
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} bytes"
 
 
 def read_trace_bytes(path: Path) -> tuple[bytes, bool]:
-    """The decompressed bytes of a trace file, and whether a .gz stream was cut short."""
+    """The decompressed bytes of a trace file, and whether a .gz stream was cut short.
+
+    Works on pipes and devices too (no seek), and never reads or inflates past MAX_TRACE_BYTES."""
     try:
-        with open(path, "rb", buffering=0) as fh:  # unbuffered: read() then fills one exact-size buffer
+        with open(path, "rb", buffering=0) as fh:  # unbuffered: one exact-size buffer for regular files
             magic = fh.read(2)
-            fh.seek(0)
-            if magic != b"\x1f\x8b":
-                size = os.fstat(fh.fileno()).st_size
-                if size > MAX_TRACE_BYTES:
-                    raise InputError(path, f"trace is {size / 2**30:.1f} GiB, above the {MAX_TRACE_BYTES / 2**30:.0f} GiB limit")
-                return fh.readall(), False
-            return _gunzip(path, fh)
+            if magic == b"\x1f\x8b":
+                return _gunzip(path, fh, magic)
+            st = os.fstat(fh.fileno())
+            if stat.S_ISREG(st.st_mode):
+                if st.st_size > MAX_TRACE_BYTES:
+                    raise InputError(path, f"trace is {_size(st.st_size)}, above the {_size(MAX_TRACE_BYTES)} limit "
+                                           "(GPUADVISE_MAX_TRACE_BYTES)")
+                rest = fh.readall()
+                return (magic + rest if magic else rest), False
+            buf = bytearray(magic)  # a pipe or a device: read in blocks up to the limit
+            while True:
+                block = fh.read(1 << 20)
+                if not block:
+                    return buf, False
+                buf += block
+                if len(buf) > MAX_TRACE_BYTES:
+                    raise InputError(path, f"input is larger than the {_size(MAX_TRACE_BYTES)} limit (GPUADVISE_MAX_TRACE_BYTES)")
     except FileNotFoundError:
         raise InputError(path, "no such file") from None
     except IsADirectoryError:
@@ -76,28 +111,38 @@ def read_trace_bytes(path: Path) -> tuple[bytes, bool]:
         raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
 
 
-def _gunzip(path: Path, fh) -> tuple[bytes, bool]:
-    # Streamed so that a truncated or corrupt .gz still yields what it held, and a bomb is stopped early.
+def _gunzip(path: Path, fh, head: bytes) -> tuple[bytes, bool]:
+    # Streamed so that a truncated or corrupt .gz still yields what it held, and a bomb is stopped while
+    # it inflates: each step inflates at most up to the limit.
     out = bytearray()
     inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
     truncated = False
+    pending = head
     try:
         while True:
-            block = fh.read(1 << 20)
+            block = pending or fh.read(1 << 20)
+            pending = b""
             if not block:
                 truncated = not inflater.eof
                 break
-            out += inflater.decompress(block)
-            while inflater.eof and inflater.unused_data:  # concatenated gzip members
-                rest = inflater.unused_data
-                inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                out += inflater.decompress(rest)
-            if len(out) > MAX_TRACE_BYTES:
-                raise InputError(path, f"gzip inflates to more than {MAX_TRACE_BYTES / 2**30:.0f} GiB; refusing to read it")
+            while block:
+                room = MAX_TRACE_BYTES + 1 - len(out)
+                out += inflater.decompress(block, room)
+                if len(out) > MAX_TRACE_BYTES:
+                    raise InputError(path, f"gzip inflates to more than {_size(MAX_TRACE_BYTES)}; refusing to read it "
+                                           "(GPUADVISE_MAX_TRACE_BYTES)")
+                block = inflater.unconsumed_tail
+                if inflater.eof and inflater.unused_data:  # concatenated gzip members
+                    block = inflater.unused_data
+                    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                elif inflater.eof:
+                    block = b""
     except zlib.error:
         if not out:
             raise InputError(path, "corrupt gzip data") from None
         truncated = True
+    if truncated and not out:
+        raise InputError(path, "gzip stream cut off before any data")
     return out, truncated  # a bytearray: msgspec reads it in place, no second copy
 
 
@@ -145,6 +190,7 @@ def parse_trace_bytes(data, path: Path, gz_truncated: bool = False, progress=Non
     if not body:
         raise InputError(path, "empty file")
     header = ev.Header()
+    body = _nan_tokens_to_null(body)
     if body[:1] == b"[":
         raws, cut = _decode_event_list(body, path)
     elif body[:1] == b"{":
@@ -155,10 +201,36 @@ def parse_trace_bytes(data, path: Path, gz_truncated: bool = False, progress=Non
     del body, data
     meta = _meta_from_header(header, path)
     meta.bytes_total = total
-    meta.truncated = gz_truncated or cut
+    if isinstance(cut, tuple):  # damaged in the middle, read up to the damage
+        meta.damaged_at = cut[1]
+    meta.truncated = bool(gz_truncated or cut)
     box = [raws]  # _build takes the only reference, so the file's bytes die with the events
     del raws
     return _build(box, meta, path, progress)
+
+
+# Python's json.dumps writes NaN/Infinity, which is not JSON; such values become null (and the event is
+# then skipped and counted). Only outside strings: a token must follow ':', ',' or '[' and end a value.
+_NAN_TOKEN = re.compile(rb"(?<=[:,\[])(\s*)(?:NaN|-?Infinity)(?=\s*[,\]\}])")
+
+
+_LONE_SURROGATE = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})|(?<![0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+
+
+class _Replaced(bytes):
+    """Bytes already re-encoded with U+FFFD for invalid UTF-8 (so we retry only once)."""
+
+    _replaced = True
+
+
+def _nan_tokens_to_null(body):
+    if b"NaN" in body or b"Infinity" in body:
+        if _NAN_TOKEN.search(body):
+            body = _NAN_TOKEN.sub(rb"\1null", bytes(body))
+    if b"\\ud" in body or b"\\uD" in body:  # lone UTF-16 surrogates are invalid JSON strings for msgspec
+        if _LONE_SURROGATE.search(body):
+            body = _LONE_SURROGATE.sub(rb"\\ufffd", bytes(body))
+    return body
 
 
 _SPACE = b"\xef\xbb\xbf \t\r\n"
@@ -172,8 +244,17 @@ def _decode_document(body: bytes, path: Path):
         if "traceEvents" in str(exc):
             raise InputError(path, "'traceEvents' is not a list of events") from None
         raise InputError(path, f"not a Kineto trace ({_short(exc)})") from None
-    except msgspec.DecodeError:
-        return _salvage_document(body, path)
+    except msgspec.DecodeError as exc:
+        damage = _damage_offset(exc, len(body))
+        if damage is not None and damage < len(body) and body[damage] >= 0x80 and not getattr(body, "_replaced", False):
+            return _decode_document(_Replaced(bytes(body).decode("utf-8", "replace").encode()), path)
+        return _salvage_document(body, path, damage)
+    except UnicodeDecodeError:
+        if not getattr(body, "_replaced", False):  # invalid UTF-8 in the header: read it as U+FFFD, once
+            return _decode_document(_Replaced(bytes(body).decode("utf-8", "replace").encode()), path)
+        raise InputError(path, "not valid UTF-8 text") from None
+    except RecursionError:
+        raise InputError(path, "JSON nested too deeply to be a trace") from None
     events = header.traceEvents
     head = bytes(memoryview(events)[:64]).lstrip()
     if head.startswith(b"null"):
@@ -188,45 +269,60 @@ def _decode_event_list(body: bytes, path: Path):
     try:
         msgspec.json.decode(body, type=msgspec.Raw)  # validate once; events are decoded in chunks later
         return body, False
-    except msgspec.DecodeError:
-        start = 0
-        raws = _salvage_events(body, start)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+        damage = _damage_offset(exc, len(body))
+        raws = _salvage_events(body, 0, damage)
         if raws is None:
             raise InputError(path, "not valid JSON") from None
-        return raws, True
+        return raws, ("damaged", damage) if damage is not None else True
 
 
-def _salvage_document(body: bytes, path: Path):
-    """A document cut off mid-write: keep the header fields we can and every complete event."""
+def _damage_offset(exc, size: int) -> int | None:
+    """Where msgspec found the JSON malformed (byte N), or None when the input was merely cut off
+    (msgspec says "truncated", or the bad byte is within the last few bytes: a cut inside a literal)."""
+    if isinstance(exc, (UnicodeDecodeError, RecursionError)):
+        return None
+    m = re.search(r"\(byte (\d+)\)", str(exc))
+    if not m or "truncated" in str(exc):
+        return None
+    offset = int(m.group(1))
+    return None if offset >= size - 64 else offset
+
+
+def _salvage_document(body: bytes, path: Path, damage: int | None = None):
+    """A document cut off mid-write (or damaged at byte `damage`): keep the header fields we can and
+    every complete event before the cut or the damage."""
     key = body.find(b'"traceEvents"')
     if key < 0:
         raise InputError(path, "not valid JSON and no 'traceEvents' found")
     bracket = body.find(b"[", key)
     if bracket < 0:
         raise InputError(path, "not valid JSON: 'traceEvents' has no list")
-    raws = _salvage_events(body, bracket)
+    raws = _salvage_events(body, bracket, damage)
     if raws is None:
-        raise InputError(path, "not valid JSON: no complete event could be read")
+        where = f" (damaged at byte {damage})" if damage is not None else ""
+        raise InputError(path, f"not valid JSON{where}: no complete event could be read")
     header = ev.Header()
     # Header keys written before the events (rare) are lost; keys after the cut are gone anyway.
     tail = body[:key].rstrip().rstrip(b",") + b"}"
     try:
         header = _HEADER.decode(tail)
-    except msgspec.MsgspecError:
+    except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
         pass
-    return header, raws, True
+    return header, raws, ("damaged", damage) if damage is not None else True
 
 
-def _salvage_events(body: bytes, bracket: int, max_tries: int = 4000):
-    """Cut the list after the last complete event that still parses, walking back from the end."""
-    pos = len(body)
+def _salvage_events(body: bytes, bracket: int, damage: int | None = None, max_tries: int = 200):
+    """Cut the list after the last complete event that still parses, walking back from the end (or
+    from the damage: everything before it parsed, so the first boundary before it usually works)."""
+    pos = len(body) if damage is None else min(len(body), damage)
     for _ in range(max_tries):
         pos = body.rfind(b"}", bracket, pos)
         if pos < 0:
             return [] if body.find(b"{", bracket) < 0 else None
         try:
             return _RAW_LIST.decode(body[bracket : pos + 1] + b"]")
-        except msgspec.MsgspecError:
+        except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
             continue
     return None
 
@@ -315,9 +411,10 @@ def _f(values) -> np.ndarray:
 
 
 def _i(values) -> np.ndarray:
-    """Integer ids, None → -1 (ids stay exact below 2**53, far above any Kineto id)."""
+    """Integer ids, None → -1; ids outside int64 (never written by Kineto) count as missing too."""
     a = _f(values)
-    return np.where(np.isnan(a), -1, a).astype(np.int64)
+    bad = np.isnan(a) | (np.abs(a) >= 2.0**63)
+    return np.where(bad, -1.0, a).astype(np.int64)
 
 
 _INSPECT = -3  # empty or instant category: look at ph/name (metadata, [memory])
@@ -366,7 +463,7 @@ class _Builder:
             return [self._learn(e.cat) if isinstance(e.cat, (str, int, float, type(None))) else -1 for e in events]
 
     def _ident(self, value) -> int:
-        if type(value) is int:
+        if type(value) is int and -(2**63) <= value < 2**63:
             return value
         try:
             return self.ident_cache[value]
@@ -375,9 +472,9 @@ class _Builder:
         if value is None:
             return -1
         s = str(value)
-        if s.isdigit():
+        if s.isdigit() and int(s) < 2**63:
             out = int(s)
-        elif s.startswith("stream ") and s[7:].strip().isdigit():
+        elif s.startswith("stream ") and s[7:].strip().isdigit() and int(s[7:].strip()) < 2**63:
             out = int(s[7:].strip())
         else:
             out = -2 - self.thread_codes[s]
@@ -389,7 +486,7 @@ class _Builder:
 
     def _idents(self, values: list) -> list:
         ident = self._ident
-        return [v if type(v) is int else ident(v) for v in values]
+        return [v if type(v) is int and -(2**63) <= v < 2**63 else ident(v) for v in values]
 
     def _names(self, evs) -> np.ndarray:
         names = self.names
@@ -698,7 +795,7 @@ def _feed(b: "_Builder", chunks, retry: bool, progress: _Progress | None = None)
         try:
             decoded = _EVENTS.decode(buf)
             b.total += len(decoded)
-        except msgspec.ValidationError:
+        except (msgspec.ValidationError, UnicodeDecodeError, RecursionError):
             raws = _RAW_LIST.decode(buf)
             b.total += len(raws)
             decoded = _decode_leniently(raws, b)
@@ -838,11 +935,17 @@ def _decode_leniently(chunk: list, b: _Builder) -> list:
         try:
             out.append(_ONE_EVENT.decode(raw))
             continue
-        except msgspec.MsgspecError:
+        except (msgspec.MsgspecError, RecursionError):
             pass
+        except UnicodeDecodeError:  # invalid UTF-8 inside a string: keep the event with U+FFFD in it
+            try:
+                out.append(_ONE_EVENT.decode(bytes(raw).decode("utf-8", "replace").encode()))
+                continue
+            except (msgspec.MsgspecError, RecursionError):
+                pass
         try:
-            obj = _ANY.decode(raw)
-        except msgspec.MsgspecError:
+            obj = _ANY.decode(bytes(raw).decode("utf-8", "replace").encode())
+        except (msgspec.MsgspecError, RecursionError):
             b.skipped += 1
             continue
         event = _repair(obj)

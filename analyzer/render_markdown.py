@@ -179,8 +179,21 @@ def _finding(i: int, f: Finding) -> list[str]:
             cells = [md_cell(short(str(v), 80)) if k == "name" else md(_fmt(v)) for k, v in item.items()]
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
-    out += [f"**Impact:** {md_text(f.impact.basis)}", "", "**Fix**", "", f.recommendation, ""]
+    out += [f"**Impact:** {md_text(f.impact.basis)}", "", "**Fix**", "", _recommendation(f), ""]
     return out
+
+
+def _recommendation(f: Finding) -> str:
+    """The rule's own Fix section stays markdown; the advice before it may quote trace or run.json
+    values (a device name, a file:line), so it is escaped like any prose."""
+    from gpuadvise.rules import find_rule
+
+    rule = find_rule(f.rule)
+    fix = rule.fix if rule is not None else ""
+    rec = f.recommendation
+    if fix and rec.endswith(fix):
+        return (md_text(rec[: -len(fix)].strip()) + "\n\n" + fix).strip()
+    return md_text(rec)
 
 
 def _saving(f: Finding) -> str:

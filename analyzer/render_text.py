@@ -39,7 +39,7 @@ def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
             for line in textwrap.wrap(terminal(f.message), 96):
                 out.append(f"   {line}")
             if f.evidence.sources:
-                out.append(f"   at {terminal(short(', '.join(f.evidence.sources[:3]), 90))}")
+                out.append(f"   at {terminal(short(', '.join(map(str, f.evidence.sources[:3])), 90))}")
             first = terminal(f.recommendation.split("\n", 1)[0])
             out.append(f"   → {first}")
         if len(findings) > top:

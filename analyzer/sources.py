@@ -45,8 +45,13 @@ def resolve(paths: list[str]) -> list[Source]:
 
 
 def _folder(d: Path) -> list[Source]:
-    facts_by_file = {p.name: _read_run_json(p) for p in sorted(d.glob("run*.json")) if _RUN_JSON.match(p.name)}
-    files = sorted(p for p in d.iterdir() if p.is_file())
+    try:
+        facts_by_file = {p.name: _read_run_json(p) for p in sorted(d.glob("run*.json")) if _RUN_JSON.match(p.name)}
+        files = sorted(p for p in d.iterdir() if p.is_file())
+    except PermissionError:
+        raise InputError(d, "permission denied") from None
+    except OSError as exc:
+        raise InputError(d, f"cannot read the folder: {exc.strerror or exc}") from None
     traces = [p for p in files if is_trace_name(p)]
     snaps = [p for p in files if p.name.endswith(SNAPSHOT_SUFFIXES)]
     if not traces and not snaps:
@@ -71,6 +76,13 @@ def _read_run_json(run: Path) -> dict:
         raise InputError(run, f"run folder's {run.name} is unreadable: {exc}") from None
     if not isinstance(facts, dict):
         raise InputError(run, f"{run.name} is not a JSON object")
+    # facts are hints for the rules: keep only well-formed entries, never fail a rule over them
+    for key in ("dataloaders", "optimizers", "wrappers", "autocast", "compile"):
+        entries = facts.get(key)
+        facts[key] = [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+    for entry in facts["dataloaders"] + facts["wrappers"]:
+        if "created_at" in entry and not isinstance(entry["created_at"], str):
+            entry["created_at"] = str(entry["created_at"])
     return facts
 
 

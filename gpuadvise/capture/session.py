@@ -139,6 +139,8 @@ class Session:
             self.prof.step()
             self.steps += 1
             self.status["steps_stepped"] = self.steps
+            if not self.done and self.steps <= self._needed() + 1:
+                self._write_status()  # a few small writes: run.json stays true even after os._exit
         except Exception as exc:
             self._fail("profiler step failed", exc)
             return
