@@ -572,27 +572,19 @@ class _Builder:
         t = self.tables["gpu"]
         args = self._base(t, evs)
         t.add("kind", np.full(len(evs), code, np.int8), np.int8)
-        t.add("device", self._device_or(args, [e.pid for e in evs]), np.int64)
-        t.add("stream", self._stream_or(args, [e.tid for e in evs]), np.int64)
+        t.add("device", self._arg_or([a.device for a in args], [e.pid for e in evs]), np.int64)
+        t.add("stream", self._arg_or([a.stream for a in args], [e.tid for e in evs]), np.int64)
         t.add("correlation", _i([a.correlation for a in args]), np.int64)
         t.add("external_id", _external(args), np.int64)
         t.add("bytes", _f([a.nbytes for a in args]), np.float64)
 
-    def _device_or(self, args, fallback) -> np.ndarray:
-        dev = _i([a.device for a in args])
-        missing = dev < 0
+    def _arg_or(self, values: list, fallback: list) -> np.ndarray:
+        """An id from args (device, stream), else from pid/tid (old traces: pid 0, tid "stream 7")."""
+        ids = _i(values)
+        missing = ids < 0
         if missing.any():
-            alt = np.array(self._idents(fallback), dtype=np.int64)
-            dev = np.where(missing, alt, dev)
-        return dev
-
-    def _stream_or(self, args, fallback) -> np.ndarray:
-        stream = _i([a.stream for a in args])
-        missing = stream < 0
-        if missing.any():
-            alt = np.array(self._idents(fallback), dtype=np.int64)
-            stream = np.where(missing, alt, stream)
-        return stream
+            ids = np.where(missing, np.array(self._idents(fallback), dtype=np.int64), ids)
+        return ids
 
     def _runtime(self, evs) -> None:
         t = self.tables["runtime"]
@@ -651,8 +643,8 @@ class _Builder:
     def _span(self, table: str, evs) -> None:
         t = self.tables[table]
         args = self._base(t, evs)
-        t.add("device", self._device_or(args, [e.pid for e in evs]), np.int64)
-        t.add("stream", self._stream_or(args, [e.tid for e in evs]), np.int64)
+        t.add("device", self._arg_or([a.device for a in args], [e.pid for e in evs]), np.int64)
+        t.add("stream", self._arg_or([a.stream for a in args], [e.tid for e in evs]), np.int64)
         t.add("correlation", _i([a.correlation for a in args]), np.int64)
 
     # -- merging a forked worker's share -----------------------------------------------------------
