@@ -91,8 +91,8 @@ def read_trace_bytes(path: Path) -> tuple[bytes, bool]:
                 if st.st_size > MAX_TRACE_BYTES:
                     raise InputError(path, f"trace is {_size(st.st_size)}, above the {_size(MAX_TRACE_BYTES)} limit "
                                            "(GPUADVISE_MAX_TRACE_BYTES)")
-                rest = fh.readall()
-                return (magic + rest if magic else rest), False
+                fh.seek(0)  # regular files seek; re-reading beats `magic + rest`, a second 1 GB copy
+                return fh.readall(), False
             buf = bytearray(magic)  # a pipe or a device: read in blocks up to the limit
             while True:
                 block = fh.read(1 << 20)
@@ -869,11 +869,14 @@ def _build_parallel(b: "_Builder", array, parts, progress: _Progress | None = No
     except msgspec.DecodeError:
         ok = False  # the split fell inside a string: redo it in one process
     with os.fdopen(read_fd, "rb") as inp:
-        payload = inp.read()
+        try:
+            share = pickle.load(inp)  # straight from the pipe: no second copy of the payload in memory
+        except (EOFError, pickle.UnpicklingError):
+            share = None
     _, status = os.waitpid(pid, 0)
-    if not ok or status != 0 or not payload:
+    if not ok or status != 0 or share is None:
         return False
-    b.merge(pickle.loads(payload))
+    b.merge(share)
     return True
 
 
