@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import traceback
 from dataclasses import dataclass, field
 
@@ -161,7 +160,3 @@ def _debug() -> bool:
 
 def all_findings(reports: list[TraceReport]) -> list[Finding]:
     return order([f for r in reports for f in r.findings])
-
-
-def warn(msg: str) -> None:
-    print(f"gpuadvise: warning: {msg}", file=sys.stderr)

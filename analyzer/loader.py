@@ -712,7 +712,7 @@ class _Builder:
             self.tables[table] = None  # release chunk arrays as we go
             cols["ts"] = cols["ts"] - base
             if "name" in cols:
-                cols["name"] = pd.Categorical.from_codes(cols["name"], categories=_unique_categories(names))
+                cols["name"] = pd.Categorical.from_codes(cols["name"], categories=names)
             if "dur" in cols:
                 cols["end"] = cols["ts"] + cols["dur"]
             if table == "gpu":
@@ -731,10 +731,6 @@ class _Builder:
 def _external(args) -> np.ndarray:
     """`External id` (new traces) or `external id` (2021 traces)."""
     return _i([a.external_id if a.external_id is not None else a.external_id_legacy for a in args])
-
-
-def _unique_categories(names: list) -> list:
-    return names if names else []
 
 
 def _decode_codes(codes: np.ndarray, interner: _Interner) -> pd.Categorical:

@@ -71,7 +71,6 @@ class TraceMeta:
     unknown_categories: dict[str, int] = field(default_factory=dict)
     truncated: bool = False  # the file was cut off mid-write (or damaged) and salvaged
     damaged_at: int | None = None  # byte where the JSON stopped being valid, when it was not simply cut off
-    bytes_read: int = 0
     bytes_total: int = 0
     thread_names: dict[tuple[int, int], str] = field(default_factory=dict)
     process_names: dict[int, str] = field(default_factory=dict)

@@ -82,26 +82,22 @@ class LowGpuUtilization(Rule):
         return [f]
 
     def positive(self) -> TraceBuilder:
-        b = TraceBuilder()
-        for _ in range(4):
-            with b.step():
-                b.idle(4_000)
-                for _ in range(10):
-                    b.kernel("ampere_tf32_s1688gemm_64x64_nn", 100)
-                b.sync()
-        b.finish()
-        return b
+        return _loop(cpu_us=4_000, kernel_us=100)  # 4 ms of Python, 1 ms of GPU work per step
 
     def negative(self) -> TraceBuilder:
-        b = TraceBuilder()
-        for _ in range(4):
-            with b.step():
-                b.idle(100)
-                for _ in range(10):
-                    b.kernel("ampere_tf32_s1688gemm_64x64_nn", 500)
-                b.sync()
-        b.finish()
-        return b
+        return _loop(cpu_us=100, kernel_us=500)
+
+
+def _loop(cpu_us: float, kernel_us: float) -> TraceBuilder:
+    b = TraceBuilder()
+    for _ in range(4):
+        with b.step():
+            b.idle(cpu_us)
+            for _ in range(10):
+                b.kernel("ampere_tf32_s1688gemm_64x64_nn", kernel_us)
+            b.sync()
+    b.finish()
+    return b
 
 
 def _largest_gaps(m, n: int = 5) -> list[tuple[float, float]]:

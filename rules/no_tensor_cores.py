@@ -93,27 +93,23 @@ class NoTensorCores(Rule):
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice)]
 
     def positive(self) -> TraceBuilder:
-        b = TraceBuilder(device="NVIDIA A100-SXM4-80GB", compute=(8, 0))
-        for _ in range(4):
-            with b.step():
-                for _ in range(20):
-                    b.kernel("ampere_sgemm_128x64_nn", 800)
-                    b.kernel("void at::native::vectorized_elementwise_kernel<4, relu>", 40)
-                b.sync()
-        b.finish()
-        return b
+        return _loop("NVIDIA A100-SXM4-80GB", (8, 0), "ampere_sgemm_128x64_nn")
 
     def negative(self) -> TraceBuilder:
         # the same work on a Pascal GPU: no Tensor Cores to use
-        b = TraceBuilder(device="Tesla P100-PCIE-16GB", compute=(6, 0))
-        for _ in range(4):
-            with b.step():
-                for _ in range(20):
-                    b.kernel("maxwell_sgemm_128x64_nn", 800)
-                    b.kernel("void at::native::vectorized_elementwise_kernel<4, relu>", 40)
-                b.sync()
-        b.finish()
-        return b
+        return _loop("Tesla P100-PCIE-16GB", (6, 0), "maxwell_sgemm_128x64_nn")
+
+
+def _loop(device: str, compute: tuple[int, int], gemm: str) -> TraceBuilder:
+    b = TraceBuilder(device=device, compute=compute)
+    for _ in range(4):
+        with b.step():
+            for _ in range(20):
+                b.kernel(gemm, 800)
+                b.kernel("void at::native::vectorized_elementwise_kernel<4, relu>", 40)
+            b.sync()
+    b.finish()
+    return b
 
 
 RULE = NoTensorCores()

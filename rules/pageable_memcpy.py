@@ -90,28 +90,23 @@ class PageableMemcpy(Rule):
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice)]
 
     def positive(self) -> TraceBuilder:
-        b = TraceBuilder()
-        for _ in range(4):
-            with b.step():
-                with b.op("aten::copy_"):
-                    b.copy("HtoD", "Pageable", "Device", nbytes=64 << 20, dur=6_000)
-                for _ in range(20):
-                    b.kernel("ampere_tf32_s1688gemm_64x64_nn", 400)
-                b.sync()
-        b.finish()
-        return b
+        return _loop(src="Pageable", copy_us=6_000)
 
     def negative(self) -> TraceBuilder:
-        b = TraceBuilder()
-        for _ in range(4):
-            with b.step():
-                with b.op("aten::copy_"):
-                    b.copy("HtoD", "Pinned", "Device", nbytes=64 << 20, dur=3_000)
-                for _ in range(20):
-                    b.kernel("ampere_tf32_s1688gemm_64x64_nn", 400)
-                b.sync()
-        b.finish()
-        return b
+        return _loop(src="Pinned", copy_us=3_000)  # pinned copies run at full PCIe speed
+
+
+def _loop(src: str, copy_us: float) -> TraceBuilder:
+    b = TraceBuilder()
+    for _ in range(4):
+        with b.step():
+            with b.op("aten::copy_"):
+                b.copy("HtoD", src, "Device", nbytes=64 << 20, dur=copy_us)
+            for _ in range(20):
+                b.kernel("ampere_tf32_s1688gemm_64x64_nn", 400)
+            b.sync()
+    b.finish()
+    return b
 
 
 RULE = PageableMemcpy()
