@@ -29,6 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
     a.add_argument("--top", type=int, default=5, help="findings shown in text format (default 5)")
     a.add_argument("--no-cache", action="store_true", help="parse the traces again instead of using the cached model")
+    a.add_argument("-j", "--jobs", type=_positive_int, metavar="N",
+                   help="ranks analysed in parallel worker processes (default: as many as CPUs and memory allow; "
+                        "1: one after the other in this process)")
+    a.add_argument("--scheduler", metavar="ADDRESS",
+                   help="analyse the ranks on this dask.distributed scheduler (tcp://host:8786); its workers must "
+                        "see the traces at the same paths (pip install 'gpuadvise[dask]')")
 
     sub.add_parser("profile", help="run a training script under the profiler and report (gpuadvise profile -h)", add_help=False)
     sub.add_parser("view", help="browse findings and the trace in a terminal UI (gpuadvise view -h)", add_help=False)
@@ -36,6 +42,16 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("explain", help="show one rule's documentation")
     e.add_argument("rule", metavar="RULE", help="rule code (GA102) or name (dataloader-stall)")
     return p
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of workers ≥ 1, got {text!r}")
+    return n
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,7 +109,8 @@ def cmd_analyze(args) -> int:
             bar.start(f"{src.path}" + (f" ({i + 1}/{n})" if n > 1 else ""))
 
     try:
-        reports = analyze_paths(args.paths, progress=progress, bytes_progress=bar.update if bar else None)
+        reports = analyze_paths(args.paths, progress=progress, bytes_progress=bar.update if bar else None,
+                                jobs=args.jobs, scheduler=args.scheduler, rank_progress=bar.ranks if bar else None)
     finally:
         if bar:
             bar.clear()
@@ -115,9 +132,18 @@ class _ProgressLine:
 
         self.time = time.monotonic
         self.label, self.t0, self.last, self.shown = "", 0.0, 0.0, False
+        self.created = self.time()
 
     def start(self, label: str) -> None:
         self.label, self.t0, self.last = label, self.time(), 0.0
+
+    def ranks(self, done: int, total: int, nbytes: int) -> None:
+        """Ranks analysed in parallel: how many are done, and the MB/s of trace files they covered."""
+        now = self.time()
+        self.shown = True
+        rate = nbytes / max(now - self.created, 1e-9) / 1e6
+        sys.stderr.write(f"\r\x1b[Kgpuadvise: ranks {done}/{total} done ({nbytes / 1e6:.0f} MB, {rate:.0f} MB/s)")
+        sys.stderr.flush()
 
     def update(self, done: int, total: int) -> None:
         now = self.time()

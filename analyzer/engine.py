@@ -1,9 +1,14 @@
-"""Runs the pipeline: source → model → metrics → rules → a report the renderers draw."""
+"""Runs the pipeline: source → model → metrics → rules → a report the renderers draw.
+
+With two or more traces, each is analysed on its own (the map: in worker processes or on a Dask
+cluster, see ranks.py), then the ranks are reduced to a job view (job.py) and the job-level rules
+(`requires = ("ranks",)`) run once on it.
+"""
 
 from __future__ import annotations
 
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -27,8 +32,12 @@ class TraceReport:
     kind: str = "trace"  # "trace" or "snapshot" (a memory snapshot on its own)
     memory: MemorySummary | None = None
     snapshot: str | None = None  # the allocator snapshot read with a trace (run folder)
+    rank_stats: object = None  # job.RankStats, when the trace is one rank of several
+    _summary: dict | None = field(default=None, repr=False)  # kept by compact(), which drops what it needs
 
     def summary(self) -> dict:
+        if self._summary is not None:
+            return dict(self._summary)
         s: dict = {"trace": self.source, "rank": self.rank, "kind": self.kind}
         if self.snapshot:
             s["snapshot"] = self.snapshot
@@ -62,6 +71,30 @@ class TraceReport:
             "truncated": meta.truncated,
         })
         return s
+
+    def compact(self) -> "TraceReport":
+        """The report without the parsed events (what a worker sends back): the summary, findings,
+        notes, memory and the per-step and kernel tables stay; the model keeps only its metadata."""
+        if self.model is None or self.metrics is None:
+            return self
+        self._summary = self.summary()
+        m = self.metrics
+        empty = {name: getattr(self.model, name).iloc[0:0] for name in
+                 ("gpu", "runtime", "cpu", "python", "memory", "syncs", "gpu_annotations")}
+        self.model = replace(self.model, **empty)
+        self.metrics = replace(m, ops=m.ops.iloc[0:0], copies=m.copies.iloc[0:0], syncs=m.syncs.iloc[0:0],
+                               launches=m.launches.iloc[0:0], dataloader=m.dataloader.iloc[0:0],
+                               gpu_union=(m.gpu_union[0][:0], m.gpu_union[1][:0]))
+        return self
+
+
+class Reports(list):
+    """The reports of `analyze_paths`, one per source (a list), and the job-level report when two or
+    more ranks were analysed together (`.job`, else None)."""
+
+    def __init__(self, reports=(), job=None):
+        super().__init__(reports)
+        self.job = job
 
 
 def _r(v, nd=2):
@@ -101,7 +134,10 @@ def analyze_snapshot(snapshot: dict, facts: dict | None = None, source: str = ""
                        kind="snapshot", memory=memory)
 
 
-def _run_rules(analysis: Analysis, rules, source: str, rank: int | None, notes: list[str]) -> list[Finding]:
+def _run_rules(analysis, rules, source: str | None, rank: int | None, notes: list[str],
+               keep_rank: bool = False) -> list[Finding]:
+    """Every rule whose inputs `analysis` has (`Rule.requires`); a rule that raises costs only its own
+    findings. Job-level rules (`keep_rank`) name the rank and trace themselves."""
     from gpuadvise.rules import all_rules
 
     findings: list[Finding] = []
@@ -115,9 +151,10 @@ def _run_rules(analysis: Analysis, rules, source: str, rank: int | None, notes: 
             if _debug():
                 traceback.print_exc()
             continue
-        for f in found:
-            f.rank = rank
-            f.trace = source
+        if not keep_rank:
+            for f in found:
+                f.rank = rank
+                f.trace = source
         findings.extend(found)
     return order(findings)
 
@@ -141,15 +178,68 @@ def analyze_source(src: Source, rules=None, progress=None) -> TraceReport:
     return report
 
 
-def analyze_paths(paths: list[str], progress=None, rules=None, bytes_progress=None) -> list[TraceReport]:
-    """`progress(i, n, source)` before each source; `bytes_progress(done, total)` during each decode."""
+def analyze_paths(paths: list[str], progress=None, rules=None, bytes_progress=None, jobs: int | None = None,
+                  scheduler=None, rank_progress=None) -> Reports:
+    """Analyse every source, then the job when there are ≥2 ranks.
+
+    - one trace, or `jobs=1`: in this process, one source after the other; `progress(i, n, source)`
+      before each source and `bytes_progress(done, total)` during each decode;
+    - ≥2 traces: in worker processes (`jobs`, default `ranks.default_jobs`), or on the Dask cluster of
+      `scheduler` (a `dask.distributed.Client` or a scheduler address); `rank_progress(done, n, nbytes)`
+      as ranks finish.
+    """
+    from . import ranks
+
     sources = resolve(paths)
-    reports = []
-    for i, src in enumerate(sources):
-        if progress:
-            progress(i, len(sources), src)
-        reports.append(analyze_source(src, rules=rules, progress=bytes_progress))
-    return reports
+    traces = sum(1 for s in sources if s.kind == "trace")
+    try:
+        codes = ranks.rule_codes(rules)
+    except ValueError:  # rules that are not in the catalog cannot travel: run here
+        codes, jobs, scheduler = None, 1, None
+    workers = 1
+    if traces >= 2 and scheduler is None:
+        workers = min(jobs if jobs is not None else ranks.default_jobs(sources), len(sources))
+    if scheduler is not None:
+        results = ranks.map_dask(sources, codes, scheduler, progress=rank_progress)
+    elif workers > 1:
+        results = ranks.map_local(sources, codes, workers, progress=rank_progress)
+    else:
+        results = []
+        for i, src in enumerate(sources):
+            if progress:
+                progress(i, len(sources), src)
+            results.append(analyze_source(src, rules=rules, progress=bytes_progress))
+        if traces >= 2:
+            from .job import rank_stats
+
+            for r in results:
+                r.rank_stats = rank_stats(r)
+    reports = [r if isinstance(r, TraceReport) else _failed(r) for r in results]
+    if traces >= 2:
+        reports.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0))  # stable: rank order
+    return Reports(reports, job=analyze_job(reports, rules))
+
+
+def _failed(failure) -> TraceReport:
+    """A rank whose worker failed (not bad input: that stops the run): reported as a note on that rank."""
+    return TraceReport(source=failure.source, rank=failure.rank, model=None, metrics=None, findings=[],
+                       notes=[f"analysis failed: {failure.message}"])
+
+
+def analyze_job(reports: list[TraceReport], rules=None):
+    """The reduce: the job view of ≥2 ranks and the job-level rules on it (None for fewer ranks)."""
+    from .job import JobAnalysis, JobReport, build_view
+
+    view = build_view([r.rank_stats for r in reports if r.rank_stats is not None])
+    if view is None:
+        return None
+    by_rank: dict = {}
+    for r in reports:
+        by_rank.setdefault(r.rank, []).extend(r.findings)
+    notes = list(view.notes)
+    analysis = JobAnalysis(view, by_rank)
+    findings = _run_rules(analysis, rules, source=None, rank=None, notes=notes, keep_rank=True)
+    return JobReport(view=view, findings=findings, notes=notes)
 
 
 def _debug() -> bool:
@@ -159,4 +249,5 @@ def _debug() -> bool:
 
 
 def all_findings(reports: list[TraceReport]) -> list[Finding]:
-    return order([f for r in reports for f in r.findings])
+    job = getattr(reports, "job", None)
+    return order([f for r in reports for f in r.findings] + (job.findings if job is not None else []))

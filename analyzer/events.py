@@ -31,7 +31,7 @@ class Args(msgspec.Struct, omit_defaults=True, gc=False):
     python_id: Num = msgspec.field(name="Python id", default=None)
     python_parent_id: Num = msgspec.field(name="Python parent id", default=None)
     # cpu ops: shapes and dtypes (record_shapes=True) and the legacy call stack
-    input_type: Any = msgspec.field(name="Input type", default=None)
+    input_type: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw(b"null"))  # decoded for matmuls only
     input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw(b"null"))
     call_stack: Any = msgspec.field(name="Call stack", default=None)
     # metadata (ph M) payload

@@ -1,10 +1,12 @@
 """Kineto trace (.json / .json.gz) → `TraceModel`, decoded by msgspec straight into columns.
 
 Why not `json.load`: it builds a dict per event (about 1 KB each) before any analysis starts. Here the
-file is scanned once into a list of raw event slices, and the slices are decoded in chunks into typed
-structs that are turned into numpy columns and dropped, so peak memory is the file bytes plus the
-columns. A chunk that fails typed decoding is decoded event by event; events that cannot be read are
-counted and skipped, never fatal.
+events array is cut at `},{` into ~8 MB sub-arrays that are decoded into typed structs, turned into numpy
+columns and dropped. Big regular files (plain or .gz) are streamed window by window (stream.py), so
+memory holds one window plus the columns; everything else — pipes, small files, and files that are cut
+off, damaged or oddly laid out — takes the careful path below, which reads the whole file, validates it
+and salvages what it can. A chunk that fails typed decoding is decoded event by event; events that
+cannot be read are counted and skipped, never fatal.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import gc
 import gzip
 import math
+import operator
 import os
 import re
 import stat
@@ -25,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from . import events as ev
+from . import stream
 from .errors import InputError
 from .model import Device, TraceMeta, TraceModel
 
@@ -37,6 +41,8 @@ MAX_TRACE_BYTES = int(os.environ.get("GPUADVISE_MAX_TRACE_BYTES", 16 * 2**30))
 MATMUL_OPS = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|conv|convolution|cudnn_conv|_convolution)")
 
 _EMPTY_ARGS = ev.Args()
+_RAW_ARGS = {"Input type", "Input Dims"}
+_TS, _DUR = operator.attrgetter("ts"), operator.attrgetter("dur")
 _HEADER = msgspec.json.Decoder(ev.Header)
 _RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
 _EVENTS = msgspec.json.Decoder(list[ev.Event])
@@ -168,17 +174,37 @@ def load_trace(path: str | Path, progress=None, cache: bool | None = None) -> Tr
 
 
 def _load_uncached(path: Path, progress) -> TraceModel:
-    # The bytes travel in a one-slot list so the parser can drop the last reference (1 GB for a 1 GB
-    # trace) as soon as the events are decoded, before the frames are assembled.
-    holder = list(read_trace_bytes(path))
     # Millions of short-lived objects, none in a reference cycle: the cyclic GC would only rescan them.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
+        src = stream.eligible(path, MAX_TRACE_BYTES)
+        model = _load_streaming(src, path, progress) if src is not None else None
+        if model is not None:
+            return model
+        # The bytes travel in a one-slot list so the parser can drop the last reference (1 GB for a 1 GB
+        # trace) as soon as the events are decoded, before the frames are assembled.
+        holder = list(read_trace_bytes(path))
         return parse_trace_bytes(holder, path, progress=progress)
     finally:
         if was_enabled:
             gc.enable()
+
+
+def _load_streaming(src, path: Path, progress) -> TraceModel | None:
+    """A big, well-formed file in windows (stream.py); None sends it down the careful path."""
+    scratch = TraceMeta(path=str(path))
+    try:
+        b, header = stream.stream_events(src, lambda: _Builder(scratch), lambda b, chunks: _feed(b, chunks, retry=True),
+                                         _load_workers(), PARALLEL_MIN_BYTES, progress)
+    except stream.NotStreamable:
+        return None
+    meta = _meta_from_header(header, path)
+    for key in ("process_names", "thread_names", "profiler_ranges", "overhead_events"):  # filled while decoding
+        setattr(meta, key, getattr(scratch, key))
+    meta.bytes_total = src.size
+    b.meta = meta
+    return _finish(b, meta, path)
 
 
 def parse_trace_bytes(data, path: Path, gz_truncated: bool = False, progress=None) -> TraceModel:
@@ -418,6 +444,9 @@ def _i(values) -> np.ndarray:
 
 
 _INSPECT = -3  # empty or instant category: look at ph/name (metadata, [memory])
+_IGNORED = -9  # a known category that no table keeps (flows, the profiler span)
+_NEW = -100  # not in the category cache yet
+_CAT = operator.attrgetter("cat")
 
 
 class _Builder:
@@ -441,14 +470,15 @@ class _Builder:
         self.min_ts = math.inf
 
     # -- helpers --------------------------------------------------------------------------------
-    def _learn(self, cat) -> int | None:
+    def _learn(self, cat) -> int:
+        """The table code of a category: -1 unknown, _IGNORED known but not tabulated."""
         key = cat.lower() if isinstance(cat, str) else ""
         if key in ("", "cpu_instant_event"):
             code = _INSPECT
         else:
             code = ev.CATEGORY.get(key)
-            if code is None and key not in ev.IGNORED_CATEGORIES:
-                code = -1
+            if code is None:
+                code = _IGNORED if key in ev.IGNORED_CATEGORIES else -1
         try:
             self.cat_cache[cat] = code
         except TypeError:  # an unhashable category (a list, say): treat as unknown
@@ -456,9 +486,13 @@ class _Builder:
         return code
 
     def _codes(self, events: list) -> list:
-        cache = self.cat_cache
+        get = self.cat_cache.get
         try:
-            return [cache[c] if c in cache else self._learn(c) for c in [e.cat for e in events]]
+            codes = [get(c, _NEW) for c in map(_CAT, events)]
+            if _NEW in codes:  # categories not seen before (the first chunks only)
+                cache, learn = self.cat_cache, self._learn
+                codes = [c if c != _NEW else cache[e.cat] if e.cat in cache else learn(e.cat) for c, e in zip(codes, events)]
+            return codes
         except TypeError:
             return [self._learn(e.cat) if isinstance(e.cat, (str, int, float, type(None))) else -1 for e in events]
 
@@ -484,7 +518,10 @@ class _Builder:
             pass
         return out
 
-    def _idents(self, values: list) -> list:
+    def _idents(self, values: list):
+        ids = np.array(values)
+        if ids.dtype == np.int64:  # the common case: plain integer ids, converted in C
+            return ids
         ident = self._ident
         return [v if type(v) is int and -(2**63) <= v < 2**63 else ident(v) for v in values]
 
@@ -497,10 +534,10 @@ class _Builder:
 
     # -- per chunk ------------------------------------------------------------------------------
     def add_chunk(self, events: list) -> None:
-        codes = np.array([-9 if c is None else c for c in self._codes(events)], dtype=np.int16)
+        codes = np.array(self._codes(events), dtype=np.int16)
         buckets: dict[int, list] = {}
         for code in np.unique(codes).tolist():
-            if code == -9:
+            if code == _IGNORED:
                 continue
             idx = np.flatnonzero(codes == code).tolist()
             evs = [events[i] for i in idx]
@@ -517,41 +554,42 @@ class _Builder:
                 continue
             buckets[code] = evs
         for code, evs in buckets.items():
-            evs = self._valid(evs)
+            evs, ts, dur = self._valid(evs)
             if not evs:
                 continue
             self.tabulated += len(evs)
             if code in (ev.KERNEL, ev.MEMCPY, ev.MEMSET):
-                self._gpu(evs, code)
+                self._gpu(evs, ts, dur, code)
             elif code == ev.RUNTIME:
-                self._runtime(evs)
+                self._runtime(evs, ts, dur)
             elif code in (ev.CPU_OP, ev.ANNOTATION):
-                self._cpu(evs, code == ev.ANNOTATION)
+                self._cpu(evs, ts, dur, code == ev.ANNOTATION)
             elif code == ev.PYTHON:
-                self._python(evs)
+                self._python(evs, ts, dur)
             elif code == ev.MEMORY:
-                self._memory(evs)
+                self._memory(evs, ts)
             elif code == ev.SYNC:
-                self._span("syncs", evs)
+                self._span("syncs", evs, ts, dur)
             elif code == ev.GPU_ANNOTATION:
-                self._span("gpu_annotations", evs)
+                self._span("gpu_annotations", evs, ts, dur)
             elif code == ev.RANGE:
                 self.meta.profiler_ranges += len(evs)
             elif code == ev.OVERHEAD:
                 self.meta.overhead_events += len(evs)
 
-    def _valid(self, evs: list) -> list:
-        """Drop events without a usable timestamp or with a negative duration (counted, not fatal)."""
-        ts = _f([e.ts for e in evs])
-        dur = _f([e.dur for e in evs])
+    def _valid(self, evs: list):
+        """Drop events without a usable timestamp or with a negative duration (counted, not fatal).
+        Returns the events kept with their ts and dur columns (dur NaN → 0)."""
+        ts = _f(list(map(_TS, evs)))
+        dur = _f(list(map(_DUR, evs)))
         bad = np.isnan(ts) | (dur < 0) | np.isinf(ts) | np.isinf(dur)
         if bad.any():
             self.skipped += int(bad.sum())
             evs = [e for e, b in zip(evs, bad.tolist()) if not b]
-            ts = ts[~bad]
+            ts, dur = ts[~bad], dur[~bad]
         if ts.size:
             self.min_ts = min(self.min_ts, float(ts.min()))
-        return evs
+        return evs, ts, np.nan_to_num(dur, nan=0.0)
 
     def _metadata(self, e) -> None:
         a = e.args
@@ -562,15 +600,15 @@ class _Builder:
         elif e.name == "thread_name":
             self.meta.thread_names[(self._ident(e.pid), self._ident(e.tid))] = a.name
 
-    def _base(self, t: _Columns, evs) -> list:
+    def _base(self, t: _Columns, evs, ts, dur) -> list:
         t.add("name", self._names(evs), np.int32)
-        t.add("ts", _f([e.ts for e in evs]), np.float64)
-        t.add("dur", np.nan_to_num(_f([e.dur for e in evs]), nan=0.0), np.float64)
+        t.add("ts", ts, np.float64)
+        t.add("dur", dur, np.float64)
         return [e.args or _EMPTY_ARGS for e in evs]
 
-    def _gpu(self, evs, code) -> None:
+    def _gpu(self, evs, ts, dur, code) -> None:
         t = self.tables["gpu"]
-        args = self._base(t, evs)
+        args = self._base(t, evs, ts, dur)
         t.add("kind", np.full(len(evs), code, np.int8), np.int8)
         t.add("device", self._arg_or([a.device for a in args], [e.pid for e in evs]), np.int64)
         t.add("stream", self._arg_or([a.stream for a in args], [e.tid for e in evs]), np.int64)
@@ -586,20 +624,20 @@ class _Builder:
             ids = np.where(missing, np.array(self._idents(fallback), dtype=np.int64), ids)
         return ids
 
-    def _runtime(self, evs) -> None:
+    def _runtime(self, evs, ts, dur) -> None:
         t = self.tables["runtime"]
-        args = self._base(t, evs)
+        args = self._base(t, evs, ts, dur)
         t.add("pid", self._idents([e.pid for e in evs]), np.int64)
         t.add("tid", self._idents([e.tid for e in evs]), np.int64)
         t.add("correlation", _i([a.correlation for a in args]), np.int64)
         t.add("external_id", _external(args), np.int64)
 
-    def _cpu(self, evs, annotation: bool) -> None:
+    def _cpu(self, evs, ts, dur, annotation: bool) -> None:
         t = self.tables["cpu"]
         names = self._names(evs)
         t.add("name", names, np.int32)
-        t.add("ts", _f([e.ts for e in evs]), np.float64)
-        t.add("dur", np.nan_to_num(_f([e.dur for e in evs]), nan=0.0), np.float64)
+        t.add("ts", ts, np.float64)
+        t.add("dur", dur, np.float64)
         args = [e.args or _EMPTY_ARGS for e in evs]
         t.add("pid", self._idents([e.pid for e in evs]), np.int64)
         t.add("tid", self._idents([e.tid for e in evs]), np.int64)
@@ -617,21 +655,21 @@ class _Builder:
         if self.matmul_names:
             for i in np.flatnonzero(np.isin(names, list(self.matmul_names))).tolist():
                 a = args[i]
-                typ[i] = self.types[",".join(map(str, a.input_type))] if isinstance(a.input_type, list) else 0
+                typ[i] = self.types[",".join(map(str, kinds))] if isinstance(kinds := _raw_json(a.input_type), list) else 0
                 dims[i] = self.types[bytes(a.input_dims).decode("utf-8", "replace")]
         t.add("input_type", typ, np.int32)
         t.add("input_dims", dims, np.int32)
 
-    def _python(self, evs) -> None:
+    def _python(self, evs, ts, dur) -> None:
         t = self.tables["python"]
-        args = self._base(t, evs)
+        args = self._base(t, evs, ts, dur)
         t.add("tid", self._idents([e.tid for e in evs]), np.int64)
         t.add("python_id", _i([a.python_id for a in args]), np.int64)
         t.add("parent_id", _i([a.python_parent_id for a in args]), np.int64)
 
-    def _memory(self, evs) -> None:
+    def _memory(self, evs, ts) -> None:
         t = self.tables["memory"]
-        t.add("ts", _f([e.ts for e in evs]), np.float64)
+        t.add("ts", ts, np.float64)
         args = [e.args or _EMPTY_ARGS for e in evs]
         t.add("bytes", _f([a.mem_bytes for a in args]), np.float64)
         t.add("total_allocated", _f([a.total_allocated for a in args]), np.float64)
@@ -640,9 +678,9 @@ class _Builder:
         t.add("device", _i([a.device_id for a in args]), np.int64)
         t.add("addr", _f([a.addr for a in args]), np.float64)
 
-    def _span(self, table: str, evs) -> None:
+    def _span(self, table: str, evs, ts, dur) -> None:
         t = self.tables[table]
-        args = self._base(t, evs)
+        args = self._base(t, evs, ts, dur)
         t.add("device", self._arg_or([a.device for a in args], [e.pid for e in evs]), np.int64)
         t.add("stream", self._arg_or([a.stream for a in args], [e.tid for e in evs]), np.int64)
         t.add("correlation", _i([a.correlation for a in args]), np.int64)
@@ -728,6 +766,14 @@ class _Builder:
         return out
 
 
+def _raw_json(raw):
+    """A lazily kept (msgspec.Raw) field, decoded; None when it is not valid JSON."""
+    try:
+        return _ANY.decode(raw)
+    except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError, TypeError):
+        return None
+
+
 def _external(args) -> np.ndarray:
     """`External id` (new traces) or `external id` (2021 traces)."""
     return _i([a.external_id if a.external_id is not None else a.external_id_legacy for a in args])
@@ -752,6 +798,10 @@ def _build(events: list, meta: TraceMeta, path: Path, progress=None) -> TraceMod
             b = _Builder(meta)
             _feed(b, _array_chunks(events), retry=True, progress=_Progress(progress, total) if progress else None)
     del events  # the last reference to the file's bytes: free them before the frames
+    return _finish(b, meta, path)
+
+
+def _finish(b: "_Builder", meta: TraceMeta, path: Path) -> TraceModel:
     if b.total and b.skipped >= b.total and not b.tabulated:
         raise InputError(path, f"none of its {b.total} events is a trace event: not a PyTorch profiler trace")
     meta.events_total = b.total
@@ -781,13 +831,7 @@ def _feed(b: "_Builder", chunks, retry: bool, progress: _Progress | None = None)
         if progress is not None:
             progress.add(len(buf))
         try:
-            decoded = _EVENTS.decode(buf)
-            b.total += len(decoded)
-        except (msgspec.ValidationError, UnicodeDecodeError, RecursionError):
-            raws = _RAW_LIST.decode(buf)
-            b.total += len(raws)
-            decoded = _decode_leniently(raws, b)
-            del raws
+            decoded = _decode_chunk(b, buf)
         except msgspec.DecodeError:
             if not retry:
                 raise
@@ -796,6 +840,24 @@ def _feed(b: "_Builder", chunks, retry: bool, progress: _Progress | None = None)
         b.add_chunk(decoded)
         del decoded
         buf = next(chunks, None)
+
+
+def _decode_chunk(b: "_Builder", buf, repaired: bool = False) -> list:
+    try:
+        try:
+            decoded = _EVENTS.decode(buf)
+        except (msgspec.ValidationError, UnicodeDecodeError, RecursionError):
+            raws = _RAW_LIST.decode(buf)
+            b.total += len(raws)
+            return _decode_leniently(raws, b)
+        b.total += len(decoded)
+        return decoded
+    except msgspec.DecodeError:
+        # NaN tokens or lone surrogates (streamed files skip the whole-document pass that removes them)
+        fixed = buf if repaired else _nan_tokens_to_null(buf)
+        if fixed is buf:
+            raise
+        return _decode_chunk(b, fixed, repaired=True)
 
 
 # -- two processes on big traces ------------------------------------------------------------------
@@ -950,6 +1012,13 @@ def _decode_leniently(chunk: list, b: _Builder) -> list:
 def _repair(obj) -> ev.Event | None:
     if not isinstance(obj, dict):
         return None
+    args = obj.get("args")
+    if isinstance(args, dict):  # the fields kept as raw JSON must be handed over as raw JSON
+        for key in _RAW_ARGS & args.keys():
+            try:
+                args[key] = msgspec.Raw(msgspec.json.encode(args[key]))
+            except (msgspec.MsgspecError, TypeError, ValueError, OverflowError):
+                del args[key]
     try:
         return msgspec.convert(obj, ev.Event, strict=False)
     except msgspec.MsgspecError:

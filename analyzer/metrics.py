@@ -331,11 +331,13 @@ def copy_table(model: TraceModel, steps: list[Step]) -> pd.DataFrame:
     cols = ["name", "kind", "ts", "end", "dur", "bytes", "direction", "src", "dst", "step", "correlation", "call"]
     if g.empty:
         return pd.DataFrame(columns=cols)
-    names = g["name"].astype(str)
-    parsed = names.str.extract(COPY_NAME)
-    g["direction"] = parsed[0].fillna("")
-    g["src"] = parsed[1].fillna("")
-    g["dst"] = parsed[2].fillna("")
+    # parse each distinct name once, then spread by category code
+    cats = g["name"].astype(str).astype("category") if g["name"].dtype != "category" else g["name"].cat.remove_unused_categories()
+    parsed = pd.Series(cats.cat.categories.astype(str)).str.extract(COPY_NAME).fillna("")
+    codes = cats.cat.codes.to_numpy()
+    names = cats.astype(str)
+    for col, part in (("direction", 0), ("src", 1), ("dst", 2)):
+        g[col] = parsed[part].to_numpy(dtype=object)[codes]
     g["kind"] = g["kind"].astype(str)
     g["name"] = names
     calls = model.runtime[["correlation", "name"]].drop_duplicates("correlation")
@@ -491,19 +493,34 @@ def ops_inside(model: TraceModel, spans: pd.DataFrame, names: set[str] | None = 
     ops = cpu[~cpu["is_annotation"]]
     if names is not None:
         ops = ops[names_in(ops["name"], names)]
-    keep = np.zeros(len(ops), dtype=bool)
-    ts, end, tid = ops["ts"].to_numpy(), ops["end"].to_numpy(), ops["tid"].to_numpy()
-    for s_ts, s_end, s_tid in zip(spans["ts"].to_numpy(), spans["end"].to_numpy(), spans["tid"].to_numpy()):
-        keep |= (ts >= s_ts) & (end <= s_end) & (tid == s_tid)
+    keep = _inside_any(ops["ts"].to_numpy(), ops["tid"].to_numpy(), spans, ends=ops["end"].to_numpy())
     return ops[keep]
+
+
+def _inside_any(ts: np.ndarray, tid: np.ndarray, spans: pd.DataFrame, ends: np.ndarray | None = None) -> np.ndarray:
+    """Which items [ts, ends] (or instants at ts when `ends` is None) lie inside some span on their thread.
+
+    Per thread, spans sorted by start with a running maximum of their ends: an item is inside a span iff
+    the largest end among spans starting at or before it reaches past it. Exact for nested or
+    overlapping spans, and O((items + spans) log spans) instead of items × spans."""
+    keep = np.zeros(len(ts), dtype=bool)
+    s_ts, s_end, s_tid = spans["ts"].to_numpy(), spans["end"].to_numpy(), spans["tid"].to_numpy()
+    for t in np.unique(s_tid):
+        on = np.flatnonzero(tid == t)
+        if not on.size:
+            continue
+        mine = s_tid == t
+        order = np.argsort(s_ts[mine], kind="stable")
+        starts, reach = s_ts[mine][order], np.maximum.accumulate(s_end[mine][order])
+        idx = np.searchsorted(starts, ts[on], side="right") - 1
+        ok = idx >= 0
+        far = reach[np.maximum(idx, 0)]
+        keep[on] = ok & (far >= ends[on] if ends is not None else far > ts[on])
+    return keep
 
 
 def gpu_ops_launched_in(model: TraceModel, launches: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
     """GPU ops whose launch call was made inside the spans (on the span's thread)."""
     if launches.empty or spans.empty:
         return launches.iloc[0:0]
-    lt, tid = launches["launch_ts"].to_numpy(), launches["tid"].to_numpy()
-    keep = np.zeros(len(launches), dtype=bool)
-    for s_ts, s_end, s_tid in zip(spans["ts"].to_numpy(), spans["end"].to_numpy(), spans["tid"].to_numpy()):
-        keep |= (lt >= s_ts) & (lt < s_end) & (tid == s_tid)
-    return launches[keep]
+    return launches[_inside_any(launches["launch_ts"].to_numpy(), launches["tid"].to_numpy(), spans)]

@@ -1,4 +1,5 @@
-"""JSON report: `findings` (the finding fields) and `summary`, for scripts and CI."""
+"""JSON report: `findings` (the finding fields) and `summary`, for scripts and CI; `job` (ranks, per-rank
+stats, the slowest rank per step) when two or more ranks were analysed together."""
 
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ def render(reports: list[TraceReport]) -> str:
         "findings": [f.to_dict() for f in all_findings(reports)],
         "traces": [dict(r.summary(), notes=r.notes) for r in reports],
     }
+    job = getattr(reports, "job", None)
+    if job is not None:  # two or more ranks: the job-level view (per-rank table, straggler per step)
+        doc["job"] = job.to_dict()
     return json.dumps(_finite(doc), indent=2, default=_default, allow_nan=False) + "\n"
 
 

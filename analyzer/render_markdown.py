@@ -24,6 +24,9 @@ def render(reports: list[TraceReport]) -> str:
         out.append("")
     else:
         out += ["No findings: nothing in this trace points at a slowdown gpuadvise knows how to fix.", ""]
+    job = getattr(reports, "job", None)
+    if job is not None:
+        out += _job_section(job)
     for r in reports:
         out += _steps_table(r, len(reports) > 1)
     for r in reports:
@@ -35,11 +38,42 @@ def render(reports: list[TraceReport]) -> str:
     for r in reports:
         out += _kernels_table(r, len(reports) > 1)
     notes = [(r, n) for r in reports for n in r.notes]
-    if notes:
+    job_notes = job.notes if job is not None else []
+    if notes or job_notes:
         out += ["## Notes", ""]
         out += [f"- {md(n)}" + (f" ({md(r.source)})" if len(reports) > 1 else "") for r, n in notes]
+        out += [f"- {md(n)} (job)" for n in job_notes]
         out.append("")
     return "\n".join(out).rstrip() + "\n"
+
+
+def _job_section(job) -> list[str]:
+    """Two or more ranks: each rank's step time, work, wait and communication, and the slowest rank per step."""
+    v = job.view
+    steps = (f", {len(v.steps)} step{'s' if len(v.steps) != 1 else ''} compared (ProfilerStep#{v.steps[0]}"
+             + (f"–#{v.steps[-1]})" if len(v.steps) > 1 else ")") if v.steps else ", no common steps")
+    world = f" of {v.world_size}" if v.world_size and v.world_size != len(v.ranks) else ""
+    out = ["## Job", "", f"{len(v.ranks)}{world} ranks{steps}.", "",
+           "| Rank | Median step (ms) | Work (ms) | Wait (ms) | GPU busy | Comm (ms) | Exposed comm (ms) | Comm/compute overlap |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in v.per_rank():
+        out.append(f"| {row['rank']} | {row['median_step_ms']:.2f} | {_opt(row.get('work_ms'), '.2f')} | "
+                   f"{_opt(row.get('wait_ms'), '.2f')} | {_opt(row['gpu_busy_pct'], '.1f', ' %')} | {row['comm_ms']:.2f} | "
+                   f"{row['exposed_comm_ms']:.2f} | {_opt(row['comm_overlap_pct'], '.1f', ' %')} |")
+    out += ["", "Per step medians. Work is the step time minus the time spent waiting inside collectives for slower "
+                "ranks; comm/compute overlap is HTA's (communication-kernel time that overlaps compute kernels, over "
+                "the whole trace).", ""]
+    if v.stragglers:
+        out += ["**Slowest rank per step**", "", "| Step | Rank | Work (ms) | Median of the other ranks (ms) | Slower by |",
+                "|---:|---:|---:|---:|---:|"]
+        out += [f"| #{s.step} | {s.rank} | {s.work_us / 1e3:.2f} | {s.others_median_us / 1e3:.2f} | {s.slower_pct:.1f} % |"
+                for s in v.stragglers]
+        out.append("")
+    return out
+
+
+def _opt(v, spec: str, unit: str = "") -> str:
+    return "–" if v is None else f"{v:{spec}}{unit}"
 
 
 def _trace_header(r: TraceReport) -> list[str]:

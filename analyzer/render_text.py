@@ -24,6 +24,9 @@ def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
         dev = terminal(s.get("device") or ("device not recorded" if r.metrics.has_gpu or r.model.meta.devices else "CPU only"))
         out.append(f"{head}\n  {dev} · {steps} · {busy_txt}")
         out += _memory_line(r)
+    job = getattr(reports, "job", None)
+    if job is not None:
+        out += _job_lines(job)
     findings = all_findings(reports)
     if not findings:
         out.append("\nNo findings.")
@@ -44,7 +47,7 @@ def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
             out.append(f"   → {first}")
         if len(findings) > top:
             out.append(f"\n… and {len(findings) - top} more (use --format md for the full report).")
-    notes = [n for r in reports for n in r.notes]
+    notes = [n for r in reports for n in r.notes] + (job.notes if job is not None else [])
     if notes:
         out.append("")
         out += [f"note: {terminal(n)}" for n in notes]
@@ -52,6 +55,30 @@ def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
     if prefix:
         text = "".join(prefix + line + "\n" for line in text.splitlines())
     return text
+
+
+def _job_lines(job, max_ranks: int = 16) -> list[str]:
+    v = job.view
+    steps = f", {len(v.steps)} step{'s' if len(v.steps) != 1 else ''} compared" if v.steps else ", no common steps"
+    out = [f"\njob: {len(v.ranks)} ranks{steps}",
+           "  rank  step ms  work ms  wait ms  GPU busy  comm ms  overlap"]
+    rows = v.per_rank()
+    for row in rows[:max_ranks]:
+        busy = f"{row['gpu_busy_pct']:.1f}%" if row["gpu_busy_pct"] is not None else "–"
+        overlap = f"{row['comm_overlap_pct']:.1f}%" if row["comm_overlap_pct"] is not None else "–"
+        work = f"{row['work_ms']:.2f}" if "work_ms" in row else "–"
+        wait = f"{row['wait_ms']:.2f}" if "wait_ms" in row else "–"
+        out.append(f"  {row['rank']:>4}  {row['median_step_ms']:>7.2f}  {work:>7}  {wait:>7}  {busy:>8}  "
+                   f"{row['comm_ms']:>7.2f}  {overlap:>7}")
+    if len(rows) > max_ranks:
+        out.append(f"  … and {len(rows) - max_ranks} more ranks (--format md lists them all)")
+    if v.stragglers and max(s.slower_pct for s in v.stragglers) < 1.0:
+        out.append("  balanced: in every step the slowest rank is less than 1% slower than the others")
+    elif v.stragglers:
+        per_step = ", ".join(f"#{s.step} rank {s.rank} (+{s.slower_pct:.0f}%)" for s in v.stragglers[:8])
+        more = " …" if len(v.stragglers) > 8 else ""
+        out.append(f"  slowest rank per step: {per_step}{more}")
+    return out
 
 
 def _memory_line(r: TraceReport) -> list[str]:

@@ -7,7 +7,10 @@ reads allocator snapshots, a snapshot) that must trigger it and a near miss that
 
 `requires` names the inputs the rule reads: "trace" (the model and its metrics) and/or "memory"
 (`Analysis.memory`). The engine runs a rule only when all of them exist, so a snapshot on its own
-never gets a trace verdict.
+never gets a trace verdict. A job-level rule requires "ranks": it runs once per multi-rank analysis,
+after every rank was analysed, on a `job.JobAnalysis` (the job view of ≥2 ranks, `a.job`) instead of
+an `Analysis`; its fixtures are `RankFolder`s (one trace per rank, written as a folder), and it sets
+`Finding.rank` / `Finding.trace` itself when a finding is about one rank.
 """
 
 from __future__ import annotations

@@ -340,3 +340,27 @@ def test_dataloader_source_from_legacy_call_stack(load_built):
 ])
 def test_user_frame_from_stack(stack, want):
     assert user_frame_from_stack(stack) == want
+
+
+def test_inside_any_agrees_with_checking_every_span():
+    """The sorted sweep behind ops_inside / gpu_ops_launched_in gives what checking each span gives,
+    with nested and overlapping spans on several threads."""
+    import numpy as np
+    import pandas as pd
+
+    from gpuadvise.analyzer.metrics import _inside_any
+
+    rng = np.random.default_rng(7)
+    s_ts = rng.uniform(0, 1000, 60)
+    spans = pd.DataFrame({"ts": s_ts, "end": s_ts + rng.uniform(0, 200, 60), "tid": rng.integers(0, 3, 60)})
+    ts = rng.uniform(-50, 1250, 5000)
+    ends = ts + rng.uniform(0, 80, 5000)
+    tid = rng.integers(0, 4, 5000)
+    inside = np.zeros(5000, bool)
+    launched = np.zeros(5000, bool)
+    for a, b, t in spans.itertuples(index=False):
+        inside |= (ts >= a) & (ends <= b) & (tid == t)
+        launched |= (ts >= a) & (ts < b) & (tid == t)
+    assert inside.any() and not inside.all()
+    assert (_inside_any(ts, tid, spans, ends=ends) == inside).all()
+    assert (_inside_any(ts, tid, spans) == launched).all()

@@ -7,11 +7,12 @@ import ast
 import pkgutil
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import gpuadvise.rules as rules_pkg
-from gpuadvise.analyzer.engine import analyze_model, analyze_snapshot
+from gpuadvise.analyzer.engine import all_findings, analyze_model, analyze_paths, analyze_snapshot
 from gpuadvise.analyzer.findings import Evidence, Impact
 from gpuadvise.analyzer.loader import load_trace
 from gpuadvise.analyzer.snapshot import load_snapshot
@@ -26,8 +27,8 @@ SINGLE = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
 
 @pytest.fixture(scope="module")
 def fixture_reports(tmp_path_factory):
-    """Every rule's positive and negative fixture, written as .json.gz (a memory snapshot as .pickle),
-    loaded and analysed once, the way `gpuadvise analyze` reads that file."""
+    """Every rule's positive and negative fixture, written as .json.gz (a memory snapshot as .pickle, a
+    job-level rule's ranks as a folder), loaded and analysed once, the way `gpuadvise analyze` reads it."""
     d = tmp_path_factory.mktemp("rule-fixtures")
     cache = {}
 
@@ -36,7 +37,12 @@ def fixture_reports(tmp_path_factory):
         if key not in cache:
             builder = getattr(rule, kind)()
             path = builder.write(d / f"{rule.name}-{kind}{getattr(builder, 'suffix', '.json.gz')}")
-            if path.name.endswith(".pickle"):
+            if path.is_dir():  # several ranks: the per-rank findings and the job's, as one report
+                reports = analyze_paths([str(path)], jobs=1)
+                assert reports.job is not None, f"{rule.name} {kind}: the folder is not a multi-rank job"
+                cache[key] = SimpleNamespace(findings=all_findings(reports),
+                                             notes=[n for r in reports for n in r.notes] + reports.job.notes)
+            elif path.name.endswith(".pickle"):
                 cache[key] = analyze_snapshot(load_snapshot(path), source=str(path))
             else:
                 cache[key] = analyze_model(load_trace(path), source=str(path))
@@ -385,3 +391,27 @@ def test_rule_failure_is_reported_not_fatal(load_built):
     report = analyze_model(load_built(b), rules=[Broken(), find_rule("low-gpu-utilization")])
     assert "low-gpu-utilization" in topics(report)
     assert any("GA999" in n and "boom" in n for n in report.notes)
+
+
+def test_job_rule_failure_is_reported_not_fatal(tmp_path):
+    """A job-level rule that raises costs only its own finding; the job's notes name it."""
+    from gpuadvise.fixtures.builder import write_job_folder
+
+    class Broken(type(find_rule("straggler"))):
+        code, name = "GA998", "broken-job-rule"
+
+        def check(self, a):
+            raise ValueError("boom")
+
+    folder = write_job_folder(tmp_path / "job", ranks=2, straggler=1, steps=2)
+    reports = analyze_paths([str(folder)], rules=[Broken(), find_rule("straggler")])
+    assert [f.rule for f in reports.job.findings] == ["GA130"]
+    assert any("GA998" in n and "boom" in n for n in reports.job.notes)
+
+
+def test_job_rules_do_not_run_on_one_trace(load_built):
+    """Single-trace analysis is unchanged: the ranks rules need two ranks or more."""
+    for rule in (find_rule("straggler"), find_rule("comm-overlap")):
+        one_rank = rule.positive().ranks[0]
+        report = analyze_model(load_built(one_rank))
+        assert rule.topic not in topics(report)

@@ -1,0 +1,246 @@
+"""The job-level view of a multi-rank run: the reduce step after each rank was analysed on its own.
+
+Each rank contributes a small `RankStats` (computed where its trace was analysed, in a worker process
+or on a Dask worker); `build_view` lines the ranks up by ProfilerStep number.
+
+Definitions:
+- comm/compute overlap (HTA's `get_comm_comp_overlap`): |∪comm ∩ ∪compute| / |∪comm| over the whole
+  trace, where comm kernels are NCCL/RCCL collectives (`kernels.is_comm`) and compute kernels are all
+  other kernels (memcpy/memset are neither).
+- exposed comm of a step: communication-kernel time inside the step's window that no compute kernel
+  overlaps.
+- wait: in a synchronous job a collective ends only when the last rank joins it, so a fast rank's
+  exposed comm includes waiting for the slowest. Per step, the rank with the least exposed comm waited
+  least; the others' wait is their exposed comm minus that minimum (the TensorBoard plugin's
+  "synchronizing time": kernel time minus the minimum over ranks). The minimum itself is the exposed
+  transfer time every rank pays.
+- work of a rank in a step: its step time minus its wait, i.e. how long the step would take if no
+  other rank held it back. The slowest rank of a step is the one with the most work; how much slower
+  it is compares it with the median work of the other ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import intervals as iv
+from .kernels import is_comm
+from .model import name_mask
+
+
+@dataclass
+class RankStats:
+    """What the reduce needs from one rank: per-step figures and communication totals (µs)."""
+
+    rank: int | None
+    source: str
+    world_size: int | None
+    steps: list[int]
+    start_us: list[float]  # where each step starts in this rank's own trace (its clock, from its start)
+    dur_us: list[float]
+    busy_pct: list[float]
+    compute_us: list[float]
+    comm_us: list[float]
+    exposed_comm_us: list[float]
+    dataloader_us: list[float]
+    comm_total_us: float = 0.0
+    comm_overlap_us: float = 0.0
+    busy_in_steps_pct: float | None = None
+    median_step_us: float = 0.0
+
+    @property
+    def overlap_pct(self) -> float | None:
+        """HTA's comm/compute overlap, in %; None without communication kernels."""
+        return 100.0 * self.comm_overlap_us / self.comm_total_us if self.comm_total_us > 0 else None
+
+
+def rank_stats(report) -> RankStats | None:
+    """From one analysed trace (a TraceReport with its full model and metrics)."""
+    model, m = report.model, report.metrics
+    if model is None or m is None:
+        return None
+    k = model.kernels
+    comm_mask = name_mask(k["name"], is_comm) if len(k) else np.zeros(0, dtype=bool)
+    ts, end = k["ts"].to_numpy(), k["end"].to_numpy()
+    comm = iv.union(ts[comm_mask], end[comm_mask])
+    comp = iv.union(ts[~comm_mask], end[~comm_mask])
+    both = iv.union(np.concatenate([comm[0], comp[0]]), np.concatenate([comm[1], comp[1]]))
+    comm_total = iv.total(*comm)
+    overlap_total = comm_total + iv.total(*comp) - iv.total(*both)
+
+    ps = m.per_step  # one row per step, or one for the whole trace (step -1) when it has no steps
+    lo = ps["start_us"].to_numpy(dtype=float)
+    hi = lo + ps["dur_us"].to_numpy(dtype=float)
+    comm_in = iv.covered(*comm, lo, hi)
+    overlap_in = comm_in + iv.covered(*comp, lo, hi) - iv.covered(*both, lo, hi)
+
+    def col(name):
+        return [float(x) for x in ps[name]] if name in ps else [0.0] * len(ps)
+
+    return RankStats(
+        rank=report.rank,
+        source=report.source,
+        world_size=model.meta.world_size,
+        steps=[int(s) for s in ps["step"]],
+        start_us=col("start_us"),
+        dur_us=col("dur_us"),
+        busy_pct=col("gpu_busy_pct"),
+        compute_us=col("kernel_us"),
+        comm_us=[float(x) for x in comm_in],
+        exposed_comm_us=[float(x) for x in np.clip(comm_in - overlap_in, 0, None)],
+        dataloader_us=col("dataloader_us"),
+        comm_total_us=float(comm_total),
+        comm_overlap_us=float(max(overlap_total, 0.0)),
+        busy_in_steps_pct=m.busy_in_steps_pct if m.steps else m.gpu_busy_pct,
+        median_step_us=float(m.median_step_us),
+    )
+
+
+@dataclass
+class StepStraggler:
+    step: int
+    rank: int
+    work_us: float  # the slowest rank's work in this step
+    others_median_us: float  # median work of the other ranks
+    slower_pct: float
+    job_step_us: float  # the step as the job saw it: the longest rank's step time
+
+
+@dataclass
+class JobView:
+    """All ranks side by side. `grid` holds per-step arrays shaped (ranks, matched steps)."""
+
+    ranks: list[RankStats]
+    steps: list[int]  # ProfilerStep numbers every rank recorded
+    grid: dict[str, np.ndarray]
+    stragglers: list[StepStraggler]
+    world_size: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def rank_ids(self) -> list[int]:
+        return [int(r.rank) for r in self.ranks]
+
+    def per_rank(self) -> list[dict]:
+        """One row per rank: the job table of the reports."""
+        rows = []
+        for i, r in enumerate(self.ranks):
+            row = {"rank": r.rank, "trace": r.source, "steps": len(r.steps),
+                   "median_step_ms": _ms(np.median(r.dur_us)) if r.dur_us else _ms(r.median_step_us),
+                   "gpu_busy_pct": _round(r.busy_in_steps_pct),
+                   "comm_ms": _ms(np.median(r.comm_us)) if r.comm_us else 0.0,
+                   "exposed_comm_ms": _ms(np.median(r.exposed_comm_us)) if r.exposed_comm_us else 0.0,
+                   "comm_overlap_pct": _round(r.overlap_pct)}
+            if self.steps:
+                row["wait_ms"] = _ms(np.median(self.grid["wait_us"][i]))
+                row["work_ms"] = _ms(np.median(self.grid["work_us"][i]))
+            rows.append(row)
+        return rows
+
+    def to_dict(self) -> dict:
+        return {
+            "ranks": self.rank_ids,
+            "world_size": self.world_size,
+            "steps": self.steps,
+            "per_rank": self.per_rank(),
+            "straggler_per_step": [
+                {"step": s.step, "rank": s.rank, "work_ms": _ms(s.work_us), "others_median_ms": _ms(s.others_median_us),
+                 "slower_pct": round(s.slower_pct, 1), "job_step_ms": _ms(s.job_step_us)} for s in self.stragglers],
+            "notes": list(self.notes),
+        }
+
+
+def build_view(stats: list[RankStats]) -> JobView | None:
+    """The job view of ≥2 traces with distinct known ranks of the same world size; None otherwise
+    (separate traces, or ranks of different jobs)."""
+    stats = [s for s in stats if s is not None]
+    ids = [s.rank for s in stats]
+    if len(stats) < 2 or any(r is None for r in ids) or len(set(ids)) != len(ids):
+        return None
+    sizes = {s.world_size for s in stats if s.world_size}
+    if len(sizes) > 1:
+        return None
+    stats = sorted(stats, key=lambda s: s.rank)
+    notes = []
+    common = {n for n in stats[0].steps if n >= 0}
+    for s in stats[1:]:
+        common &= set(s.steps)
+    steps = sorted(common)
+    if not steps:
+        notes.append("no ProfilerStep number is common to all ranks: steps cannot be compared across ranks")
+    elif any(len([n for n in s.steps if n >= 0]) != len(steps) for s in stats):
+        notes.append(f"compared the {len(steps)} steps every rank recorded")
+    world = max(sizes) if sizes else None
+    if world and world > len(stats):
+        notes.append(f"{len(stats)} of the job's {world} ranks were traced")
+    grid = _grid(stats, steps)
+    return JobView(ranks=stats, steps=steps, grid=grid, stragglers=_stragglers(grid, stats, steps), world_size=world,
+                   notes=notes)
+
+
+def _grid(stats: list[RankStats], steps: list[int]) -> dict[str, np.ndarray]:
+    cols = ("dur_us", "busy_pct", "compute_us", "comm_us", "exposed_comm_us", "dataloader_us")
+    grid = {}
+    for col in cols:
+        rows = []
+        for s in stats:
+            by_step = dict(zip(s.steps, getattr(s, col)))
+            rows.append([by_step[n] for n in steps])
+        grid[col] = np.array(rows, dtype=float).reshape(len(stats), len(steps))
+    exposed = grid["exposed_comm_us"]
+    transfer = exposed.min(axis=0) if steps else np.zeros(0)
+    grid["transfer_us"] = transfer  # exposed comm every rank pays (per step)
+    grid["wait_us"] = exposed - transfer  # waiting inside collectives for slower ranks
+    grid["work_us"] = grid["dur_us"] - grid["wait_us"]
+    return grid
+
+
+def _stragglers(grid, stats, steps) -> list[StepStraggler]:
+    out = []
+    work, dur = grid["work_us"], grid["dur_us"]
+    for j, n in enumerate(steps):
+        i = int(np.argmax(work[:, j]))
+        others = np.delete(work[:, j], i)
+        ref = float(np.median(others))
+        slower = float(100.0 * (work[i, j] / ref - 1.0)) if ref > 0 else 0.0
+        out.append(StepStraggler(step=n, rank=int(stats[i].rank), work_us=float(work[i, j]), others_median_us=ref,
+                                 slower_pct=slower, job_step_us=float(dur[:, j].max())))
+    return out
+
+
+def _ms(us) -> float:
+    return round(float(us) / 1e3, 3)
+
+
+def _round(v, nd: int = 1):
+    return None if v is None else round(float(v), nd)
+
+
+class JobAnalysis:
+    """What a job-level rule sees (`requires = ("ranks",)`): the job view, and each rank's own findings."""
+
+    def __init__(self, view: JobView, rank_findings: dict | None = None):
+        self.job = view
+        self.rank_findings = rank_findings or {}  # rank → its per-rank findings
+
+    def has(self, need: str) -> bool:
+        return need == "ranks" and self.job is not None and len(self.job.ranks) >= 2
+
+    def ms(self, us: float) -> float:
+        return round(float(us) / 1e3, 3)
+
+
+@dataclass
+class JobReport:
+    """The reduce step's result: the view, the job-level findings and notes."""
+
+    view: JobView
+    findings: list = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d = self.view.to_dict()
+        d["notes"] = list(self.notes)
+        return d
