@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from . import events as ev
-from . import stream
+from . import forked, stream
 from .errors import InputError
 from .model import Device, TraceMeta, TraceModel
 
@@ -195,8 +195,10 @@ def _load_streaming(src, path: Path, progress) -> TraceModel | None:
     """A big, well-formed file in windows (stream.py); None sends it down the careful path."""
     scratch = TraceMeta(path=str(path))
     try:
-        b, header = stream.stream_events(src, lambda: _Builder(scratch), lambda b, chunks: _feed(b, chunks, retry=True),
-                                         _load_workers(), PARALLEL_MIN_BYTES, progress)
+        def feed(b, chunks, share=None):  # share: the part of the file this process decodes (1, ½), if shown
+            _feed(b, chunks, retry=True, progress=_Progress(progress, src.size, share) if progress and share else None)
+
+        b, header = stream.stream_events(src, lambda: _Builder(scratch), feed, _load_workers(), PARALLEL_MIN_BYTES)
     except stream.NotStreamable:
         return None
     meta = _meta_from_header(header, path)
@@ -813,6 +815,9 @@ def _finish(b: "_Builder", meta: TraceMeta, path: Path) -> TraceModel:
 
 
 class _Progress:
+    """`callback(done, total)` as chunks are handed to the decoder; a process that decodes half of the
+    file reports its bytes twice over (`scale` 2), as the other half goes at the same pace."""
+
     def __init__(self, callback, total: int, scale: int = 1):
         self.callback, self.total, self.scale, self.done = callback, total, scale, 0
 
@@ -861,9 +866,8 @@ def _decode_chunk(b: "_Builder", buf, repaired: bool = False) -> list:
 
 
 # -- two processes on big traces ------------------------------------------------------------------
-# Decoding is CPU-bound Python/C work under the GIL, so the second core needs a second process. The
-# child is forked: it sees the file's bytes without a copy, decodes the second half of the events and
-# sends back plain numpy columns and its string tables, which the parent re-codes and appends.
+# A forked worker (forked.py) decodes the second half of the events and sends back plain numpy columns
+# and its string tables, which the parent re-codes and appends.
 
 PARALLEL_MIN_BYTES = int(os.environ.get("GPUADVISE_PARALLEL_MIN_BYTES", 48 << 20))
 
@@ -876,11 +880,8 @@ def _load_workers() -> int:
 
 
 def _parallel_parts(array):
-    import threading
-
     data = memoryview(array)
-    if (data.nbytes < PARALLEL_MIN_BYTES or _load_workers() < 2 or not hasattr(os, "fork")
-            or threading.active_count() > 1):  # never fork a process that runs other threads
+    if data.nbytes < PARALLEL_MIN_BYTES or _load_workers() < 2 or not forked.can_fork():
         return None
     lo, hi = _array_interior(data)
     m = _BOUNDARY.search(data, lo + (hi - lo) // 2, hi)
@@ -901,38 +902,24 @@ def _array_interior(data: memoryview) -> tuple[int, int]:
 
 
 def _build_parallel(b: "_Builder", array, parts, progress: _Progress | None = None) -> bool:
-    import pickle
-
     (lo1, hi1), (lo2, hi2) = parts
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: decode the second half, ship it, and leave without running any cleanup
-        code = 0
-        try:
-            os.close(read_fd)
-            child = _Builder(b.meta)
-            _feed(child, _array_chunks(array, lo2, hi2), retry=False)
-            payload = pickle.dumps(child.export(), protocol=pickle.HIGHEST_PROTOCOL)
-        except BaseException:  # noqa: BLE001 - anything: the parent falls back to one process
-            payload, code = b"", 1
-        try:
-            with os.fdopen(write_fd, "wb") as out:
-                out.write(payload)
-        finally:
-            os._exit(code)
-    os.close(write_fd)
-    ok = True
+
+    def second_half():
+        child = _Builder(b.meta)
+        _feed(child, _array_chunks(array, lo2, hi2), retry=False)
+        return child.export()
+
+    worker = forked.Forked(second_half)
     try:
         _feed(b, _array_chunks(array, lo1, hi1), retry=False, progress=progress)
     except msgspec.DecodeError:
-        ok = False  # the split fell inside a string: redo it in one process
-    with os.fdopen(read_fd, "rb") as inp:
-        try:
-            share = pickle.load(inp)  # straight from the pipe: no second copy of the payload in memory
-        except (EOFError, pickle.UnpicklingError):
-            share = None
-    _, status = os.waitpid(pid, 0)
-    if not ok or status != 0 or share is None:
+        worker.stop()
+        return False  # the split fell inside a string: redo it in one process
+    except BaseException:
+        worker.stop()
+        raise
+    ok, share = worker.result()
+    if not ok:
         return False
     b.merge(share)
     return True

@@ -8,22 +8,21 @@ decodes into columns and drops, so memory holds one window plus the columns, wha
 
 Anything unexpected (a cut-off or damaged file, an odd layout) raises `NotStreamable` and the caller
 reads the file the old way, which knows how to salvage and explain. On two cores the events are split
-at a `},{` boundary near the middle; a forked worker decodes the second half, reading the file itself
-(a .gz worker inflates from the start and drops the first half), and ships its columns back.
+at a `},{` boundary near the middle; a forked worker (forked.py) decodes the second half, reading the
+file itself (a .gz worker inflates from the start and drops the first half), and ships its columns back.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import re
 import stat
-import threading
 import zlib
 from pathlib import Path
 
 import msgspec
 
+from . import forked
 from .errors import InputError
 
 STREAM_MIN_BYTES = int(os.environ.get("GPUADVISE_STREAM_MIN_BYTES", 16 << 20))
@@ -316,86 +315,55 @@ def eligible(path: Path, max_bytes: int) -> "_Source | None":
     return src if src.eligible() else None
 
 
-def stream_events(src: _Source, make_builder, feed, workers: int, parallel_min: int, progress=None):
-    """Decode every event of `src`: returns (builder, document header). `feed(builder, chunks)` is the
-    loader's chunk decoder. Raises NotStreamable when the file needs the careful path."""
+def stream_events(src: _Source, make_builder, feed, workers: int, parallel_min: int):
+    """Decode every event of `src`: returns (builder, document header). `feed(builder, chunks, share)` is
+    the loader's chunk decoder (`share`: 1 or 2 when this process shows progress for the whole file or
+    half of it). Raises NotStreamable when the file needs the careful path."""
     w = _Window(src.blocks(0), 0, src.known_size)
     prefix, lo = _array_start(w)
     first = w.find(_FIRST, lo)
     if first is None or w.buf[first[0] - w.off] != 0x7B:  # '{'
         raise NotStreamable("empty events array")
     start = first[0]
-    if (workers >= 2 and src.size >= parallel_min and hasattr(os, "fork")
-            and threading.active_count() == 1):  # never fork a process that runs other threads
+    if workers >= 2 and src.size >= parallel_min and forked.can_fork():
         builder = make_builder()
         split = start + (src.size - start) // 2
-        header = _two_processes(src, builder, feed, w, start, prefix, split, progress)
+        header = _two_processes(src, builder, feed, w, start, prefix, split)
         if header is not None:
             return builder, header
         w = _Window(src.blocks(0), 0, src.known_size)  # e.g. the split fell inside a string: start over in one process
     builder = make_builder()
     rng = _Range(w, start, prefix)
-    feed(builder, _progressed(rng.chunks(), progress, src.size, 1))
+    feed(builder, rng.chunks(), 1)
     return builder, rng.header
 
 
-def _progressed(chunks, progress, total: int, scale: int):
-    """Report bytes handed to the decoder; passes `send(True)` retries through to the chunker."""
-    done = 0
-    reply = None
-    while True:
-        try:
-            buf = chunks.send(reply) if reply else next(chunks)
-        except StopIteration:
-            return
-        done += len(buf)
-        if progress is not None:
-            try:
-                progress(min(done * scale, total), total)
-            except Exception:  # a progress display must never break loading
-                pass
-        reply = yield buf
-
-
-def _two_processes(src, builder, feed, w, start, prefix, split, progress):
+def _two_processes(src, builder, feed, w, start, prefix, split):
     """The parent decodes up to the first `},{` after `split`, a forked worker the rest. Returns the
     header, or None when the split did not work out (the caller redoes it in one process)."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the worker: decode from the first boundary after `split` to the end, ship it, leave
-        code = 1
-        try:
-            os.close(read_fd)
-            cw = _Window(src.blocks(split), split, src.known_size)
-            found = cw.find(_BOUNDARY, split, b"}")
-            share = None
-            if found is not None:
-                rng = _Range(cw, found[1] - 1, prefix)
-                child = type(builder)(builder.meta)
-                feed(child, rng.chunks())
-                share = {"builder": child.export(), "header": rng.header}
-            with os.fdopen(write_fd, "wb") as out:
-                pickle.dump(share, out, protocol=pickle.HIGHEST_PROTOCOL)
-            code = 0
-        except BaseException:  # noqa: BLE001 - anything: the parent falls back to one process
-            pass
-        finally:
-            os._exit(code)
-    os.close(write_fd)
-    ok = True
+
+    def second_half():  # in the worker: from the first boundary after `split` to the end
+        cw = _Window(src.blocks(split), split, src.known_size)
+        found = cw.find(_BOUNDARY, split, b"}")
+        if found is None:
+            return None
+        rng = _Range(cw, found[1] - 1, prefix)
+        child = type(builder)(builder.meta)
+        feed(child, rng.chunks())
+        return {"builder": child.export(), "header": rng.header}
+
+    worker = forked.Forked(second_half)
     rng = _Range(w, start, prefix, split=split)
     try:
-        feed(builder, _progressed(rng.chunks(), progress, src.size, 2))
+        feed(builder, rng.chunks(), 2)
     except (msgspec.DecodeError, NotStreamable):
-        ok = False
-    with os.fdopen(read_fd, "rb") as inp:
-        try:
-            share = pickle.load(inp)
-            loaded = True
-        except (EOFError, pickle.UnpicklingError):
-            share, loaded = None, False
-    _, status = os.waitpid(pid, 0)
-    if not ok or status != 0 or not loaded:
+        worker.stop()
+        return None
+    except BaseException:
+        worker.stop()
+        raise
+    ok, share = worker.result()
+    if not ok:
         return None
     if share is None:  # no boundary after the split: the parent must have read to the end
         return rng.header if rng.reached_end else None

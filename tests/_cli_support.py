@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,14 @@ DATALOADER_FACTS = {
          "persistent_workers": False}
     ]
 }
+
+
+# Files of the shared corpus that are JSON but not traces: run records and the H100 pairs' table.
+NOT_TRACES = re.compile(r"^(run(\.rank\d+)?|pairs|labels)\.json$")
+
+
+def is_corpus_trace(p: Path) -> bool:
+    return p.is_file() and p.name.endswith((".json", ".json.gz")) and not NOT_TRACES.match(p.name)
 
 
 def run_cli(*args: str, cwd: str | os.PathLike | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from _cli_support import REPO, run_cli
+from _cli_support import REPO, is_corpus_trace, run_cli
 
 TRACES = Path(os.environ.get("GPUADVISE_TRACES") or REPO.parent / "shared" / "traces").resolve()
 if not TRACES.is_dir():
@@ -37,7 +37,7 @@ PREDICTION_TOLERANCE = 0.25  # relative
 
 
 def _corpus_files() -> list[str]:
-    files = [p for p in TRACES.rglob("*") if p.is_file() and p.name.endswith(TRACE_NAMES + SNAPSHOT_NAMES)]
+    files = [p for p in TRACES.rglob("*") if is_corpus_trace(p) or (p.is_file() and p.name.endswith(SNAPSHOT_NAMES))]
     return sorted(p.relative_to(TRACES).as_posix() for p in files)
 
 

@@ -34,7 +34,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _cli_support import REPO
+from _cli_support import REPO, is_corpus_trace
 from gpuadvise.analyzer import render_json, render_markdown, render_text
 from gpuadvise.analyzer.engine import analyze_model, analyze_paths
 from gpuadvise.analyzer.errors import InputError
@@ -356,7 +356,7 @@ def test_unmutated_base_gives_a_report():
 def _corpus() -> list[str]:
     if not TRACES.is_dir():
         return []
-    files = [p for p in TRACES.rglob("*") if p.is_file() and p.name.endswith((".json", ".json.gz"))]
+    files = [p for p in TRACES.rglob("*") if is_corpus_trace(p)]
     return sorted(p.relative_to(TRACES).as_posix() for p in files)
 
 

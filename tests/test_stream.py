@@ -10,7 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gpuadvise.analyzer import loader, stream
+from _cli_support import is_corpus_trace
+from gpuadvise.analyzer import forked, loader, stream
 from gpuadvise.analyzer.errors import InputError
 from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.rules import find_rule
@@ -34,7 +35,7 @@ def _streamed(path, monkeypatch, workers=1, window=4096):
     monkeypatch.setenv("GPUADVISE_LOAD_WORKERS", str(workers))
     # The loader never forks a process that runs threads; idle ones left by earlier tests (a Dask
     # client's) must not turn this test into a one-process one.
-    monkeypatch.setattr(stream.threading, "active_count", lambda: 1)
+    monkeypatch.setattr(forked.threading, "active_count", lambda: 1)
     calls, halves = [], []
     real, real_halves = loader._load_streaming, stream._two_processes
     monkeypatch.setattr(loader, "_load_streaming", lambda *a: calls.append(real(*a)) or calls[-1])
@@ -188,7 +189,7 @@ def test_memory_stays_below_the_file_size(tmp_path, monkeypatch):
 def _corpus_files():
     if not CORPUS.is_dir():
         return []
-    files = sorted(p for p in CORPUS.rglob("*") if p.name.endswith((".json", ".json.gz")) and "holdout" not in p.parts)
+    files = sorted(p for p in CORPUS.rglob("*") if is_corpus_trace(p) and "holdout" not in p.parts)
     return [p for p in files if p.stat().st_size < 40 << 20]
 
 
