@@ -1,0 +1,19 @@
+"""The analysis, one layer per folder, each reading only the layers before it:
+
+    read/     files → events: trace loader (streamed, two processes), sources, snapshots, model cache
+    model/    the data: TraceModel tables, kernel classes, findings, the reports rules and renderers share
+    measure/  numbers from the model: metrics, memory summary, critical-path replay (whatif), job view
+    run/      orchestration: one input (single), many ranks (ranks), `analyze_paths` (engine), the CLI
+    report/   renderers: text, markdown, JSON; atomic output
+
+The rules (gpuadvise.rules) sit between measure/ and report/: they read `measure.analysis.Analysis`
+and return `model.findings.Finding`s.
+"""
+
+
+def __getattr__(name):
+    if name == "analyze_paths":  # public entry point, imported lazily so `import gpuadvise.analyzer` stays cheap
+        from gpuadvise.analyzer.run.engine import analyze_paths
+
+        return analyze_paths
+    raise AttributeError(name)

@@ -16,3 +16,11 @@ class InputError(Exception):
         self.path = str(path) if path is not None else None
         self.problem = problem
         super().__init__(f"{self.path}: {problem}" if self.path else problem)
+
+
+def human_size(n: float) -> str:
+    """A byte count as people read it in an error message (1.5 GiB)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} bytes"

@@ -1,3 +1,3 @@
-from gpuadvise.analyzer.cli import main
+from gpuadvise.cli import main
 
 raise SystemExit(main())

@@ -44,11 +44,11 @@ thread; from a snapshot alone it cannot be timed (0).
 
 from __future__ import annotations
 
-from gpuadvise.analyzer import intervals as iv
-from gpuadvise.analyzer.analysis import Analysis
-from gpuadvise.analyzer.findings import Evidence
-from gpuadvise.analyzer.memory import FREE_CALLS, allocator_calls, iterations
-from gpuadvise.analyzer.whatif import Scenario
+from gpuadvise.analyzer.measure import intervals as iv
+from gpuadvise.analyzer.measure.analysis import Analysis
+from gpuadvise.analyzer.model.findings import Evidence
+from gpuadvise.analyzer.measure.memory import FREE_CALLS, allocator_calls, iterations
+from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
 from .base import Rule

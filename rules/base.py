@@ -19,8 +19,8 @@ import inspect
 import re
 import sys
 
-from gpuadvise.analyzer.analysis import Analysis
-from gpuadvise.analyzer.findings import Evidence, Finding, Impact, severity_for
+from gpuadvise.analyzer.measure.analysis import Analysis
+from gpuadvise.analyzer.model.findings import Evidence, Finding, Impact, severity_for
 from gpuadvise.fixtures.builder import TraceBuilder
 
 DOC_HEADINGS = ("## What it detects", "## Why it matters", "## Fix", "## Thresholds")

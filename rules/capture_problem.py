@@ -36,9 +36,9 @@ events, a file that ends mid-event).
 
 from __future__ import annotations
 
-from gpuadvise.analyzer.analysis import Analysis
-from gpuadvise.analyzer.findings import Evidence
-from gpuadvise.analyzer.metrics import LAUNCH_CALLS
+from gpuadvise.analyzer.measure.analysis import Analysis
+from gpuadvise.analyzer.model.findings import Evidence
+from gpuadvise.analyzer.measure.metrics import LAUNCH_CALLS
 from gpuadvise.fixtures.builder import TraceBuilder
 
 from .base import Rule

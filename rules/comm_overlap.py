@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuadvise.analyzer.findings import Evidence
+from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.fixtures.builder import RankFolder, job_folder
 
 from .base import Rule

@@ -37,10 +37,10 @@ ResNet-50 `num_workers` 0 → 4 pair).
 
 from __future__ import annotations
 
-from gpuadvise.analyzer import intervals as iv
-from gpuadvise.analyzer.analysis import Analysis
-from gpuadvise.analyzer.findings import Evidence
-from gpuadvise.analyzer.whatif import Scenario
+from gpuadvise.analyzer.measure import intervals as iv
+from gpuadvise.analyzer.measure.analysis import Analysis
+from gpuadvise.analyzer.model.findings import Evidence
+from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
 from .base import Rule

@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import re
 
-from gpuadvise.analyzer import intervals as iv
-from gpuadvise.analyzer.analysis import Analysis
-from gpuadvise.analyzer.findings import Evidence
-from gpuadvise.analyzer.model import name_mask
-from gpuadvise.analyzer.whatif import Scenario
+from gpuadvise.analyzer.measure import intervals as iv
+from gpuadvise.analyzer.measure.analysis import Analysis
+from gpuadvise.analyzer.model.findings import Evidence
+from gpuadvise.analyzer.model.trace import name_mask
+from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
 from .base import Rule

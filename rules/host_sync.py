@@ -35,10 +35,10 @@ Syncs while the GPU is saturated cost little and are not reported.
 
 from __future__ import annotations
 
-from gpuadvise.analyzer.analysis import Analysis
-from gpuadvise.analyzer.findings import Evidence
-from gpuadvise.analyzer.metrics import SCALAR_OPS
-from gpuadvise.analyzer.whatif import Scenario
+from gpuadvise.analyzer.measure.analysis import Analysis
+from gpuadvise.analyzer.model.findings import Evidence
+from gpuadvise.analyzer.measure.metrics import SCALAR_OPS
+from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
 from .base import Rule

@@ -31,11 +31,11 @@ assumption, stated in the finding).
 
 from __future__ import annotations
 
-from gpuadvise.analyzer import intervals as iv
-from gpuadvise.analyzer.analysis import Analysis
-from gpuadvise.analyzer.findings import Evidence
-from gpuadvise.analyzer.metrics import GRAPH_LAUNCHES
-from gpuadvise.analyzer.whatif import Scenario
+from gpuadvise.analyzer.measure import intervals as iv
+from gpuadvise.analyzer.measure.analysis import Analysis
+from gpuadvise.analyzer.model.findings import Evidence
+from gpuadvise.analyzer.measure.metrics import GRAPH_LAUNCHES
+from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
 from .base import Rule

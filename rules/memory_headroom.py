@@ -32,8 +32,8 @@ throughput, not a shorter step.
 
 from __future__ import annotations
 
-from gpuadvise.analyzer.analysis import Analysis
-from gpuadvise.analyzer.findings import Evidence
+from gpuadvise.analyzer.measure.analysis import Analysis
+from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.fixtures.builder import TraceBuilder
 
 from .base import Rule

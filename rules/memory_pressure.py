@@ -42,9 +42,9 @@ out-of-memory, medium otherwise. It saves memory, not step time: the predicted s
 
 from __future__ import annotations
 
-from gpuadvise.analyzer.analysis import Analysis
-from gpuadvise.analyzer.findings import Evidence
-from gpuadvise.analyzer.memory import NO_SITE
+from gpuadvise.analyzer.measure.analysis import Analysis
+from gpuadvise.analyzer.model.findings import Evidence
+from gpuadvise.analyzer.measure.memory import NO_SITE
 from gpuadvise.fixtures.snapshot import GiB, MiB, SnapshotBuilder, free, live
 
 from .base import Rule

@@ -29,10 +29,10 @@ flags every one). Severity follows the predicted saving.
 
 from __future__ import annotations
 
-from gpuadvise.analyzer.analysis import Analysis
-from gpuadvise.analyzer.findings import Evidence
-from gpuadvise.analyzer.metrics import attribute
-from gpuadvise.analyzer.whatif import Scenario
+from gpuadvise.analyzer.measure.analysis import Analysis
+from gpuadvise.analyzer.model.findings import Evidence
+from gpuadvise.analyzer.measure.metrics import attribute
+from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
 from .base import Rule

@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import re
 
-from gpuadvise.analyzer.analysis import Analysis
-from gpuadvise.analyzer.findings import Evidence
-from gpuadvise.analyzer.metrics import annotation_spans, gpu_ops_launched_in, ops_inside
-from gpuadvise.analyzer import intervals as iv
-from gpuadvise.analyzer.model import name_mask
-from gpuadvise.analyzer.whatif import Scenario
+from gpuadvise.analyzer.measure.analysis import Analysis
+from gpuadvise.analyzer.model.findings import Evidence
+from gpuadvise.analyzer.measure.metrics import annotation_spans, gpu_ops_launched_in, ops_inside
+from gpuadvise.analyzer.measure import intervals as iv
+from gpuadvise.analyzer.model.trace import name_mask
+from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
 from .base import Rule

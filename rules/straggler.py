@@ -43,7 +43,7 @@ from collections import Counter
 
 import numpy as np
 
-from gpuadvise.analyzer.findings import Evidence
+from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.fixtures.builder import RankFolder, job_folder
 
 from .base import Rule

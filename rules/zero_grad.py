@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuadvise.analyzer import intervals as iv
-from gpuadvise.analyzer.analysis import Analysis
-from gpuadvise.analyzer.findings import Evidence
-from gpuadvise.analyzer.metrics import annotation_spans, gpu_ops_launched_in, ops_inside
-from gpuadvise.analyzer.whatif import Scenario
+from gpuadvise.analyzer.measure import intervals as iv
+from gpuadvise.analyzer.measure.analysis import Analysis
+from gpuadvise.analyzer.model.findings import Evidence
+from gpuadvise.analyzer.measure.metrics import annotation_spans, gpu_ops_launched_in, ops_inside
+from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
 from .base import Rule

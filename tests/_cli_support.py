@@ -48,7 +48,7 @@ def run_cli(*args: str, cwd: str | os.PathLike | None = None, timeout: float = 3
 
 def call_main(capsys, *args: str) -> tuple[int, str, str]:
     """`gpuadvise ARGS...` in-process: (exit code, stdout, stderr)."""
-    from gpuadvise.analyzer.cli import main
+    from gpuadvise.cli import main
 
     capsys.readouterr()  # drop anything captured before
     try:

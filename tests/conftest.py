@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gpuadvise.analyzer.loader import load_trace
+from gpuadvise.analyzer.read.loader import load_trace
 
 
 @pytest.fixture

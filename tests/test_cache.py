@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpuadvise.analyzer import cache, loader
+from gpuadvise.analyzer.read import cache
+from gpuadvise.analyzer.read import loader
 from gpuadvise.rules import find_rule
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from _cli_support import DATALOADER_FACTS, call_main, run_cli, write_rank_folder, write_rule_positive, write_run_folder
-from gpuadvise.analyzer.findings import SEVERITIES
+from gpuadvise.analyzer.model.findings import SEVERITIES
 from gpuadvise.rules import all_rules
 
 FINDING_FIELDS = ("rule", "topic", "severity", "title", "message", "evidence", "impact", "recommendation")
@@ -312,7 +312,7 @@ def test_failed_analysis_leaves_existing_output_untouched(tmp_path):
 
 def test_failed_write_leaves_existing_output_untouched(capsys, monkeypatch, tmp_path, stall_trace):
     """A write that fails half-way (disk full at fsync) must not replace the old report or leave a temp file."""
-    import gpuadvise.analyzer.cli as cli
+    import gpuadvise.analyzer.report.output as cli
 
     out = tmp_path / "report.json"
     out.write_text("yesterday's report\n")

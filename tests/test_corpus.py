@@ -54,8 +54,8 @@ def report(rel: str) -> dict:
 
     The models themselves are dropped: the corpus is large and only the reports are needed."""
     if rel not in _CACHE:
-        from gpuadvise.analyzer.cli import render
-        from gpuadvise.analyzer.engine import analyze_paths
+        from gpuadvise.analyzer.report import render
+        from gpuadvise.analyzer.run.engine import analyze_paths
 
         reports = analyze_paths([str(TRACES / rel)])
         out = {fmt: render(reports, fmt) for fmt in ("text", "md", "json")}
@@ -164,8 +164,8 @@ def test_labelled_topics(rel):
 
 
 def test_dataloader_saving_matches_the_num_workers_4_run():
-    from gpuadvise.analyzer.loader import load_trace
-    from gpuadvise.analyzer.metrics import compute
+    from gpuadvise.analyzer.read.loader import load_trace
+    from gpuadvise.analyzer.measure.metrics import compute
 
     for rel in (NW0, NW4):
         if not (TRACES / rel).is_file():

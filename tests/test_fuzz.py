@@ -35,10 +35,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _cli_support import REPO, is_corpus_trace
-from gpuadvise.analyzer import render_json, render_markdown, render_text
-from gpuadvise.analyzer.engine import analyze_model, analyze_paths
+from gpuadvise.analyzer.report import json as render_json
+from gpuadvise.analyzer.report import markdown as render_markdown
+from gpuadvise.analyzer.report import text as render_text
+from gpuadvise.analyzer.run.engine import analyze_paths
+from gpuadvise.analyzer.run.single import analyze_model
 from gpuadvise.analyzer.errors import InputError
-from gpuadvise.analyzer.loader import load_trace, parse_trace_bytes
+from gpuadvise.analyzer.read.loader import load_trace, parse_trace_bytes
 from gpuadvise.rules import find_rule
 
 SCALE = float(os.environ.get("GPUADVISE_FUZZ_SCALE", "1"))

@@ -21,7 +21,7 @@ import pytest
 
 from _cli_support import call_main, write_rank_folder, write_rule_positive
 from gpuadvise import __version__
-from gpuadvise.analyzer.safe import md
+from gpuadvise.analyzer.report.safe import md
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE = os.environ.get("GPUADVISE_UPDATE_GOLDEN") == "1"

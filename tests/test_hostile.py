@@ -522,7 +522,7 @@ def _gzip(data: bytes) -> bytes:
 
 _PEAK = textwrap.dedent("""
     import resource, sys
-    from gpuadvise.analyzer.cli import main
+    from gpuadvise.cli import main
     rc = main(sys.argv[1:])
     sys.stderr.write("PEAK_RSS_KB %d\\n" % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     sys.exit(rc)
@@ -637,7 +637,7 @@ def test_damage_in_the_middle_is_handled_in_bounded_time(tmp_path):
     """One bad byte half-way through a 2 MB trace (a disk error, a bad copy): the events before it are
     analysed, or the file is refused; either way promptly, and without claiming that nothing could be read."""
     from gpuadvise.analyzer.errors import InputError
-    from gpuadvise.analyzer.loader import parse_trace_bytes
+    from gpuadvise.analyzer.read.loader import parse_trace_bytes
 
     b = TraceBuilder()
     for _ in range(20):

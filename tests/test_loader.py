@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuadvise.analyzer.engine import analyze_model
+from gpuadvise.analyzer.run.single import analyze_model
 from gpuadvise.analyzer.errors import InputError
-from gpuadvise.analyzer.loader import load_trace, parse_trace_bytes
-from gpuadvise.analyzer.metrics import compute
+from gpuadvise.analyzer.read.loader import load_trace, parse_trace_bytes
+from gpuadvise.analyzer.measure.metrics import compute
 from gpuadvise.fixtures.builder import TraceBuilder
 
 
@@ -419,7 +419,7 @@ def test_parse_trace_bytes_directly():
 
 def test_many_events_across_chunks(load_built, monkeypatch):
     """Chunked decoding must neither drop nor duplicate events at chunk borders."""
-    import gpuadvise.analyzer.loader as loader
+    import gpuadvise.analyzer.read.loader as loader
 
     monkeypatch.setattr(loader, "CHUNK_EVENTS", 7)
     b = small_builder(steps=4, kernels=9)

@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from gpuadvise.analyzer import loader
+from gpuadvise.analyzer.read import loader
 from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.rules import find_rule
 

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from _cli_support import REPO, call_main, run_cli
-from gpuadvise.analyzer.engine import analyze_model, analyze_paths, analyze_snapshot
+from gpuadvise.analyzer.run.engine import analyze_paths
+from gpuadvise.analyzer.run.single import analyze_model, analyze_snapshot
 from gpuadvise.analyzer.errors import InputError
-from gpuadvise.analyzer.memory import NO_SITE, replay_history, segment_state, summarize, trace_memory
-from gpuadvise.analyzer.metrics import compute
-from gpuadvise.analyzer.snapshot import load_snapshot
+from gpuadvise.analyzer.measure.memory import NO_SITE, replay_history, segment_state, summarize, trace_memory
+from gpuadvise.analyzer.measure.metrics import compute
+from gpuadvise.analyzer.read.snapshot import load_snapshot
 from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.fixtures.snapshot import GiB, MiB, SnapshotBuilder, free, live
 from gpuadvise.rules import find_rule
@@ -468,7 +469,7 @@ def test_no_memory_data_no_memory_rules(load_built):
 
 
 def _render(reports, fmt):
-    from gpuadvise.analyzer.cli import render
+    from gpuadvise.analyzer.report import render
 
     return render(reports, fmt)
 

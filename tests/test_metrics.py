@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuadvise.analyzer import intervals as iv
-from gpuadvise.analyzer.metrics import (
+from gpuadvise.analyzer.measure import intervals as iv
+from gpuadvise.analyzer.measure.metrics import (
     compute,
     copy_table,
     dataloader_spans,
@@ -348,7 +348,7 @@ def test_inside_any_agrees_with_checking_every_span():
     import numpy as np
     import pandas as pd
 
-    from gpuadvise.analyzer.metrics import _inside_any
+    from gpuadvise.analyzer.measure.metrics import _inside_any
 
     rng = np.random.default_rng(7)
     s_ts = rng.uniform(0, 1000, 60)

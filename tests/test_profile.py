@@ -104,8 +104,8 @@ def same_file(where: str, cwd: Path, expected: Path, line: int) -> bool:
 
 
 def load_steps(trace: Path):
-    from gpuadvise.analyzer.loader import load_trace
-    from gpuadvise.analyzer.metrics import compute
+    from gpuadvise.analyzer.read.loader import load_trace
+    from gpuadvise.analyzer.measure.metrics import compute
 
     model = load_trace(trace)
     return model, compute(model).steps

@@ -21,10 +21,11 @@ from pathlib import Path
 import pytest
 
 from _cli_support import REPO, call_main, run_cli
-from gpuadvise.analyzer import ranks
-from gpuadvise.analyzer.cli import render
-from gpuadvise.analyzer.engine import all_findings, analyze_paths
-from gpuadvise.analyzer.sources import resolve
+from gpuadvise.analyzer.run import ranks
+from gpuadvise.analyzer.report import render
+from gpuadvise.analyzer.model.report import all_findings
+from gpuadvise.analyzer.run.engine import analyze_paths
+from gpuadvise.analyzer.read.sources import resolve
 from gpuadvise.fixtures.builder import TraceBuilder, write_job_folder
 
 TRACES = Path(os.environ.get("GPUADVISE_TRACES") or REPO.parent / "shared" / "traces").resolve()

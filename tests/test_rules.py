@@ -12,10 +12,12 @@ from types import SimpleNamespace
 import pytest
 
 import gpuadvise.rules as rules_pkg
-from gpuadvise.analyzer.engine import all_findings, analyze_model, analyze_paths, analyze_snapshot
-from gpuadvise.analyzer.findings import Evidence, Impact
-from gpuadvise.analyzer.loader import load_trace
-from gpuadvise.analyzer.snapshot import load_snapshot
+from gpuadvise.analyzer.model.report import all_findings
+from gpuadvise.analyzer.run.engine import analyze_paths
+from gpuadvise.analyzer.run.single import analyze_model, analyze_snapshot
+from gpuadvise.analyzer.model.findings import Evidence, Impact
+from gpuadvise.analyzer.read.loader import load_trace
+from gpuadvise.analyzer.read.snapshot import load_snapshot
 from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.rules import all_rules, find_rule
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from gpuadvise.analyzer import safe
+from gpuadvise.analyzer.report import safe
 
 EVIL = "evil|`<img src=x>`"
 

@@ -2,7 +2,7 @@
 
 import json
 
-from gpuadvise.analyzer.sources import resolve
+from gpuadvise.analyzer.read.sources import resolve
 from gpuadvise.rules import find_rule
 
 

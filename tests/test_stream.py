@@ -11,7 +11,9 @@ import pandas as pd
 import pytest
 
 from _cli_support import is_corpus_trace
-from gpuadvise.analyzer import forked, loader, stream
+from gpuadvise.analyzer.read import forked
+from gpuadvise.analyzer.read import loader
+from gpuadvise.analyzer.read import stream
 from gpuadvise.analyzer.errors import InputError
 from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.rules import find_rule

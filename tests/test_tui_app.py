@@ -19,7 +19,7 @@ pytest.importorskip("textual")
 
 from rich.text import Text  # noqa: E402
 
-from gpuadvise.analyzer.engine import analyze_paths  # noqa: E402
+from gpuadvise.analyzer.run.engine import analyze_paths  # noqa: E402
 from gpuadvise.fixtures.builder import TraceBuilder  # noqa: E402
 from gpuadvise.rules import all_rules, find_rule  # noqa: E402
 from gpuadvise.tui import timeline_index as ti  # noqa: E402
@@ -222,7 +222,7 @@ def test_findings_sorted_by_saving_with_markdown_detail(positives):
 
 @pytest.mark.parametrize("rule", all_rules(), ids=lambda r: r.name)
 def test_every_rule_renders_in_the_detail_pane(rule):
-    from gpuadvise.analyzer.findings import Evidence, Finding, Impact
+    from gpuadvise.analyzer.model.findings import Evidence, Finding, Impact
     from gpuadvise.tui.finding_markdown import finding_markdown
 
     f = Finding(rule=rule.code, topic=rule.topic, severity="high", title=rule.title, message="42 ms lost [x](y)",
@@ -432,7 +432,7 @@ def test_memory_chart_and_no_memory_message(positives, stall):
 
 
 def test_export_writes_the_markdown_report_atomically(stall, tmp_path):
-    from gpuadvise.analyzer.render_markdown import render
+    from gpuadvise.analyzer.report.markdown import render
 
     async def go():
         app = make_app(stall, tmp_path, first_screen="overview")
@@ -534,7 +534,7 @@ def test_loads_paths_in_a_worker_with_progress(tmp_path):
 
 def test_progress_follows_the_bytes_when_the_engine_reports_them(tmp_path, monkeypatch):
     """When analyze_source takes a `progress(done, total)` callback, the bar follows it."""
-    import gpuadvise.analyzer.engine as engine
+    import gpuadvise.analyzer.run.single as engine
 
     real = engine.analyze_source
     seen = []
@@ -581,7 +581,7 @@ def test_bad_input_shows_the_error_and_quits_with_2(tmp_path):
 
 
 def test_cli_missing_file_exits_2_with_one_line(capsys, tmp_path):
-    from gpuadvise.analyzer.cli import main
+    from gpuadvise.cli import main
 
     assert main(["view", str(tmp_path / "missing.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -681,7 +681,7 @@ def test_lane_hit_and_busy_match_brute_force(nested):
         if hit[k] >= 0:
             assert lane.starts[hit[k]] < b[k] and lane.ends[hit[k]] > a[k]
         s, e = np.clip(lane.starts[overlapping], a[k], b[k]), np.clip(lane.ends[overlapping], a[k], b[k])
-        from gpuadvise.analyzer import intervals as iv
+        from gpuadvise.analyzer.measure import intervals as iv
 
         assert busy[k] == pytest.approx(iv.total(*iv.union(s, e)) / (b[k] - a[k]), abs=1e-9)
 

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("textual")
 pytest.importorskip("pytest_textual_snapshot")
 
-from gpuadvise.analyzer.engine import analyze_paths  # noqa: E402
+from gpuadvise.analyzer.run.engine import analyze_paths  # noqa: E402
 from gpuadvise.fixtures.builder import TraceBuilder  # noqa: E402
 from gpuadvise.rules import find_rule  # noqa: E402
 from gpuadvise.tui.app import GpuadviseApp  # noqa: E402

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuadvise.analyzer import intervals as iv
-from gpuadvise.analyzer import whatif
-from gpuadvise.analyzer.metrics import compute
-from gpuadvise.analyzer.whatif import Scenario
+from gpuadvise.analyzer.measure import intervals as iv
+from gpuadvise.analyzer.measure import whatif
+from gpuadvise.analyzer.measure.metrics import compute
+from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.rules import all_rules
 
@@ -81,7 +81,7 @@ ALL = list(CUSTOM.items()) + FIXTURES
 @pytest.fixture(scope="module")
 def replayed(tmp_path_factory):
     """(model, replay) of each trace in ALL, loaded through the real loader once per module."""
-    from gpuadvise.analyzer.loader import load_trace
+    from gpuadvise.analyzer.read.loader import load_trace
 
     d, cache = tmp_path_factory.mktemp("whatif"), {}
 

@@ -200,8 +200,8 @@ def _summary(out: Path, r) -> None:
                   file=sys.stderr)
         return
     try:
-        from gpuadvise.analyzer.engine import analyze_paths
-        from gpuadvise.analyzer.render_text import render
+        from gpuadvise.analyzer.run.engine import analyze_paths
+        from gpuadvise.analyzer.report.text import render
 
         reports = analyze_paths([str(out)])
         print(render(reports, top=3, prefix=PREFIX), end="", file=sys.stderr)

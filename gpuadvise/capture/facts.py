@@ -15,13 +15,15 @@ _SKIP_DIRS: list[str] = []  # install folders of torch and gpuadvise: their fram
 
 
 def _library_dirs(torch) -> list[str]:
+    import importlib.util
     import os
 
-    import gpuadvise
-    from gpuadvise import analyzer
-
-    dirs = {os.path.dirname(torch.__file__), os.path.dirname(gpuadvise.__file__), os.path.dirname(analyzer.__file__),
-            os.path.dirname(os.__file__)}  # the standard library (runpy, threading, …)
+    # gpuadvise's own folders, found without importing the package this module belongs to
+    ours = [os.path.dirname(os.path.dirname(__file__))]
+    for name in ("gpuadvise.analyzer", "gpuadvise.rules", "gpuadvise.fixtures"):
+        spec = importlib.util.find_spec(name)
+        ours += list(spec.submodule_search_locations or []) if spec else []
+    dirs = {os.path.dirname(torch.__file__), os.path.dirname(os.__file__), *ours}  # + the standard library
     return sorted(os.path.realpath(d) + os.sep for d in dirs)
 
 

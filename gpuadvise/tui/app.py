@@ -28,7 +28,7 @@ from .widgets.chrome import SCREENS
 # Only what the loading screen needs is imported up front: the analyzer (pandas, networkx) and the
 # data screens load in the worker / after the analysis, so the first paint does not wait for them.
 if TYPE_CHECKING:
-    from gpuadvise.analyzer.engine import TraceReport
+    from gpuadvise.analyzer.model.report import TraceReport
 
     from .data import Jump, ViewData
 
@@ -122,8 +122,8 @@ class GpuadviseApp(App[int]):
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
     def load(self) -> None:
         """Read and analyse every input, then index the timelines; runs off the UI thread."""
-        from gpuadvise.analyzer.engine import analyze_source
-        from gpuadvise.analyzer.sources import resolve
+        from gpuadvise.analyzer.run.single import analyze_source
+        from gpuadvise.analyzer.read.sources import resolve
 
         from .data import ViewData
 
@@ -156,7 +156,7 @@ class GpuadviseApp(App[int]):
         moves with the parse of each file (at most every 2 %) instead of pulsing."""
         import inspect
 
-        from gpuadvise.analyzer.engine import analyze_source
+        from gpuadvise.analyzer.run.single import analyze_source
 
         if "progress" not in inspect.signature(analyze_source).parameters:
             return {}
@@ -240,8 +240,8 @@ class GpuadviseApp(App[int]):
         """Write the markdown report atomically to `path`; tell the user where it went."""
         if path is None or self.data is None:
             return None
-        from gpuadvise.analyzer.cli import write_atomic
-        from gpuadvise.analyzer.render_markdown import render
+        from gpuadvise.analyzer.report.output import write_atomic
+        from gpuadvise.analyzer.report.markdown import render
 
         if not path.is_absolute():
             path = self.export_dir / path

@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        from gpuadvise.analyzer.sources import resolve
+        from gpuadvise.analyzer.read.sources import resolve
 
         resolve(args.paths)  # missing files fail here, in one line, before the screen is taken over
     except InputError as exc:

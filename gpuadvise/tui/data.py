@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from gpuadvise.analyzer.engine import TraceReport, all_findings
-from gpuadvise.analyzer.findings import Finding
+from gpuadvise.analyzer.model.report import TraceReport, all_findings
+from gpuadvise.analyzer.model.findings import Finding
 
 from . import timeline_index
 from .text import short_source

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import re
 
-from gpuadvise.analyzer.findings import Finding
-from gpuadvise.analyzer.safe import md, md_cell, md_code, md_text, short, terminal
+from gpuadvise.analyzer.model.findings import Finding
+from gpuadvise.analyzer.report.safe import md, md_cell, md_code, md_text, short, terminal
 
 
 def finding_markdown(f: Finding, rule=None, can_jump: bool = True) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from gpuadvise.analyzer.safe import terminal
+from gpuadvise.analyzer.report.safe import terminal
 
 
 def clean(name) -> str:

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from gpuadvise.analyzer import intervals as iv
-from gpuadvise.analyzer.kernels import is_comm
-from gpuadvise.analyzer.metrics import COPY_CALLS, LAUNCH_CALLS, SYNC_CALLS
+from gpuadvise.analyzer.measure import intervals as iv
+from gpuadvise.analyzer.model.kernels import is_comm
+from gpuadvise.analyzer.measure.metrics import COPY_CALLS, LAUNCH_CALLS, SYNC_CALLS
 
 # Style codes: what an event is, which decides its colour and how details describe it.
 OP, ANNOTATION, DATALOADER, LAUNCH, COPY_CALL, SYNC_CALL, RUNTIME, KERNEL, COMM, MEMCPY, MEMSET, GPU_SYNC, EVIDENCE = range(13)

@@ -185,6 +185,6 @@ selected finding: its numbers, the evidence, the fix with code, and the rule's d
 
 
 def _escape(text: str) -> str:
-    from gpuadvise.analyzer.safe import md
+    from gpuadvise.analyzer.report.safe import md
 
     return md(text)

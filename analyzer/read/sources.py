@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import InputError
+from gpuadvise.analyzer.errors import InputError
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".gz")
 SNAPSHOT_SUFFIXES = (".pickle", ".pkl")

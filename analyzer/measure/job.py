@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import intervals as iv
-from .kernels import is_comm
-from .model import name_mask
+from gpuadvise.analyzer.model.kernels import is_comm
+from gpuadvise.analyzer.model.trace import name_mask
 
 
 @dataclass

@@ -8,10 +8,10 @@ from __future__ import annotations
 from functools import cached_property
 
 from . import whatif
-from .kernels import has_matrix_units
+from gpuadvise.analyzer.model.kernels import has_matrix_units
 from .memory import MemorySummary
 from .metrics import Metrics
-from .model import TraceModel
+from gpuadvise.analyzer.model.trace import TraceModel
 
 
 class Analysis:

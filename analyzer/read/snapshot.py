@@ -11,7 +11,7 @@ import io
 import pickle
 from pathlib import Path
 
-from .errors import InputError
+from gpuadvise.analyzer.errors import InputError
 
 MAX_SNAPSHOT_BYTES = 4 * 2**30
 

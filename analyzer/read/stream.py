@@ -23,7 +23,7 @@ from pathlib import Path
 import msgspec
 
 from . import forked
-from .errors import InputError
+from gpuadvise.analyzer.errors import InputError, human_size
 
 STREAM_MIN_BYTES = int(os.environ.get("GPUADVISE_STREAM_MIN_BYTES", 16 << 20))
 WINDOW = 8 << 20
@@ -105,9 +105,7 @@ class _Source:
                             inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
                     pos += len(out)
                     if pos > self.max_bytes:
-                        from .loader import _size
-
-                        raise InputError(self.path, f"gzip inflates to more than {_size(self.max_bytes)}; refusing "
+                        raise InputError(self.path, f"gzip inflates to more than {human_size(self.max_bytes)}; refusing "
                                                     "to read it (GPUADVISE_MAX_TRACE_BYTES)")
                     if pos > start:
                         yield out if pos - len(out) >= start else out[start - (pos - len(out)):]
@@ -186,7 +184,6 @@ def _array_ends(w: _Window, prefix: bytes | None, after: int):
     (deviceProperties) after the events: the reader tries the next candidate when the last piece of
     events does not parse."""
     from . import events as ev
-    from .loader import _HEADER
 
     tail_start = max(after, w.end - TAIL_RESERVE, w.off)
     tail = bytes(w.slice(tail_start, w.end))
@@ -206,7 +203,7 @@ def _array_ends(w: _Window, prefix: bytes | None, after: int):
                 yield tail_start + idx, ev.Header()
             continue
         try:
-            header = _HEADER.decode(prefix + b"null" + suffix)
+            header = ev.HEADER.decode(prefix + b"null" + suffix)
         except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
             continue
         yield tail_start + idx, header

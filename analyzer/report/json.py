@@ -8,7 +8,7 @@ import math
 
 from gpuadvise import __version__
 
-from .engine import TraceReport, all_findings
+from gpuadvise.analyzer.model.report import TraceReport, all_findings
 
 
 def summary(reports: list[TraceReport]) -> dict:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from .model import Device
+from .trace import Device
 
 COMM = re.compile(r"nccl|rccl|^ncclDevKernel|all_?reduce|all_?gather|reduce_?scatter|alltoall", re.I)
 

@@ -103,3 +103,6 @@ IGNORED_CATEGORIES = {
     "glow_runtime", "hpu_op", "xpu_runtime", "xpu_driver", "xpu_scope_profiler", "xpu_sync",
     "hardware_counters", "",
 }
+
+# The document around the events array (deviceProperties, distributedInfo, …), decoded on its own.
+HEADER = msgspec.json.Decoder(Header)

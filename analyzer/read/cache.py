@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .model import Device, TraceMeta, TraceModel
+from gpuadvise.analyzer.model.trace import Device, TraceMeta, TraceModel
 
 FORMAT = 1
 MIN_BYTES = 16 << 20  # smaller traces parse in well under a second: not worth a file

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .engine import TraceReport, all_findings
-from .findings import Finding
+from gpuadvise.analyzer.model.report import TraceReport, all_findings
+from gpuadvise.analyzer.model.findings import Finding
 from .safe import md, md_cell, md_code, md_text, short
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from .engine import TraceReport, all_findings
+from gpuadvise.analyzer.model.report import TraceReport, all_findings
 from .safe import short, terminal
 
 

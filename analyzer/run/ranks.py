@@ -24,8 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .errors import InputError
-from .sources import Source
+from gpuadvise.analyzer.errors import InputError
+from gpuadvise.analyzer.read.sources import Source
 
 MEMORY_FACTOR = 3  # a worker needs about 3× the decoded JSON while it parses and analyses
 GZIP_FACTOR = 8  # a .gz trace inflates to about 8× its size on disk
@@ -50,8 +50,8 @@ def map_one(src: Source, shown: str | None = None, codes: tuple | None = None):
     """Analyse one source; `shown` is the path as the user wrote it (the worker may get an absolute
     one), `codes` the rules to run (None: the whole catalog). Returns the compact report, or a Failure:
     nothing raised here has to cross a process boundary."""
-    from .engine import analyze_source
-    from .job import rank_stats
+    from .single import analyze_source
+    from gpuadvise.analyzer.measure.job import rank_stats
 
     shown = shown or str(src.path)
     try:
@@ -159,7 +159,7 @@ def _context():
     method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
     ctx = mp.get_context(method)
     if method == "forkserver":
-        ctx.set_forkserver_preload(["gpuadvise.analyzer.ranks", "gpuadvise.analyzer.engine", "gpuadvise.rules"])
+        ctx.set_forkserver_preload(["gpuadvise.analyzer.run.ranks", "gpuadvise.analyzer.run.single", "gpuadvise.rules"])
     return ctx
 
 

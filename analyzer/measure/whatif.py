@@ -21,7 +21,7 @@ import pandas as pd
 
 from . import intervals as iv
 from .metrics import COPY_CALLS, LAUNCH_CALLS, SYNC_CALLS, Metrics
-from .model import TraceModel, name_mask, names_in
+from gpuadvise.analyzer.model.trace import TraceModel, name_mask, names_in
 
 NODE_BUDGET = 60_000  # nodes in the replay graph; longer windows are cut to their middle steps
 WAKE_US = 5.0  # a blocked call returns about this long after the GPU op it waited for

@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 
 from . import intervals as iv
-from .kernels import is_comm, is_matmul_like, precision_class
-from .model import TraceModel, name_mask, names_in
+from gpuadvise.analyzer.model.kernels import is_comm, is_matmul_like, precision_class
+from gpuadvise.analyzer.model.trace import TraceModel, name_mask, names_in
 
 KERNEL_WAIT_US = 30.0
 

@@ -29,8 +29,8 @@ import pandas as pd
 
 from . import events as ev
 from . import forked, stream
-from .errors import InputError
-from .model import Device, TraceMeta, TraceModel
+from gpuadvise.analyzer.errors import InputError, human_size
+from gpuadvise.analyzer.model.trace import Device, TraceMeta, TraceModel
 
 CHUNK_EVENTS = 50_000
 # Real traces top out at a few GB; a .gz that inflates past this is refused rather than risking the
@@ -43,7 +43,6 @@ MATMUL_OPS = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|
 _EMPTY_ARGS = ev.Args()
 _RAW_ARGS = {"Input type", "Input Dims"}
 _TS, _DUR = operator.attrgetter("ts"), operator.attrgetter("dur")
-_HEADER = msgspec.json.Decoder(ev.Header)
 _RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
 _EVENTS = msgspec.json.Decoder(list[ev.Event])
 _ONE_EVENT = msgspec.json.Decoder(ev.Event)
@@ -76,13 +75,6 @@ class _Interner(dict):
         return list(self.cats)
 
 
-def _size(n: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} bytes"
-
-
 def read_trace_bytes(path: Path) -> tuple[bytes, bool]:
     """The decompressed bytes of a trace file, and whether a .gz stream was cut short.
 
@@ -95,7 +87,7 @@ def read_trace_bytes(path: Path) -> tuple[bytes, bool]:
             st = os.fstat(fh.fileno())
             if stat.S_ISREG(st.st_mode):
                 if st.st_size > MAX_TRACE_BYTES:
-                    raise InputError(path, f"trace is {_size(st.st_size)}, above the {_size(MAX_TRACE_BYTES)} limit "
+                    raise InputError(path, f"trace is {human_size(st.st_size)}, above the {human_size(MAX_TRACE_BYTES)} limit "
                                            "(GPUADVISE_MAX_TRACE_BYTES)")
                 fh.seek(0)  # regular files seek; re-reading beats `magic + rest`, a second 1 GB copy
                 return fh.readall(), False
@@ -106,7 +98,7 @@ def read_trace_bytes(path: Path) -> tuple[bytes, bool]:
                     return buf, False
                 buf += block
                 if len(buf) > MAX_TRACE_BYTES:
-                    raise InputError(path, f"input is larger than the {_size(MAX_TRACE_BYTES)} limit (GPUADVISE_MAX_TRACE_BYTES)")
+                    raise InputError(path, f"input is larger than the {human_size(MAX_TRACE_BYTES)} limit (GPUADVISE_MAX_TRACE_BYTES)")
     except FileNotFoundError:
         raise InputError(path, "no such file") from None
     except IsADirectoryError:
@@ -135,7 +127,7 @@ def _gunzip(path: Path, fh, head: bytes) -> tuple[bytes, bool]:
                 room = MAX_TRACE_BYTES + 1 - len(out)
                 out += inflater.decompress(block, room)
                 if len(out) > MAX_TRACE_BYTES:
-                    raise InputError(path, f"gzip inflates to more than {_size(MAX_TRACE_BYTES)}; refusing to read it "
+                    raise InputError(path, f"gzip inflates to more than {human_size(MAX_TRACE_BYTES)}; refusing to read it "
                                            "(GPUADVISE_MAX_TRACE_BYTES)")
                 block = inflater.unconsumed_tail
                 if inflater.eof and inflater.unused_data:  # concatenated gzip members
@@ -267,7 +259,7 @@ _SPACE_STARTS = {bytes([c]) for c in _SPACE}
 
 def _decode_document(body: bytes, path: Path):
     try:
-        header = _HEADER.decode(body)
+        header = ev.HEADER.decode(body)
     except msgspec.ValidationError as exc:
         if "traceEvents" in str(exc):
             raise InputError(path, "'traceEvents' is not a list of events") from None
@@ -334,7 +326,7 @@ def _salvage_document(body: bytes, path: Path, damage: int | None = None):
     # Header keys written before the events (rare) are lost; keys after the cut are gone anyway.
     tail = body[:key].rstrip().rstrip(b",") + b"}"
     try:
-        header = _HEADER.decode(tail)
+        header = ev.HEADER.decode(tail)
     except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
         pass
     return header, raws, ("damaged", damage) if damage is not None else True

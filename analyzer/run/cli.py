@@ -1,0 +1,116 @@
+"""`gpuadvise analyze PATH…`: analyse traces, rank folders, run folders or snapshots and write a report."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from gpuadvise.analyzer.errors import EXIT_OK
+from gpuadvise.analyzer.report import EXTENSIONS, FORMATS, render
+from gpuadvise.analyzer.report.output import check_writable, refuse_overwriting_inputs, write_atomic
+
+from .engine import analyze_paths
+
+HELP = "analyse a trace, a folder of per-rank traces, or a run folder"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    a = argparse.ArgumentParser(
+        prog="gpuadvise analyze",
+        description="Analyse torch.profiler traces (.json/.json.gz), folders of them, or a `gpuadvise profile` run folder.")
+    a.add_argument("paths", nargs="+", metavar="PATH")
+    a.add_argument("--format", "-f", choices=FORMATS, help="report format (default: from -o's extension, else text)")
+    a.add_argument("-o", "--output", metavar="FILE", help="write the report here instead of stdout")
+    a.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
+    a.add_argument("--top", type=int, default=5, help="findings shown in text format (default 5)")
+    a.add_argument("--no-cache", action="store_true", help="parse the traces again instead of using the cached model")
+    a.add_argument("-j", "--jobs", type=_positive_int, metavar="N",
+                   help="ranks analysed in parallel worker processes (default: as many as CPUs and memory allow; "
+                        "1: one after the other in this process)")
+    a.add_argument("--scheduler", metavar="ADDRESS",
+                   help="analyse the ranks on this dask.distributed scheduler (tcp://host:8786); its workers must "
+                        "see the traces at the same paths (pip install 'gpuadvise[dask]')")
+    return a
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of workers ≥ 1, got {text!r}")
+    return n
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    if args.no_cache:
+        os.environ["GPUADVISE_NO_CACHE"] = "1"
+    fmt = args.format
+    if fmt is None and args.output:
+        fmt = EXTENSIONS.get(Path(args.output).suffix.lower())
+    fmt = fmt or "text"
+    if args.output:
+        check_writable(Path(args.output))
+        refuse_overwriting_inputs(Path(args.output), args.paths)
+    show = not args.quiet and sys.stderr.isatty()
+
+    bar = _ProgressLine() if show else None
+
+    def progress(i, n, src):
+        if bar:
+            bar.start(f"{src.path}" + (f" ({i + 1}/{n})" if n > 1 else ""))
+
+    try:
+        reports = analyze_paths(args.paths, progress=progress, bytes_progress=bar.update if bar else None,
+                                jobs=args.jobs, scheduler=args.scheduler, rank_progress=bar.ranks if bar else None)
+    finally:
+        if bar:
+            bar.clear()
+    text = render(reports, fmt, top=args.top)
+    if args.output:
+        write_atomic(Path(args.output), text)
+        if show:
+            print(f"gpuadvise: wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
+class _ProgressLine:
+    """One self-overwriting stderr line while a big trace is decoded: percent and MB/s."""
+
+    def __init__(self):
+        import time
+
+        self.time = time.monotonic
+        self.label, self.t0, self.last, self.shown = "", 0.0, 0.0, False
+        self.created = self.time()
+
+    def start(self, label: str) -> None:
+        self.label, self.t0, self.last = label, self.time(), 0.0
+
+    def ranks(self, done: int, total: int, nbytes: int) -> None:
+        """Ranks analysed in parallel: how many are done, and the MB/s of trace files they covered."""
+        now = self.time()
+        self.shown = True
+        rate = nbytes / max(now - self.created, 1e-9) / 1e6
+        sys.stderr.write(f"\r\x1b[Kgpuadvise: ranks {done}/{total} done ({nbytes / 1e6:.0f} MB, {rate:.0f} MB/s)")
+        sys.stderr.flush()
+
+    def update(self, done: int, total: int) -> None:
+        now = self.time()
+        if now - self.last < 0.2 or now - self.t0 < 0.5:  # quiet for small traces, ≤5 redraws a second
+            return
+        self.last, self.shown = now, True
+        rate = done / max(now - self.t0, 1e-9) / 1e6
+        sys.stderr.write(f"\r\x1b[Kgpuadvise: reading {self.label}: {100 * done / max(total, 1):.0f}% ({rate:.0f} MB/s)")
+        sys.stderr.flush()
+
+    def clear(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()

@@ -1,0 +1,72 @@
+"""`analyze_paths`: what the command line (and scripts) call. The paths become sources (read/sources);
+each is analysed on its own (run/single: in this process, in worker processes or on a Dask cluster,
+see run/ranks); with two or more ranks the job view is reduced (measure/job) and the job-level rules
+(`requires = ("ranks",)`) run once on it.
+"""
+
+from __future__ import annotations
+
+from gpuadvise.analyzer.measure.job import JobAnalysis, JobReport, build_view, rank_stats
+from gpuadvise.analyzer.model.report import Reports, TraceReport
+from gpuadvise.analyzer.read.sources import resolve
+
+from . import ranks
+from .single import analyze_source, run_rules
+
+
+def analyze_paths(paths: list[str], progress=None, rules=None, bytes_progress=None, jobs: int | None = None,
+                  scheduler=None, rank_progress=None) -> Reports:
+    """Analyse every source, then the job when there are ≥2 ranks.
+
+    - one trace, or `jobs=1`: in this process, one source after the other; `progress(i, n, source)`
+      before each source and `bytes_progress(done, total)` during each decode;
+    - ≥2 traces: in worker processes (`jobs`, default `ranks.default_jobs`), or on the Dask cluster of
+      `scheduler` (a `dask.distributed.Client` or a scheduler address); `rank_progress(done, n, nbytes)`
+      as ranks finish.
+    """
+    sources = resolve(paths)
+    traces = sum(1 for s in sources if s.kind == "trace")
+    try:
+        codes = ranks.rule_codes(rules)
+    except ValueError:  # rules that are not in the catalog cannot travel: run here
+        codes, jobs, scheduler = None, 1, None
+    workers = 1
+    if traces >= 2 and scheduler is None:
+        workers = min(jobs if jobs is not None else ranks.default_jobs(sources), len(sources))
+    if scheduler is not None:
+        results = ranks.map_dask(sources, codes, scheduler, progress=rank_progress)
+    elif workers > 1:
+        results = ranks.map_local(sources, codes, workers, progress=rank_progress)
+    else:
+        results = []
+        for i, src in enumerate(sources):
+            if progress:
+                progress(i, len(sources), src)
+            results.append(analyze_source(src, rules=rules, progress=bytes_progress))
+        if traces >= 2:
+            for r in results:
+                r.rank_stats = rank_stats(r)
+    reports = [r if isinstance(r, TraceReport) else _failed(r) for r in results]
+    if traces >= 2:
+        reports.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0))  # stable: rank order
+    return Reports(reports, job=analyze_job(reports, rules))
+
+
+def _failed(failure) -> TraceReport:
+    """A rank whose worker failed (not bad input: that stops the run): reported as a note on that rank."""
+    return TraceReport(source=failure.source, rank=failure.rank, model=None, metrics=None, findings=[],
+                       notes=[f"analysis failed: {failure.message}"])
+
+
+def analyze_job(reports: list[TraceReport], rules=None):
+    """The reduce: the job view of ≥2 ranks and the job-level rules on it (None for fewer ranks)."""
+    view = build_view([r.rank_stats for r in reports if r.rank_stats is not None])
+    if view is None:
+        return None
+    by_rank: dict = {}
+    for r in reports:
+        by_rank.setdefault(r.rank, []).extend(r.findings)
+    notes = list(view.notes)
+    analysis = JobAnalysis(view, by_rank)
+    findings = run_rules(analysis, rules, source=None, rank=None, notes=notes, keep_rank=True)
+    return JobReport(view=view, findings=findings, notes=notes)

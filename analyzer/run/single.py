@@ -1,0 +1,95 @@
+"""One input, start to finish: a trace (with its run facts and allocator snapshot) or a snapshot on its
+own → model → metrics and memory summary → every rule whose inputs exist → a `TraceReport`."""
+
+from __future__ import annotations
+
+import traceback
+
+from gpuadvise.analyzer.measure.analysis import Analysis
+from gpuadvise.analyzer.measure.memory import summarize
+from gpuadvise.analyzer.measure.metrics import compute
+from gpuadvise.analyzer.model.findings import Finding, order
+from gpuadvise.analyzer.model.report import TraceReport
+from gpuadvise.analyzer.model.trace import TraceModel
+from gpuadvise.analyzer.read.loader import load_trace
+from gpuadvise.analyzer.read.snapshot import load_snapshot
+from gpuadvise.analyzer.read.sources import Source
+
+
+def analyze_model(model: TraceModel, facts: dict | None = None, source: str = "", rank: int | None = None,
+                  rules=None, snapshot: dict | None = None) -> TraceReport:
+    """One trace, with the allocator snapshot taken in the same run when there is one."""
+    metrics = compute(model)
+    memory = summarize(snapshot, model, metrics, facts)
+    analysis = Analysis(model, metrics, facts, memory)
+    notes: list[str] = []
+    if model.meta.events_skipped:
+        notes.append(f"{model.meta.events_skipped} malformed events were skipped")
+    if model.meta.unknown_categories:
+        total = sum(model.meta.unknown_categories.values())
+        notes.append(f"{total} events of unknown categories were ignored: "
+                     + ", ".join(sorted(model.meta.unknown_categories)[:5]))
+    if not metrics.steps and metrics.has_gpu:
+        notes.append("no ProfilerStep annotations: the whole trace is treated as one step")
+    rank = model.meta.rank if model.meta.rank is not None else rank
+    findings = run_rules(analysis, rules, source, rank, notes)
+    return TraceReport(source=source, rank=rank, model=model, metrics=metrics, findings=findings, notes=notes,
+                       memory=memory)
+
+
+def analyze_snapshot(snapshot: dict, facts: dict | None = None, source: str = "", rank: int | None = None,
+                     rules=None) -> TraceReport:
+    """A memory snapshot on its own: only the rules that need nothing but memory run."""
+    memory = summarize(snapshot, facts=facts)
+    notes: list[str] = []
+    findings = run_rules(Analysis(None, None, facts, memory), rules, source, rank, notes)
+    return TraceReport(source=source, rank=rank, model=None, metrics=None, findings=findings, notes=notes,
+                       kind="snapshot", memory=memory)
+
+
+def run_rules(analysis, rules, source: str | None, rank: int | None, notes: list[str],
+               keep_rank: bool = False) -> list[Finding]:
+    """Every rule whose inputs `analysis` has (`Rule.requires`); a rule that raises costs only its own
+    findings. Job-level rules (`keep_rank`) name the rank and trace themselves."""
+    from gpuadvise.rules import all_rules
+
+    findings: list[Finding] = []
+    for rule in rules or all_rules():
+        if not all(analysis.has(need) for need in getattr(rule, "requires", ("trace",))):
+            continue  # its input is not here (a trace rule on a snapshot, a memory rule without memory data)
+        try:
+            found = rule.check(analysis)
+        except Exception as exc:  # a rule bug must not cost the user the other findings
+            notes.append(f"rule {rule.code} ({rule.name}) failed: {type(exc).__name__}: {exc}")
+            if _debug():
+                traceback.print_exc()
+            continue
+        if not keep_rank:
+            for f in found:
+                f.rank = rank
+                f.trace = source
+        findings.extend(found)
+    return order(findings)
+
+
+def analyze_source(src: Source, rules=None, progress=None) -> TraceReport:
+    """Analyse one source; `progress(done_bytes, total_bytes)` follows the trace decode when given."""
+    if src.kind == "snapshot":
+        return analyze_snapshot(load_snapshot(src.path), src.facts, source=str(src.path), rank=src.rank, rules=rules)
+    snapshot = load_snapshot(src.snapshot) if src.snapshot is not None else None
+    model = load_trace(src.path, progress=progress)
+    report = analyze_model(model, src.facts, source=str(src.path), rank=src.rank, rules=rules, snapshot=snapshot)
+    if src.snapshot is not None:
+        report.snapshot = str(src.snapshot)
+    if model.meta.damaged_at is not None:
+        report.notes.insert(0, f"the trace is damaged at byte {model.meta.damaged_at}; analysed the "
+                               f"{model.meta.events_total} complete events before the damage")
+    elif model.meta.truncated:
+        report.notes.insert(0, f"the trace was cut off; analysed the {model.meta.events_total} complete events before the cut")
+    return report
+
+
+def _debug() -> bool:
+    import os
+
+    return bool(os.environ.get("GPUADVISE_DEBUG"))

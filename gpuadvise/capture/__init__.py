@@ -1,0 +1,1 @@
+"""`gpuadvise profile`: runs the user's script under torch.profiler in a child process and writes a run folder."""

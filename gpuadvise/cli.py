@@ -1,0 +1,84 @@
+"""The `gpuadvise` command: one small module per subcommand, each beside the code it drives.
+
+| command | module | drives |
+|---|---|---|
+| analyze | analyzer/run/cli.py | read → model → measure → rules → report |
+| profile | gpuadvise/capture/cli.py | the user's script under torch.profiler, then analyze |
+| view | gpuadvise/tui/cli.py | the Textual browser of an analysis |
+| rules, explain | rules/cli.py | the rule catalog |
+
+A subcommand module exposes `main(argv) -> int` (and `HELP`); it raises `InputError` for a user
+mistake, which becomes one line on stderr and exit 2; anything else it lets escape is our bug (exit 3).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+from gpuadvise import __version__
+from gpuadvise.analyzer.errors import EXIT_INPUT, EXIT_INTERNAL, EXIT_OK, InputError
+
+# name → (module, function, one-line help); modules are imported only when their command runs.
+COMMANDS = {
+    "analyze": ("gpuadvise.analyzer.run.cli", "main", "analyse a trace, a folder of per-rank traces, or a run folder"),
+    "profile": ("gpuadvise.capture.cli", "main", "run a training script under the profiler and report"),
+    "view": ("gpuadvise.tui.cli", "main", "browse findings and the trace in a terminal UI"),
+    "rules": ("gpuadvise.rules.cli", "rules_main", "list the rule catalog"),
+    "explain": ("gpuadvise.rules.cli", "explain_main", "show one rule's documentation"),
+}
+
+USAGE = "usage: gpuadvise [-h] [--version] COMMAND [ARGS ...]"
+
+
+def _help() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [USAGE, "", "Find out why PyTorch training leaves the GPU idle, and what to change.", "", "commands:"]
+    lines += [f"  {name:<{width}}  {text}" for name, (_, _, text) in COMMANDS.items()]
+    lines += ["", "`gpuadvise COMMAND -h` shows a command's options.",
+              "options:", "  -h, --help  show this help and exit", "  --version   show the version and exit"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        sys.stdout.write(_help())
+        return EXIT_OK
+    if argv[0] == "--version":
+        print(f"gpuadvise {__version__}")
+        return EXIT_OK
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"{USAGE}\ngpuadvise: error: unknown command {name!r} (choose from {', '.join(COMMANDS)})",
+              file=sys.stderr)
+        return EXIT_INPUT
+    module, func, _ = COMMANDS[name]
+    return run_guarded(lambda: getattr(importlib.import_module(module), func)(rest))
+
+
+def run_guarded(command) -> int:
+    """Run a subcommand: a user mistake is one line and exit 2, our bug one line and exit 3."""
+    try:
+        return command()
+    except InputError as exc:
+        print(f"gpuadvise: error: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        print("gpuadvise: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `gpuadvise analyze … | head`: the reader has what it wanted
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush cannot fail again
+        return 141  # as a shell tool killed by SIGPIPE
+    except Exception as exc:  # our bug: say so in one line, keep the traceback for GPUADVISE_DEBUG
+        if os.environ.get("GPUADVISE_DEBUG"):
+            raise
+        print(f"gpuadvise: internal error: {type(exc).__name__}: {exc} (set GPUADVISE_DEBUG=1 for details)",
+              file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

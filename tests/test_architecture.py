@@ -1,0 +1,147 @@
+"""The layout keeps its promises: no import cycles among the project's modules, dependencies point one
+way through the analysis layers, and every package folder is installed.
+
+Imports are read from the source (ast), lazy ones inside functions included: a cycle hidden in a
+function is still a cycle a reader has to untangle. Imports under `if TYPE_CHECKING:` are left out
+(they never run).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+from _cli_support import REPO
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    tomllib = pytest.importorskip("tomli")
+
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+PACKAGE_DIRS = PYPROJECT["tool"]["setuptools"]["package-dir"]  # import name → folder in the repo
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the installed package, by import name (sub-packages follow their parent's folder)."""
+    found: dict[str, Path] = {}
+    for name, folder in PACKAGE_DIRS.items():
+        root = REPO / folder
+        for path in root.rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
+            if any(p in ("__pycache__",) for p in parts):
+                continue
+            mod = ".".join((name, *parts))
+            if mod.endswith(".__init__"):
+                mod = mod[: -len(".__init__")]
+            # a folder mapped on its own (gpuadvise.analyzer → analyzer/) wins over gpuadvise/analyzer
+            found.setdefault(mod, path)
+    return found
+
+
+MODULES = _modules()
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    """Project modules that `module` imports."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out: set[str] = set()
+
+    def visit(node):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                continue
+            if isinstance(child, ast.Import):
+                out.update(a.name for a in child.names if a.name in MODULES)
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = package.split(".")
+                    base = base[: len(base) - (child.level - 1)]
+                    target = ".".join(base + ([child.module] if child.module else []))
+                else:
+                    target = child.module or ""
+                for alias in child.names:
+                    sub = f"{target}.{alias.name}"
+                    if sub in MODULES:
+                        out.add(sub)
+                    elif target in MODULES:
+                        out.add(target)
+            visit(child)
+
+    visit(tree)
+    out.discard(module)
+    return out
+
+
+def _graph() -> nx.DiGraph:
+    g = nx.DiGraph()
+    for mod, path in MODULES.items():
+        g.add_node(mod)
+        for dep in _imports(mod, path):
+            g.add_edge(mod, dep)
+    return g
+
+
+GRAPH = _graph()
+
+
+def test_the_scan_sees_the_package():
+    # guards the test itself: a broken scan would find no cycles in nothing
+    assert "gpuadvise.analyzer.read.loader" in MODULES and "gpuadvise.rules.dataloader_stall" in MODULES
+    assert "gpuadvise.analyzer.read.stream" in set(GRAPH.successors("gpuadvise.analyzer.read.loader"))
+    assert GRAPH.number_of_edges() > 100
+
+
+def test_no_import_cycles():
+    cycles = [sorted(c) for c in nx.strongly_connected_components(GRAPH) if len(c) > 1]
+    assert not cycles, f"import cycles: {cycles}"
+
+
+# Layer → the layers it must never import. Renderers and rules read the analysis, never the files.
+FORBIDDEN = {
+    "gpuadvise.analyzer.model": ("read", "measure", "run", "report"),
+    "gpuadvise.analyzer.read": ("measure", "run", "report"),
+    "gpuadvise.analyzer.measure": ("read", "run", "report"),
+    "gpuadvise.analyzer.report": ("read", "measure", "run"),
+    "gpuadvise.rules": ("read", "run", "report"),
+}
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_dependencies_point_one_way(layer):
+    bad = []
+    for mod in MODULES:
+        if mod != layer and not mod.startswith(layer + "."):
+            continue
+        for dep in GRAPH.successors(mod):
+            for other in FORBIDDEN[layer]:
+                target = f"gpuadvise.analyzer.{other}"
+                if dep == target or dep.startswith(target + "."):
+                    bad.append(f"{mod} → {dep}")
+    assert not bad, "layer rule broken:\n" + "\n".join(bad)
+
+
+def test_every_package_folder_is_installed():
+    listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
+    packages = {mod for mod, path in MODULES.items() if path.name == "__init__.py"}
+    assert packages - listed == set(), "add these to pyproject.toml's packages"
+
+
+def test_each_subcommand_module_exists_and_has_main():
+    import importlib
+
+    from gpuadvise.cli import COMMANDS
+
+    for name, (module, func, _) in COMMANDS.items():
+        assert callable(getattr(importlib.import_module(module), func)), name
