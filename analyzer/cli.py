@@ -12,8 +12,8 @@ from gpuadvise import __version__
 
 from .errors import EXIT_INPUT, EXIT_INTERNAL, EXIT_OK, InputError
 
-FORMATS = ("text", "md", "json")
-EXTENSIONS = {".md": "md", ".markdown": "md", ".json": "json", ".txt": "text"}
+FORMATS = ("text", "md", "json", "html")
+EXTENSIONS = {".md": "md", ".markdown": "md", ".json": "json", ".txt": "text", ".html": "html", ".htm": "html"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,7 +25,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Analyse torch.profiler traces (.json/.json.gz), folders of them, or a `gpuadvise profile` run folder.")
     a.add_argument("paths", nargs="+", metavar="PATH")
     a.add_argument("--format", "-f", choices=FORMATS, help="report format (default: from -o's extension, else text)")
-    a.add_argument("-o", "--output", metavar="FILE", help="write the report here instead of stdout")
+    a.add_argument("-o", "--output", metavar="FILE",
+                   help="write the report here instead of stdout (markdown: with its charts beside it, FILE-*.svg)")
+    a.add_argument("--fail-on", metavar="SEVERITY|TOPIC[,…]",
+                   help="exit 1 when a finding of this severity or worse (high, medium, low, info), or of this "
+                        "topic or rule, is reported (for CI)")
     a.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
     a.add_argument("--top", type=int, default=5, help="findings shown in text format (default 5)")
     a.add_argument("--no-cache", action="store_true", help="parse the traces again instead of using the cached model")
@@ -38,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("profile", help="run a training script under the profiler and report (gpuadvise profile -h)", add_help=False)
     sub.add_parser("view", help="browse findings and the trace in a terminal UI (gpuadvise view -h)", add_help=False)
+    sub.add_parser("compare", help="compare two runs: did the fix work as predicted, did anything regress "
+                                   "(gpuadvise compare -h)", add_help=False)
     sub.add_parser("rules", help="list the rule catalog")
     e = sub.add_parser("explain", help="show one rule's documentation")
     e.add_argument("rule", metavar="RULE", help="rule code (GA102) or name (dataloader-stall)")
@@ -64,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         from gpuadvise.tui.cli import main as view_main
 
         return view_main(argv[1:])
+    if argv and argv[0] == "compare":
+        from .compare_cli import main as compare_main
+
+        return compare_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -97,6 +107,9 @@ def cmd_analyze(args) -> int:
     if fmt is None and args.output:
         fmt = EXTENSIONS.get(Path(args.output).suffix.lower())
     fmt = fmt or "text"
+    from .gate import EXIT_GATE, describe, matching, parse_fail_on
+
+    fail_on = parse_fail_on(args.fail_on)  # a wrong value fails before minutes of analysis
     if args.output:
         _check_writable(Path(args.output))
         _refuse_overwriting_inputs(Path(args.output), args.paths)
@@ -114,13 +127,27 @@ def cmd_analyze(args) -> int:
     finally:
         if bar:
             bar.clear()
-    text = render(reports, fmt, top=args.top)
-    if args.output:
-        write_atomic(Path(args.output), text)
+    if args.output and fmt == "md":
+        from .report_charts import markdown_files
+
+        for path, text in markdown_files(reports, Path(args.output)):  # the charts, then the report
+            write_atomic(path, text)
+        if show:
+            print(f"gpuadvise: wrote {args.output}", file=sys.stderr)
+    elif args.output:
+        write_atomic(Path(args.output), render(reports, fmt, top=args.top))
         if show:
             print(f"gpuadvise: wrote {args.output}", file=sys.stderr)
     else:
-        sys.stdout.write(text)
+        sys.stdout.write(render(reports, fmt, top=args.top))
+    if fail_on:
+        from .engine import all_findings
+
+        hits = matching([f.to_dict() for f in all_findings(reports)], fail_on)
+        if hits:
+            print(f"gpuadvise: --fail-on {fail_on.text}: {len(hits)} finding{'s' if len(hits) != 1 else ''} "
+                  f"({describe(hits)})", file=sys.stderr)
+            return EXIT_GATE
     return EXIT_OK
 
 
@@ -169,6 +196,10 @@ def render(reports, fmt: str, top: int = 5) -> str:
         from .render_markdown import render as r
 
         return r(reports)
+    if fmt == "html":
+        from .report_charts import html
+
+        return html(reports)
     from .render_text import render as r
 
     return r(reports, top=top)
