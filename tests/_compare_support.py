@@ -1,5 +1,7 @@
-"""Run folders for the compare tests (test_compare.py, test_tui_compare.py): small builder traces of a
-training loop in the variants a user would compare, each with the run.json `gpuadvise profile` writes.
+"""Shared by the compare and chart tests (test_compare.py, test_analyze_gate_charts.py,
+test_compare_pairs.py, test_tui_compare.py): run folders of small builder traces of a training loop in
+the variants a user would compare, each with the run.json `gpuadvise profile` writes, and readers of
+the reports (markdown tables, SVG texts, HTML structure) to check that they show the same numbers.
 
 - `stall`: a single-process DataLoader waits 20 ms per step, and `.item()` syncs every step;
 - `fixed`: the same loop with DataLoader workers (the wait gone), `.item()` still there;
@@ -10,6 +12,9 @@ training loop in the variants a user would compare, each with the run.json `gpua
 from __future__ import annotations
 
 import json
+import re
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
 from pathlib import Path
 
 from gpuadvise.fixtures.builder import GEMM, TraceBuilder
@@ -18,6 +23,7 @@ SINGLE = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
 MULTI = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
 SIMT_GEMM = "ampere_sgemm_128x64_nn"
 A100 = "NVIDIA A100-SXM4-80GB"
+SVG_NS = "{http://www.w3.org/2000/svg}"
 
 
 def training(stall_us: float = 0.0, item: bool = False, gemm: str = GEMM, gemm_us: float = 300,
@@ -70,3 +76,99 @@ def run_folder(root: Path, variant: str, name: str | None = None, facts: dict | 
     training(**{**trace_kw, **overrides}).write(folder / "trace.json.gz")
     (folder / "run.json").write_text(json.dumps(facts if facts is not None else run_json(**facts_kw)))
     return folder
+
+
+# ----------------------------------------------------------------------------------------------------
+# Reading reports back: markdown tables, SVG texts, HTML structure
+
+
+def md_table(md: str, heading: str) -> list[list[str]]:
+    """The body rows of the first table after `heading`, as cell strings."""
+    lines = md[md.index(heading):].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]])
+    return rows
+
+
+def sections_with_tables(md: str) -> list[str]:
+    parts = re.split(r"(?m)^(#{2,3} .*)$", md)
+    return [h for h, body in zip(parts[1::2], parts[2::2]) if re.search(r"(?m)^\|", body)]
+
+
+def svg_texts(svg: str) -> list[str]:
+    root = ET.fromstring(svg)
+    assert root.tag == f"{SVG_NS}svg"
+    return ["".join(t.itertext()) for t in root.iter(f"{SVG_NS}text")]
+
+
+class Page(HTMLParser):
+    """The structure of an HTML page: balanced tags, tables (as cell texts), every tag and attribute."""
+
+    VOID = {"meta", "br", "hr", "img", "input", "link", "col", "source", "wbr", "area", "base"}
+
+    def __init__(self, text: str):
+        super().__init__(convert_charrefs=True)
+        self.stack: list[str] = []
+        self.tags: list[str] = []
+        self.attrs: list[tuple[str, str]] = []
+        self.tables: list[list[list[str]]] = []
+        self.svgs: list[list[str]] = []  # the <text> contents of each inline SVG
+        self.cell: list[str] | None = None
+        self.in_svg_text = False
+        self.text: list[str] = []
+        self.feed(text)
+        self.close()
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        self.attrs += [(k, v or "") for k, v in attrs]
+        if tag not in self.VOID:
+            self.stack.append(tag)
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self.cell = []
+        elif tag == "svg":
+            self.svgs.append([])
+        elif tag == "text" and "svg" in self.stack:
+            self.in_svg_text = True
+            self.svgs[-1].append("")
+
+    def handle_startendtag(self, tag, attrs):
+        self.tags.append(tag)
+        self.attrs += [(k, v or "") for k, v in attrs]
+
+    def handle_endtag(self, tag):
+        assert self.stack and self.stack[-1] == tag, f"</{tag}> closes <{self.stack[-1] if self.stack else None}>"
+        self.stack.pop()
+        if tag in ("td", "th"):
+            self.tables[-1][-1].append("".join(self.cell).strip())
+            self.cell = None
+        elif tag == "text":
+            self.in_svg_text = False
+
+    def handle_data(self, data):
+        self.text.append(data)
+        if self.cell is not None:
+            self.cell.append(data)
+        if self.in_svg_text:
+            self.svgs[-1][-1] += data
+
+
+def self_contained(page: Page) -> None:
+    assert page.stack == [], f"unclosed tags: {page.stack}"
+    assert page.tags[:2] == ["html", "head"]
+    assert not {"script", "link", "img", "iframe", "object", "embed"} & set(page.tags)
+    assert not [a for a in page.attrs if a[0] in ("src", "srcset") or a[0].startswith("on")]
+    assert "url(" not in "".join(page.text)
+
+
+def unescape_md(cell: str) -> str:
+    """A markdown cell as the page shows it: no code-span backticks, no escaping backslashes."""
+    return re.sub(r"\\(.)", r"\1", cell.replace("`", ""))

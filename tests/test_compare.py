@@ -9,19 +9,15 @@ from __future__ import annotations
 import copy
 import json
 import re
-import xml.etree.ElementTree as ET
-from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
 from _cli_support import call_main
-from _compare_support import A100, run_folder, run_json
+from _compare_support import (A100, Page, md_table, run_folder, run_json, sections_with_tables, self_contained,
+                              svg_texts, unescape_md)
 from gpuadvise.analyzer import compare as cm
 from gpuadvise.analyzer import render_compare as rc
-
-SVG_NS = "{http://www.w3.org/2000/svg}"
-
 
 # ----------------------------------------------------------------------------------------------------
 # Fixtures: each run folder written and analysed once
@@ -276,98 +272,6 @@ def test_the_gate_needs_step_times(sides):
 
 # ----------------------------------------------------------------------------------------------------
 # Reports: text, JSON, markdown + SVG, HTML
-
-
-def md_table(md: str, heading: str) -> list[list[str]]:
-    """The body rows of the first table after `heading`, as cell strings."""
-    lines = md[md.index(heading):].splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
-    rows = []
-    for line in lines[start + 2:]:
-        if not line.startswith("|"):
-            break
-        rows.append([c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]])
-    return rows
-
-
-def sections_with_tables(md: str) -> list[str]:
-    parts = re.split(r"(?m)^(#{2,3} .*)$", md)
-    return [h for h, body in zip(parts[1::2], parts[2::2]) if re.search(r"(?m)^\|", body)]
-
-
-def svg_texts(svg: str) -> list[str]:
-    root = ET.fromstring(svg)
-    assert root.tag == f"{SVG_NS}svg"
-    return ["".join(t.itertext()) for t in root.iter(f"{SVG_NS}text")]
-
-
-class Page(HTMLParser):
-    """The structure of an HTML page: balanced tags, tables (as cell texts), every tag and attribute."""
-
-    VOID = {"meta", "br", "hr", "img", "input", "link", "col", "source", "wbr", "area", "base"}
-
-    def __init__(self, text: str):
-        super().__init__(convert_charrefs=True)
-        self.stack: list[str] = []
-        self.tags: list[str] = []
-        self.attrs: list[tuple[str, str]] = []
-        self.tables: list[list[list[str]]] = []
-        self.svgs: list[list[str]] = []  # the <text> contents of each inline SVG
-        self.cell: list[str] | None = None
-        self.in_svg_text = False
-        self.text: list[str] = []
-        self.feed(text)
-        self.close()
-
-    def handle_starttag(self, tag, attrs):
-        self.tags.append(tag)
-        self.attrs += [(k, v or "") for k, v in attrs]
-        if tag not in self.VOID:
-            self.stack.append(tag)
-        if tag == "table":
-            self.tables.append([])
-        elif tag == "tr":
-            self.tables[-1].append([])
-        elif tag in ("td", "th"):
-            self.cell = []
-        elif tag == "svg":
-            self.svgs.append([])
-        elif tag == "text" and "svg" in self.stack:
-            self.in_svg_text = True
-            self.svgs[-1].append("")
-
-    def handle_startendtag(self, tag, attrs):
-        self.tags.append(tag)
-        self.attrs += [(k, v or "") for k, v in attrs]
-
-    def handle_endtag(self, tag):
-        assert self.stack and self.stack[-1] == tag, f"</{tag}> closes <{self.stack[-1] if self.stack else None}>"
-        self.stack.pop()
-        if tag in ("td", "th"):
-            self.tables[-1][-1].append("".join(self.cell).strip())
-            self.cell = None
-        elif tag == "text":
-            self.in_svg_text = False
-
-    def handle_data(self, data):
-        self.text.append(data)
-        if self.cell is not None:
-            self.cell.append(data)
-        if self.in_svg_text:
-            self.svgs[-1][-1] += data
-
-
-def self_contained(page: Page) -> None:
-    assert page.stack == [], f"unclosed tags: {page.stack}"
-    assert page.tags[:2] == ["html", "head"]
-    assert not {"script", "link", "img", "iframe", "object", "embed"} & set(page.tags)
-    assert not [a for a in page.attrs if a[0] in ("src", "srcset") or a[0].startswith("on")]
-    assert "url(" not in "".join(page.text)
-
-
-def unescape_md(cell: str) -> str:
-    """A markdown cell as the page shows it: no code-span backticks, no escaping backslashes."""
-    return re.sub(r"\\(.)", r"\1", cell.replace("`", ""))
 
 
 def test_json_is_the_comparison(capsys, runs, fix):
