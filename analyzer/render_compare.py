@@ -111,6 +111,14 @@ def _pts(b, a) -> str:
     return "" if b is None or a is None else f"{a - b:+.1f} pts"
 
 
+def _ranks(s: dict) -> str:
+    """Several traces: the step figures are the slowest rank's (the one the job waits for)."""
+    if s["traces"] > 1:
+        return f" ({s['traces']} traces; step figures of the slowest, rank {s['rank']})" if s.get("rank") is not None \
+            else f" ({s['traces']} traces; step figures of {s['trace']})"
+    return ""
+
+
 def verdict(cmp: dict) -> str:
     st = cmp["step_time"]
     if st.get("saving_pct") is None:
@@ -148,7 +156,7 @@ def gate_line(g: dict) -> str:
 
 def render_text(cmp: dict) -> str:
     b, a = cmp["before"], cmp["after"]
-    out = [f"BEFORE {terminal(b['label'])}", f"AFTER  {terminal(a['label'])}"]
+    out = [f"{name} {terminal(s['label'])}" + _ranks(s) for name, s in (("BEFORE", b), ("AFTER ", a))]
     for w in cmp["warnings"]:
         out.append(f"warning: {terminal(w)}")
     out += ["", terminal(verdict(cmp)[0].upper() + verdict(cmp)[1:]) + "."]
@@ -252,8 +260,7 @@ def render_markdown(cmp: dict, chart_links: dict | None = None) -> str:
     if cmp["warnings"]:
         out += [f"> **Warning:** {md_text(w)}  " for w in cmp["warnings"]] + [""]
     for name, s in (("BEFORE", b), ("AFTER", a)):
-        where = f" ({s['traces']} traces; slowest rank {s['rank']})" if s["traces"] > 1 and s.get("rank") is not None else ""
-        out.append(f"- **{name}:** {md_code(s['label'])}{where} · {md(s.get('device') or 'device not recorded')}")
+        out.append(f"- **{name}:** {md_code(s['label'])}{_ranks(s)} · {md(s.get('device') or 'device not recorded')}")
     out += ["", "## Verdict", "", f"**{md_text(verdict(cmp)[0].upper() + verdict(cmp)[1:])}.** Findings: {counts(cmp)}.", ""]
     if cmp.get("gate"):
         out += [f"**{md_text(gate_line(cmp['gate']))}**", ""]

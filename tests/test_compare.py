@@ -365,3 +365,27 @@ def test_trace_text_is_escaped_in_markdown_html_and_svg(tmp_path):
     for c in rc.charts(cmp):
         svg_texts(c.svg)  # well-formed
     assert "\x1b" not in rc.render_text(cmp)
+
+
+def test_plain_traces_compare_without_run_facts(tmp_path):
+    from _compare_support import training
+
+    b = training(stall_us=20_000).write(tmp_path / "before.json.gz")
+    a = training().write(tmp_path / "after.json.gz")
+    cmp = cm.compare(cm.load_side(str(b)), cm.load_side(str(a)))
+    assert cmp["warnings"] == []
+    assert cmp["environment"] == []  # no run.json on either side: nothing to say, and nothing invented
+    assert "dataloader-stall" in {e["topic"] for e in cmp["findings"]["resolved"]}
+
+
+def test_folders_of_rank_traces_compare_by_the_slowest_rank(tmp_path):
+    from _cli_support import write_rank_folder
+
+    b = write_rank_folder(tmp_path / "balanced", stall_us=(0.0, 0.0))
+    a = write_rank_folder(tmp_path / "straggler", stall_us=(0.0, 4_000.0))
+    sb, sa = cm.load_side(str(b), jobs=1), cm.load_side(str(a), jobs=1)
+    cmp = cm.compare(sb, sa)
+    assert cmp["after"]["traces"] == 2 and cmp["after"]["rank"] == 1  # the straggler sets the job's pace
+    assert cmp["after"]["median_step_ms"] == max(t["median_step_ms"] for t in sa["report"]["traces"])
+    assert "straggler" in {e["topic"] for e in cmp["findings"]["new"]}
+    assert "slowest, rank 1" in rc.render_markdown(cmp) and "slowest, rank 1" in rc.render_text(cmp)

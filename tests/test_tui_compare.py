@@ -156,3 +156,13 @@ def test_view_compare_needs_two_paths(capsys, runs, paths):
     err = capsys.readouterr().err
     assert rc_ == 2
     assert "two runs" in err and len(err.strip().splitlines()) == 1
+
+
+def test_compare_screen_snapshot(snap_compare, tmp_path_factory, monkeypatch):
+    pytest.importorskip("pytest_textual_snapshot")
+    root = tmp_path_factory.mktemp("snap-runs")
+    run_folder(root, "stall", name="before")
+    run_folder(root, "fixed", name="after")
+    monkeypatch.chdir(root)  # relative labels: the screen is the same on every machine
+    result = cm.compare(cm.load_side("before"), cm.load_side("after"))
+    assert snap_compare(CompareApp(result=result, cursor_blink=False), terminal_size=SIZE, run_before=settle)
