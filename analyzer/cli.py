@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gpuadvise import __version__
 
-from .errors import EXIT_INPUT, EXIT_INTERNAL, EXIT_OK, InputError
+from .errors import EXIT_GATE, EXIT_INPUT, EXIT_INTERNAL, EXIT_OK, InputError
 
 FORMATS = ("text", "md", "json", "html")
 EXTENSIONS = {".md": "md", ".markdown": "md", ".json": "json", ".txt": "text", ".html": "html", ".htm": "html"}
@@ -107,7 +107,7 @@ def cmd_analyze(args) -> int:
     if fmt is None and args.output:
         fmt = EXTENSIONS.get(Path(args.output).suffix.lower())
     fmt = fmt or "text"
-    from .gate import EXIT_GATE, describe, matching, parse_fail_on
+    from .gate import describe, matching, parse_fail_on
 
     fail_on = parse_fail_on(args.fail_on)  # a wrong value fails before minutes of analysis
     if args.output:

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import EXIT_INPUT, EXIT_INTERNAL, EXIT_OK, InputError
+from .errors import EXIT_GATE, EXIT_INPUT, EXIT_INTERNAL, EXIT_OK, InputError
 
 FORMATS = ("text", "md", "json", "html")
 
@@ -60,7 +60,7 @@ def run(args) -> int:
     from . import compare as cmp_mod
     from . import render_compare
     from .cli import EXTENSIONS, _check_writable, _refuse_overwriting_inputs, write_atomic
-    from .gate import EXIT_GATE, parse_fail_on, parse_regression
+    from .gate import parse_fail_on, parse_regression
 
     if args.jobs is not None and args.jobs < 1:
         raise InputError(None, f"-j/--jobs: expected a whole number of workers ≥ 1, got {args.jobs}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .errors import EXIT_GATE, InputError  # noqa: F401 (EXIT_GATE: re-exported for the CLIs)
+from .errors import InputError
 from .findings import SEVERITIES
 
 

@@ -17,7 +17,7 @@ from .safe import md, md_cell, md_code, md_text, short, terminal
 PART_LABELS = dict((k, v) for k, v in (("dur", "step"), ("kernel", "GPU compute"), ("comm", "communication"),
                                        ("memcpy", "memcpy"), ("memset", "memset"), ("dataloader", "DataLoader wait"),
                                        ("sync", "sync wait"), ("idle", "GPU idle")))
-CLASSES = (("resolved", "Resolved"), ("new", "New"), ("still_there", "Still there"), ("unchecked", "Not checked on both sides"))
+CLASSES = (("resolved", "Resolved"), ("new", "New"), ("still_there", "Still there"), ("unchecked", "Not checked on one side"))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -28,10 +28,10 @@ def ms(v) -> str:
     return "–" if v is None else f"{v:.2f}"
 
 
-def pct(v, signed: bool = False) -> str:
+def pct(v, sign: bool = False) -> str:
     if v is None:
         return "–"
-    return f"{v:+.1f} %" if signed else f"{v:.1f} %"
+    return f"{v:+.1f} %" if sign else f"{v:.1f} %"
 
 
 def predicted(p: dict) -> str:
@@ -46,6 +46,13 @@ def measured(step: dict) -> str:
     if round(s, 1) == 0:
         return "the step time did not change (0.0 %)"
     return f"the step got {abs(s):.1f} % {'faster' if s > 0 else 'slower'}"
+
+
+def signed(v, nd: int = 2) -> str:
+    """+1.25 / -0.40; a change that rounds to zero is 0.00, never -0.00."""
+    if v is None:
+        return "–"
+    return f"{0.0:.{nd}f}" if round(v, nd) == 0 else f"{v:+.{nd}f}"
 
 
 def gib(n) -> str:
@@ -74,14 +81,14 @@ def headline(cmp: dict) -> list[tuple[str, str, str, str]]:
     """(what, BEFORE, AFTER, change) rows of the step-time table."""
     b, a, st = cmp["before"], cmp["after"], cmp["step_time"]
     rows = [("Median step, profiled (ms)", ms(b["median_step_ms"]), ms(a["median_step_ms"]),
-             pct(_rel(b["median_step_ms"], a["median_step_ms"]), signed=True)),
+             pct(_rel(b["median_step_ms"], a["median_step_ms"]), sign=True)),
             ("Fastest – slowest step (ms)", _range(b), _range(a), ""),
             ("Spread (slowest − fastest, % of median)", pct(b["spread_pct"]), pct(a["spread_pct"]), ""),
             ("Steps profiled", str(b["steps"]), str(a["steps"]), "")]
     if b.get("unprofiled_median_step_ms") is not None or a.get("unprofiled_median_step_ms") is not None:
         rows.append(("Median step, unprofiled (ms)", ms(b.get("unprofiled_median_step_ms")),
                      ms(a.get("unprofiled_median_step_ms")),
-                     pct(_rel(b.get("unprofiled_median_step_ms"), a.get("unprofiled_median_step_ms")), signed=True)))
+                     pct(_rel(b.get("unprofiled_median_step_ms"), a.get("unprofiled_median_step_ms")), sign=True)))
     if b.get("profiler_overhead_x") is not None or a.get("profiler_overhead_x") is not None:
         rows.append(("Profiler overhead", _x(b.get("profiler_overhead_x")), _x(a.get("profiler_overhead_x")), ""))
     rows += [("GPU busy inside the steps", pct(b["gpu_busy_in_steps_pct"]), pct(a["gpu_busy_in_steps_pct"]),
@@ -130,7 +137,7 @@ def counts(cmp: dict) -> str:
     f = cmp["findings"]
     parts = [f"{len(f['resolved'])} resolved", f"{len(f['new'])} new", f"{len(f['still_there'])} still there"]
     if f["unchecked"]:
-        parts.append(f"{len(f['unchecked'])} not checked on both sides")
+        parts.append(f"{len(f['unchecked'])} not checked on one side")
     return ", ".join(parts)
 
 
@@ -170,7 +177,7 @@ def render_text(cmp: dict) -> str:
     if cmp["breakdown"]:
         out += ["", "Median step split (ms)          BEFORE      AFTER     change"]
         for r in cmp["breakdown"]:
-            ch = "" if r["change_ms"] is None else f"{r['change_ms']:+.2f}"
+            ch = "" if r["change_ms"] is None else signed(r["change_ms"])
             out.append(f"  {r['label']:<28} {ms(r['before_ms']):>8}   {ms(r['after_ms']):>8}   {ch:>8}")
     out += ["", f"Findings: {counts(cmp)}."]
     for key, title in CLASSES:
@@ -274,7 +281,7 @@ def render_markdown(cmp: dict, chart_links: dict | None = None) -> str:
     if cmp["breakdown"]:
         out += ["## Median step split", "", "| Part | BEFORE (ms) | AFTER (ms) | Change (ms) |", "|---|---:|---:|---:|"]
         for r in cmp["breakdown"]:
-            ch = "–" if r["change_ms"] is None else f"{r['change_ms']:+.2f}"
+            ch = signed(r["change_ms"])
             out.append(f"| {r['label']} | {ms(r['before_ms'])} | {ms(r['after_ms'])} | {ch} |")
         out += ["", "Medians over the profiled steps; GPU parts are unions of GPU activity inside each step.", ""]
         out += links.get("breakdown", [])
@@ -324,7 +331,7 @@ def render_markdown(cmp: dict, chart_links: dict | None = None) -> str:
                     "|---|---:|---:|---:|---:|"]
             for r in rows:
                 out.append(f"| {md_cell(short(r['name'], 80))} | {r['before_ms_per_step']:.3f} | {r['after_ms_per_step']:.3f} | "
-                           f"{r['change_ms_per_step']:+.3f} | {r['before_count_per_step']:g} → {r['after_count_per_step']:g} |")
+                           f"{signed(r['change_ms_per_step'], 3)} | {r['before_count_per_step']:g} → {r['after_count_per_step']:g} |")
             out.append("")
     if cmp["environment"]:
         out += ["## What differs between the runs", "", "| Fact | BEFORE | AFTER |", "|---|---|---|"]

@@ -135,7 +135,7 @@ differs between the runs. Warnings (other device, other script, other profiler s
             table.add_column(name, justify="right", no_wrap=True, min_width=10)
         for r in self.result["breakdown"]:
             table.add_row(Text(r["label"]), Text(rc.ms(r["before_ms"])), Text(rc.ms(r["after_ms"])),
-                          Text("–" if r["change_ms"] is None else f"{r['change_ms']:+.2f}"))
+                          Text(rc.signed(r["change_ms"])))
         return Group(lines, Text(""), table)
 
     def _findings(self) -> Table:
