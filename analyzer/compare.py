@@ -199,7 +199,8 @@ def step_change(b: dict, a: dict) -> dict:
                            f"which include the profiler's overhead")
     else:
         missing = [name for name, s in (("BEFORE", b), ("AFTER", a)) if not _pos(s.get("median_step_ms"))]
-        out["note"] = f"no step time to compare: {' and '.join(missing)} recorded no ProfilerStep steps"
+        out["note"] = (f"no step time to compare: {' and '.join(missing)} {'has' if len(missing) == 1 else 'have'} no "
+                       f"profiled steps (no ProfilerStep marks, or no trace)")
         return out
     out["figure_label"] = FIGURES[out["figure"]]
     ratio = out["after_ms"] / out["before_ms"]

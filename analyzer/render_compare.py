@@ -359,7 +359,9 @@ def _links(cs: list[Chart], href) -> dict:
 
 def markdown_files(cmp: dict, out: Path) -> list[tuple[Path, str]]:
     """The report at `out` and its charts beside it (`<stem>-<chart>.svg`), charts first."""
-    cs = charts(cmp)
+    from .report_charts import charts_beside
+
+    cs = charts(cmp) if charts_beside(out) else []
     stem = out.name[: -len(out.suffix)] if out.suffix else out.name
     files = {c.name: out.with_name(f"{stem}-{c.name}.svg") for c in cs}
     text = render_markdown(cmp, _links(cs, lambda c: quote(files[c.name].name)))

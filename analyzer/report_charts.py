@@ -72,11 +72,16 @@ def markdown_files(reports: list[TraceReport], out: Path) -> list[tuple[Path, st
     the report never links to a file that is not there yet."""
     from .render_markdown import render
 
-    cs = charts(reports)
+    cs = charts(reports) if charts_beside(out) else []
     stem = out.name[: -len(out.suffix)] if out.suffix else out.name
     files = {c.name: out.with_name(f"{stem}-{c.name}.svg") for c in cs}
     text = render(reports, charts=_chart_lines(cs, lambda c: quote(files[c.name].name)))
     return [(files[c.name], c.svg) for c in cs] + [(out, text)]
+
+
+def charts_beside(out: Path) -> bool:
+    """Charts go beside a report file; a device (/dev/null, /dev/stdout) or a pipe has no "beside"."""
+    return not (out.exists() and not out.is_file())
 
 
 def html(reports: list[TraceReport]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -141,3 +142,15 @@ def test_html_to_stdout_by_format(capsys, traces):
     rc, out, err = call_main(capsys, "analyze", traces["clean"], "--format", "html")
     assert rc == 0, err
     self_contained(Page(out))
+
+
+@pytest.mark.skipif(not Path("/dev/null").exists(), reason="needs /dev/null")
+@pytest.mark.parametrize("command", ["analyze", "compare"])
+def test_markdown_to_a_device_writes_no_chart_files_beside_it(capsys, traces, command):
+    args = [traces["stall"]] if command == "analyze" else [traces["stall"], traces["fixed"]]
+    rc, out, err = call_main(capsys, command, *args, "--format", "md", "-o", "/dev/null")
+    strays = sorted(Path("/dev").glob("null-*.svg"))
+    for p in strays:  # never leave them in /dev, even when this test fails
+        p.unlink()
+    assert rc == 0, err
+    assert strays == []
