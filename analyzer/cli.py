@@ -127,15 +127,13 @@ def cmd_analyze(args) -> int:
     finally:
         if bar:
             bar.clear()
-    if args.output and fmt == "md":
+    if args.output:
         from .report_charts import markdown_files
 
-        for path, text in markdown_files(reports, Path(args.output)):  # the charts, then the report
+        out = Path(args.output)
+        files = markdown_files(reports, out) if fmt == "md" else [(out, render(reports, fmt, top=args.top))]
+        for path, text in files:  # a markdown report's charts first, the report last
             write_atomic(path, text)
-        if show:
-            print(f"gpuadvise: wrote {args.output}", file=sys.stderr)
-    elif args.output:
-        write_atomic(Path(args.output), render(reports, fmt, top=args.top))
         if show:
             print(f"gpuadvise: wrote {args.output}", file=sys.stderr)
     else:

@@ -61,6 +61,7 @@ def run(args) -> int:
     from . import render_compare
     from .cli import EXTENSIONS, _check_writable, _refuse_overwriting_inputs, write_atomic
     from .gate import parse_fail_on, parse_regression
+    from .sources import resolve
 
     if args.jobs is not None and args.jobs < 1:
         raise InputError(None, f"-j/--jobs: expected a whole number of workers ≥ 1, got {args.jobs}")
@@ -74,8 +75,6 @@ def run(args) -> int:
     if args.output:
         _check_writable(Path(args.output))
         _refuse_overwriting_inputs(Path(args.output), [args.before, args.after])
-    from .sources import resolve
-
     for path in (args.before, args.after):
         resolve([path])  # a missing or empty path fails before the other side is analysed
     if args.no_cache:
@@ -89,18 +88,17 @@ def run(args) -> int:
     result = cmp_mod.compare(*sides)
     if fail_on or regression is not None:
         cmp_mod.apply_gate(result, fail_on, regression)
-    if args.output and fmt == "md":
-        for path, text in render_compare.markdown_files(result, Path(args.output)):  # charts, then the report
+    if args.output:
+        out = Path(args.output)
+        files = render_compare.markdown_files(result, out) if fmt == "md" else [(out, render_compare.render(result, fmt))]
+        for path, text in files:  # a markdown report's charts first, the report last
             write_atomic(path, text)
-    elif args.output:
-        write_atomic(Path(args.output), render_compare.render(result, fmt))
+        if show:
+            print(f"gpuadvise: wrote {args.output}", file=sys.stderr)
     else:
         sys.stdout.write(render_compare.render(result, fmt))
-    if args.output and show:
-        print(f"gpuadvise: wrote {args.output}", file=sys.stderr)
     gate = result.get("gate")
     if gate and gate["failed"]:
-        for reason in gate["reasons"]:
-            print(f"gpuadvise: {reason}", file=sys.stderr)
+        print("gpuadvise: " + "; ".join(gate["reasons"]), file=sys.stderr)  # one line, for the CI log
         return EXIT_GATE
     return EXIT_OK
