@@ -5,6 +5,7 @@ one-line message and exits with `EXIT_INPUT`. Anything else is our bug and exits
 """
 
 EXIT_OK = 0
+EXIT_GATE = 1  # a CI gate tripped: --fail-on, --fail-on-regression (the input was fine)
 EXIT_INPUT = 2  # bad path, unreadable or malformed input, unwritable output
 EXIT_INTERNAL = 3  # a bug in gpuadvise
 

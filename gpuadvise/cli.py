@@ -3,11 +3,12 @@
 | command | module | drives |
 |---|---|---|
 | analyze | analyzer/run/cli.py | read → model → measure → rules → report |
+| compare | analyzer/compare/cli.py | two analyses → what changed, predicted vs measured |
 | profile | gpuadvise/capture/cli.py | the user's script under torch.profiler, then analyze |
 | view | gpuadvise/tui/cli.py | the Textual browser of an analysis |
 | rules, explain | rules/cli.py | the rule catalog |
 
-A subcommand module exposes `main(argv) -> int` (and `HELP`); it raises `InputError` for a user
+A subcommand module exposes `main(argv) -> int`; it raises `InputError` for a user
 mistake, which becomes one line on stderr and exit 2; anything else it lets escape is our bug (exit 3).
 """
 
@@ -23,6 +24,7 @@ from gpuadvise.analyzer.errors import EXIT_INPUT, EXIT_INTERNAL, EXIT_OK, InputE
 # name → (module, function, one-line help); modules are imported only when their command runs.
 COMMANDS = {
     "analyze": ("gpuadvise.analyzer.run.cli", "main", "analyse a trace, a folder of per-rank traces, or a run folder"),
+    "compare": ("gpuadvise.analyzer.compare.cli", "main", "compare two runs: did the fix work as predicted, did anything regress"),
     "profile": ("gpuadvise.capture.cli", "main", "run a training script under the profiler and report"),
     "view": ("gpuadvise.tui.cli", "main", "browse findings and the trace in a terminal UI"),
     "rules": ("gpuadvise.rules.cli", "rules_main", "list the rule catalog"),

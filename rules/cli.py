@@ -8,10 +8,6 @@ from gpuadvise.analyzer.errors import EXIT_OK, InputError
 
 from . import all_rules, find_rule
 
-RULES_HELP = "list the rule catalog"
-EXPLAIN_HELP = "show one rule's documentation"
-
-
 def rules_main(argv: list[str]) -> int:
     argparse.ArgumentParser(prog="gpuadvise rules", description="List every rule: code, name, title.").parse_args(argv)
     for r in all_rules():

@@ -1,10 +1,10 @@
-"""Renderers: the analysis (`model.report.Reports`) drawn as text, markdown or JSON. They read the
+"""Renderers: the analysis (`model.report.Reports`) drawn as text, markdown, JSON or HTML (with SVG charts). They read the
 reports only, never the loader or the files."""
 
 from __future__ import annotations
 
-FORMATS = ("text", "md", "json")
-EXTENSIONS = {".md": "md", ".markdown": "md", ".json": "json", ".txt": "text"}
+FORMATS = ("text", "md", "json", "html")
+EXTENSIONS = {".md": "md", ".markdown": "md", ".json": "json", ".txt": "text", ".html": "html", ".htm": "html"}
 
 
 def render(reports, fmt: str, top: int = 5) -> str:
@@ -16,6 +16,10 @@ def render(reports, fmt: str, top: int = 5) -> str:
         from .markdown import render as r
 
         return r(reports)
+    if fmt == "html":
+        from .charts import html
+
+        return html(reports)
     from .text import render as r
 
     return r(reports, top=top)

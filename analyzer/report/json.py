@@ -27,6 +27,11 @@ def summary(reports: list[TraceReport]) -> dict:
 
 
 def render(reports: list[TraceReport]) -> str:
+    return json.dumps(document(reports), indent=2, default=_default, allow_nan=False) + "\n"
+
+
+def document(reports: list[TraceReport]) -> dict:
+    """The report as plain JSON-able data (what `render` writes; `gpuadvise compare` reads it)."""
     doc = {
         "tool": "gpuadvise",
         "version": __version__,
@@ -37,7 +42,7 @@ def render(reports: list[TraceReport]) -> str:
     job = getattr(reports, "job", None)
     if job is not None:  # two or more ranks: the job-level view (per-rank table, straggler per step)
         doc["job"] = job.to_dict()
-    return json.dumps(_finite(doc), indent=2, default=_default, allow_nan=False) + "\n"
+    return _finite(doc)
 
 
 def _finite(o):

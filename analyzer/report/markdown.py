@@ -7,7 +7,10 @@ from gpuadvise.analyzer.model.findings import Finding
 from .safe import md, md_cell, md_code, md_text, short
 
 
-def render(reports: list[TraceReport]) -> str:
+def render(reports: list[TraceReport], charts: dict | None = None) -> str:
+    """`charts`: markdown lines to add after the summary table ("findings") and after report i's
+    steps table (i), e.g. links to chart files (see report_charts.py)."""
+    charts = charts or {}
     out = ["# gpuadvise report", ""]
     findings = all_findings(reports)
     for r in reports:
@@ -22,13 +25,15 @@ def render(reports: list[TraceReport]) -> str:
             row = f"| {i} | {md(f.title)} | `{f.topic}` | {f.severity} | {_saving(f)}"
             out.append(row + (f" | {f.rank if f.rank is not None else '–'} |" if multi else " |"))
         out.append("")
+        out += charts.get("findings", [])
     else:
         out += ["No findings: nothing in this trace points at a slowdown gpuadvise knows how to fix.", ""]
     job = getattr(reports, "job", None)
     if job is not None:
         out += _job_section(job)
-    for r in reports:
-        out += _steps_table(r, len(reports) > 1)
+    for i, r in enumerate(reports):
+        steps = _steps_table(r, len(reports) > 1)
+        out += steps + (charts.get(i, []) if steps else [])
     for r in reports:
         out += _memory_section(r, len(reports) > 1)
     if findings:

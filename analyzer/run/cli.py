@@ -7,13 +7,14 @@ import os
 import sys
 from pathlib import Path
 
-from gpuadvise.analyzer.errors import EXIT_OK
+from gpuadvise.analyzer.errors import EXIT_GATE, EXIT_OK
+from gpuadvise.analyzer.model.report import all_findings
 from gpuadvise.analyzer.report import EXTENSIONS, FORMATS, render
+from gpuadvise.analyzer.report.charts import markdown_files
 from gpuadvise.analyzer.report.output import check_writable, refuse_overwriting_inputs, write_atomic
 
 from .engine import analyze_paths
-
-HELP = "analyse a trace, a folder of per-rank traces, or a run folder"
+from .gate import describe, matching, parse_fail_on
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,7 +23,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Analyse torch.profiler traces (.json/.json.gz), folders of them, or a `gpuadvise profile` run folder.")
     a.add_argument("paths", nargs="+", metavar="PATH")
     a.add_argument("--format", "-f", choices=FORMATS, help="report format (default: from -o's extension, else text)")
-    a.add_argument("-o", "--output", metavar="FILE", help="write the report here instead of stdout")
+    a.add_argument("-o", "--output", metavar="FILE",
+                   help="write the report here instead of stdout (markdown: with its charts beside it, FILE-*.svg)")
+    a.add_argument("--fail-on", metavar="SEVERITY|TOPIC[,…]",
+                   help="exit 1 when a finding of this severity or worse (high, medium, low, info), or of this "
+                        "topic or rule, is reported (for CI)")
     a.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
     a.add_argument("--top", type=int, default=5, help="findings shown in text format (default 5)")
     a.add_argument("--no-cache", action="store_true", help="parse the traces again instead of using the cached model")
@@ -53,6 +58,7 @@ def main(argv: list[str]) -> int:
     if fmt is None and args.output:
         fmt = EXTENSIONS.get(Path(args.output).suffix.lower())
     fmt = fmt or "text"
+    fail_on = parse_fail_on(args.fail_on)  # a wrong value fails before minutes of analysis
     if args.output:
         check_writable(Path(args.output))
         refuse_overwriting_inputs(Path(args.output), args.paths)
@@ -70,13 +76,21 @@ def main(argv: list[str]) -> int:
     finally:
         if bar:
             bar.clear()
-    text = render(reports, fmt, top=args.top)
     if args.output:
-        write_atomic(Path(args.output), text)
+        out = Path(args.output)
+        files = markdown_files(reports, out) if fmt == "md" else [(out, render(reports, fmt, top=args.top))]
+        for path, text in files:  # a markdown report's charts first, the report last
+            write_atomic(path, text)
         if show:
             print(f"gpuadvise: wrote {args.output}", file=sys.stderr)
     else:
-        sys.stdout.write(text)
+        sys.stdout.write(render(reports, fmt, top=args.top))
+    if fail_on:
+        hits = matching([f.to_dict() for f in all_findings(reports)], fail_on)
+        if hits:
+            print(f"gpuadvise: --fail-on {fail_on.text}: {len(hits)} finding{'s' if len(hits) != 1 else ''} "
+                  f"({describe(hits)})", file=sys.stderr)
+            return EXIT_GATE
     return EXIT_OK
 
 

@@ -17,6 +17,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Browse the findings, steps, timeline, kernels, copies and memory of a trace in the terminal.")
     p.add_argument("paths", nargs="+", metavar="PATH",
                    help="a trace (.json/.json.gz), a folder of per-rank traces, a run folder or a memory snapshot")
+    p.add_argument("--compare", action="store_true",
+                   help="two runs side by side: PATH… is BEFORE AFTER (what `gpuadvise compare` reports)")
     return p
 
 
@@ -25,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from gpuadvise.analyzer.read.sources import resolve
 
+        if args.compare and len(args.paths) != 2:
+            raise InputError(None, f"--compare takes two runs, BEFORE and AFTER; got {len(args.paths)} path"
+                                   f"{'s' if len(args.paths) != 1 else ''}")
         resolve(args.paths)  # missing files fail here, in one line, before the screen is taken over
     except InputError as exc:
         print(f"gpuadvise: error: {exc}", file=sys.stderr)
@@ -34,7 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:  # textual is an optional dependency
         print(f"gpuadvise: error: `gpuadvise view` needs textual ({exc}); pip install 'gpuadvise[tui]'", file=sys.stderr)
         return EXIT_INPUT
-    app = GpuadviseApp(paths=args.paths)
+    if args.compare:
+        from .compare_app import CompareApp
+
+        app = CompareApp(paths=args.paths)
+    else:
+        app = GpuadviseApp(paths=args.paths)
     # Our own loop: asyncio.run() would join the worker thread on the way out, so quitting while a
     # 1 GB trace loads would hang until the analysis finished.
     loop = asyncio.new_event_loop()
