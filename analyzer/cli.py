@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("profile", help="run a training script under the profiler and report (gpuadvise profile -h)", add_help=False)
     sub.add_parser("view", help="browse findings and the trace in a terminal UI (gpuadvise view -h)", add_help=False)
+    sub.add_parser("doctor", help="check this machine and its torch build: versions, GPUs, flags, env vars (gpuadvise doctor -h)",
+                   add_help=False)
     sub.add_parser("rules", help="list the rule catalog")
     e = sub.add_parser("explain", help="show one rule's documentation")
     e.add_argument("rule", metavar="RULE", help="rule code (GA102) or name (dataloader-stall)")
@@ -64,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         from gpuadvise.tui.cli import main as view_main
 
         return view_main(argv[1:])
+    if argv and argv[0] == "doctor":
+        from gpuadvise.doctor.cli import main as doctor_main
+
+        return doctor_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
