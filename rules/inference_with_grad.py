@@ -4,7 +4,8 @@
 Profiled steps (or, without steps, the whole trace) that run forward ops with autograd recording on and
 no backward pass: ops carry an autograd `Sequence number` (the profiler writes it on ops run in grad
 mode) and the sequence numbers advance, which only happens when autograd creates graph nodes, while no
-`autograd::engine::evaluate_function: …` op runs in the same step. That is an evaluation or inference
+backward op (`autograd::engine::evaluate_function: …`, `…Backward`, `AccumulateGrad`, `aten::…_backward`)
+runs in the same step. That is an evaluation or inference
 loop without `torch.no_grad()` / `torch.inference_mode()`. Steps that also train (forward and backward in
 one step) are not examined.
 
@@ -33,6 +34,8 @@ freed as the forward goes). Severity medium when every step is affected, else lo
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
@@ -45,6 +48,13 @@ from gpuadvise.fixtures.builder import TraceBuilder
 from .base import Rule
 
 BACKWARD = "autograd::engine::evaluate_function:"
+# Backward work as traces name it: the engine's wrapper (torch ≥ 1.10), autograd node names (2021 traces
+# have `CudnnConvolutionBackward` with no wrapper), gradient accumulation and aten's *_backward kernels.
+BACKWARD_NAME = re.compile(r"^autograd::engine::evaluate_function:|Backward\d*$|AccumulateGrad|_backward(_\w+)?$")
+
+
+def is_backward(name: str) -> bool:
+    return bool(BACKWARD_NAME.search(name))
 GEMM = "ampere_sgemm_128x64_tn"
 
 
@@ -68,7 +78,7 @@ class InferenceWithGrad(Rule):
         k = np.searchsorted(starts, ts, side="right") - 1
         inside = (k >= 0) & (ts < ends[np.clip(k, 0, None)])
         step = np.where(inside, k, -1)
-        backward = name_mask(ops["name"], lambda n: n.startswith(BACKWARD))
+        backward = name_mask(ops["name"], is_backward)
         has_backward = np.bincount(step[backward & inside], minlength=len(windows)) > 0
         if has_backward.all():
             return []  # every step trains: the usual case, settled without looking at sequence numbers
