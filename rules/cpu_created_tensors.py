@@ -138,7 +138,11 @@ def created_on_cpu(model, correlations: np.ndarray, window_us: float = 1_000.0, 
     gpu_calls = rt[names_in(rt["name"], LAUNCH_CALLS | COPY_CALLS)]
     ops = cpu[~cpu["is_annotation"].to_numpy()]
     loader = cpu[name_mask(cpu["name"], DATALOADER.match)]
-    in_loader = set(ops_inside(model, loader).index) if len(loader) else set()
+    in_loader = ops_inside(model, loader).index.to_numpy() if len(loader) else np.empty(0, dtype=np.int64)
+    # names as category codes: one lookup per distinct name, never a string per op
+    cats = [str(c) for c in ops["name"].cat.categories]
+    creates = np.array([c in CREATE_OPS for c in cats] + [False])  # code -1 (no name) → the last slot
+    passes = np.array([c in PASS_THROUGH for c in cats] + [False])
     rows = []
     for tid, mine in calls.groupby("tid"):
         th = ops[ops["tid"].to_numpy() == tid]
@@ -147,14 +151,15 @@ def created_on_cpu(model, correlations: np.ndarray, window_us: float = 1_000.0, 
         ts, end = th["ts"].to_numpy(), th["end"].to_numpy()
         order = np.lexsort((-end, ts))  # a parent before the children that start with it
         ts, end = ts[order], end[order]
-        names = th["name"].astype(str).to_numpy()[order]
-        if in_loader:  # the batch's own ops (a dataset's torch.tensor calls): never a per-step creation
-            names = np.where(np.isin(th.index.to_numpy()[order], list(in_loader)), "<DataLoader>", names)
-        stacks = th["call_stack"].astype(str).to_numpy()[order]
+        codes = th["name"].cat.codes.to_numpy()[order].astype(np.int64)
+        codes = np.where(codes < 0, len(cats), codes)
+        # the batch's own ops (a dataset's torch.tensor calls): never a per-step creation
+        codes = np.where(np.isin(th.index.to_numpy()[order], in_loader), len(cats), codes)
+        rows_of = th.index.to_numpy()[order]
         reach = np.maximum.accumulate(end)
         top = np.ones(len(ts), dtype=bool)
         top[1:] = ts[1:] >= reach[:-1]
-        ts, end, names, stacks = ts[top], end[top], names[top], stacks[top]
+        ts, end, codes, rows_of = ts[top], end[top], codes[top], rows_of[top]
         # GPU work each top-level op issued (launches or copies on this thread inside it)
         g = np.sort(gpu_calls.loc[gpu_calls["tid"].to_numpy() == tid, "ts"].to_numpy())
         issued = np.searchsorted(g, end, side="left") - np.searchsorted(g, ts, side="left")  # calls in [ts, end)
@@ -169,12 +174,14 @@ def created_on_cpu(model, correlations: np.ndarray, window_us: float = 1_000.0, 
             alive &= k >= 0
             kk = np.clip(k, 0, None)
             alive &= (ts[np.clip(k + 1, 0, None)] - end[kk] <= window_us) & (issued[kk] == 0)  # close, and on the CPU
-            hit = alive & (created < 0) & np.isin(names[kk], list(CREATE_OPS))
+            hit = alive & (created < 0) & creates[codes[kk]]
             created[hit] = kk[hit]
-            alive &= (created < 0) & np.isin(names[kk], list(PASS_THROUGH))
+            alive &= (created < 0) & passes[codes[kk]]
         for i in np.flatnonzero(created >= 0):
             src = created[i]
-            rows.append((int(corr[i]), names[src], float(ts[src]), float(end[j[i]]), user_frame_from_stack(stacks[src])
+            op = cpu.loc[rows_of[src]]
+            rows.append((int(corr[i]), cats[codes[src]], float(ts[src]), float(end[j[i]]),
+                         user_frame_from_stack(str(op["call_stack"]))
                          or python_source(model, float(ts[src]), float(end[src]), int(tid))))
     return pd.DataFrame(rows, columns=cols)
 

@@ -86,8 +86,7 @@ class CudnnBenchmark(Rule):
         if fixed is False:
             return []  # shapes change between steps: benchmark mode would re-tune every new one
 
-        names = conv["name"].astype(str)
-        generic = conv[[is_matmul_like(n) and precision_class(n) != "tensor-core" for n in names]] \
+        generic = conv[name_mask(conv["name"], lambda n: is_matmul_like(n) and precision_class(n) != "tensor-core")] \
             if a.matrix_units else conv.iloc[0:0]
         saving, basis = 0.0, ("not predicted: cuDNN's heuristic already picks Tensor Core kernels for these "
                               "convolutions, and the trace cannot tell whether the autotuner would find faster ones "
@@ -108,11 +107,11 @@ class CudnnBenchmark(Rule):
         if len(generic):
             message += (f" {len(generic) / nsteps:.0f} of them per step ({generic['dur'].sum() / nsteps / 1e3:.2f} ms) are generic "
                         "kernels without Tensor Cores, which the autotuner can replace.")
-        by_name = conv.assign(name=names).groupby("name")["dur"].agg(["size", "sum"]).sort_values("sum", ascending=False)
+        by_name = conv.groupby("name", observed=True)["dur"].agg(["size", "sum"]).sort_values("sum", ascending=False)
         evidence = Evidence(
             steps=[s.number for s in m.steps],
-            items=[{"name": n, "count": int(r["size"]), "total_ms": round(float(r["sum"]) / 1e3, 3),
-                    "tensor_cores": precision_class(n) == "tensor-core"} for n, r in by_name.head(6).iterrows()],
+            items=[{"name": str(n), "count": int(r["size"]), "total_ms": round(float(r["sum"]) / 1e3, 3),
+                    "tensor_cores": precision_class(str(n)) == "tensor-core"} for n, r in by_name.head(6).iterrows()],
             numbers={"conv_pct_of_step": round(float(pct), 1), "conv_ms_per_step": round(float(conv_us.sum()) / nsteps / 1e3, 3),
                      "fixed_shapes": fixed, "distinct_conv_shapes": shapes,
                      "generic_kernels": int(len(generic)), "generic_ms": round(float(generic["dur"].sum()) / 1e3, 3),

@@ -117,6 +117,13 @@ def test_text_report(tmp_path):
         assert "No GPU is visible" in lines[-1]
 
 
+def test_a_crafted_value_cannot_drive_the_terminal():
+    proc = doctor(env={"TORCH_LOGS": "+dynamo\x1b]0;pwned\x07\x1b[2J"})
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stdout and "\x07" not in proc.stdout
+    assert any("TORCH_LOGS" in l and "+dynamo" in l for l in proc.stdout.splitlines())
+
+
 def test_workers_are_checked_against_the_cores():
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     too_many = doctor("--format", "json", "--workers", str(cores + 4))

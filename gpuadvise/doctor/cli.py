@@ -14,6 +14,7 @@ import textwrap
 
 from gpuadvise import __version__
 from gpuadvise.analyzer.errors import EXIT_INPUT, EXIT_INTERNAL, EXIT_OK
+from gpuadvise.analyzer.safe import terminal
 
 from . import checks, probe
 
@@ -53,9 +54,10 @@ def render_text(doc: dict) -> str:
     lines = ["gpuadvise doctor: this machine and its torch build", ""]
     width = max((len(c["label"]) for c in doc["checks"]), default=10)
     for c in doc["checks"]:
-        lines.append(f"  {MARK.get(c['verdict'], c['verdict'])}  {c['label']:<{width}}  {c['value']}")
+        # values come from the environment (variables, device names): no escape sequence reaches the terminal
+        lines.append(f"  {MARK.get(c['verdict'], c['verdict'])}  {c['label']:<{width}}  {terminal(c['value'])}")
         if c["note"]:
-            lines += textwrap.wrap(c["note"], width=100, initial_indent=" " * 10, subsequent_indent=" " * 10)
+            lines += textwrap.wrap(terminal(c["note"]), width=100, initial_indent=" " * 10, subsequent_indent=" " * 10)
     s = doc["summary"]
     lines += ["", f"{s['ok']} ok, {s['info']} info, {s['warn']} warn, {s['bad']} bad"]
     if not doc["facts"]["gpus"]:
