@@ -6,6 +6,7 @@
 | compare | analyzer/compare/cli.py | two analyses → what changed, predicted vs measured |
 | profile | gpuadvise/capture/cli.py | the user's script under torch.profiler, then analyze |
 | view | gpuadvise/tui/cli.py | the Textual browser of an analysis |
+| doctor | gpuadvise/doctor/cli.py | the machine and torch build checks (facts shared with run.json) |
 | rules, explain | rules/cli.py | the rule catalog |
 
 A subcommand module exposes `main(argv) -> int`; it raises `InputError` for a user
@@ -27,6 +28,7 @@ COMMANDS = {
     "compare": ("gpuadvise.analyzer.compare.cli", "main", "compare two runs: did the fix work as predicted, did anything regress"),
     "profile": ("gpuadvise.capture.cli", "main", "run a training script under the profiler and report"),
     "view": ("gpuadvise.tui.cli", "main", "browse findings and the trace in a terminal UI"),
+    "doctor": ("gpuadvise.doctor.cli", "main", "check this machine and its torch build: versions, GPUs, flags, env vars"),
     "rules": ("gpuadvise.rules.cli", "rules_main", "list the rule catalog"),
     "explain": ("gpuadvise.rules.cli", "explain_main", "show one rule's documentation"),
 }

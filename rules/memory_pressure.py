@@ -14,7 +14,11 @@ cudaFree synchronizes the device) and the next steps cudaMalloc them again. A pe
 means the next longer sequence or bigger batch is one of those.
 
 ## Fix
-Make the peak smaller; each of these keeps the model and the effective batch:
+Make the peak smaller; each of these keeps the model and the effective batch. The finding ranks them for
+the run, from the memory figures: the part of the peak that outlives a step (weights, gradients,
+optimizer state: the lowest allocation after the peak) and the part that comes and goes within it
+(activations: peak − that floor), against what was missing (the failed request minus what was free, or
+what lies above 90 % of the device):
 ```python
 # bf16 autocast: activations in half the bytes (Ampere or newer; fp16 with GradScaler before that)
 with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -38,10 +42,22 @@ Fires on any out-of-memory event, on any cudaMalloc retry (the allocator only re
 cudaMalloc, so one is already a near miss), or when allocation peaks at 90 % of device memory or more
 (the PyTorch TensorBoard plugin's threshold for its memory recommendation). Severity: high for an
 out-of-memory, medium otherwise. It saves memory, not step time: the predicted step-time saving is 0.
+Ranking: each remedy's estimate comes from the activation memory A = peak − floor: bf16 autocast stores
+activations in half the bytes (≈ A/2 freed; skipped when run.json or the kernel names show fp16/bf16
+already), half the micro-batch with twice the accumulation steps holds half the activations (≈ A/2),
+activation checkpointing keeps only each checkpointed block's input (up to ≈ A, for about a third more
+compute). Remedies that cover what was missing come first, cheaper before dearer (bf16, which also
+speeds matmuls up; then accumulation; then checkpointing). When less than a quarter of the peak comes and
+goes within a step, the finding says so: the activation remedies cannot free enough, the floor (parameters,
+gradients, optimizer state) has to shrink. Without an allocation history or `[memory]` events the floor is
+unknown and the remedies keep that order without figures.
 """
 
 from __future__ import annotations
 
+import re
+
+from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.measure.memory import NO_SITE
@@ -83,14 +99,15 @@ class MemoryPressure(Rule):
         if retries:
             parts.append(f"memory_stats() counts {retries} cudaMalloc retries: each freed the allocator's whole cache "
                          "and called cudaMalloc again.")
-        advice.insert(0, "Lower the peak: bf16 autocast, activation checkpointing, or gradient accumulation over "
-                         "smaller micro-batches.")
+        ranked, ranking, rnumbers = _ranked_remedies(a, mem, first, peak_pct, self.thresholds["peak_pct_of_capacity"])
+        advice.insert(0, ranking)
         sites = (h.top_sites if h is not None else []) or (s.top_sites if s is not None else [])
         numbers = {"ooms": mem.ooms, "alloc_retries": retries, "peak_allocated_gib": _g(peak),
                    "peak_reserved_gib": _g(mem.high_water[1]), "capacity_gib": _g(mem.capacity),
                    "peak_pct_of_capacity": round(peak_pct, 1) if peak_pct is not None else None}
         if first is not None:
             numbers.update(failed_request_gib=_g(first["requested_bytes"]), device_free_gib=_g(first["device_free_bytes"]))
+        numbers.update(rnumbers, remedies=ranked)
         return [self.finding(
             message=" ".join(parts), evidence=Evidence(items=sites, numbers=numbers, sources=_sources(sites)),
             saving=0.0, severity="high" if mem.ooms else "medium", advice=" ".join(advice),
@@ -113,6 +130,72 @@ class MemoryPressure(Rule):
         a = b.alloc(512 * MiB, site=("train.py", 57, "forward"))
         b.free(a)
         return b
+
+
+HALF_PRECISION = re.compile(r"bf16|bfloat16|fp16|f16|half|h884|h1688|hmma|_HHS_|_BBS_", re.I)
+
+
+def _ranked_remedies(a: Analysis, mem, first_oom, peak_pct, threshold_pct) -> tuple[list[dict], str, dict]:
+    """The standard remedies, ranked for this run from its memory figures: (remedies, advice text, numbers)."""
+    part = mem.history if mem.history is not None else mem.trace
+    peak = getattr(part, "peak_allocated", None)
+    floor = getattr(part, "floor_allocated", None)
+    act = peak - floor if peak is not None and floor is not None and 0 <= floor <= peak else None
+    need = None
+    if first_oom is not None and first_oom["device_free_bytes"]:
+        need = max(first_oom["requested_bytes"] - first_oom["device_free_bytes"], 0)
+    elif peak_pct is not None and peak_pct >= threshold_pct and mem.capacity:
+        need = int(mem.high_water[0] - threshold_pct / 100 * mem.capacity)
+    half = _half_precision(a)
+    options = []
+    if not half:
+        options.append(("bf16 autocast", act / 2 if act is not None else None, 0,
+                        "activations in half the bytes; also faster matmuls on Tensor Cores (Ampere or newer; fp16 "
+                        "with a GradScaler before)"))
+    options.append(("half the micro-batch, twice the gradient-accumulation steps", act / 2 if act is not None else None, 1,
+                    "the same effective batch; smaller kernels, so somewhat lower GPU efficiency"))
+    options.append(("activation checkpointing", act, 2,
+                    "keeps only each checkpointed block's input, recomputed in backward: about a third more compute"))
+    covers = [need is not None and freed is not None and freed >= need for _, freed, _, _ in options]
+    order = sorted(range(len(options)), key=lambda i: (not covers[i], options[i][2]))
+    ranked = [{"remedy": options[i][0], "frees_gib": _g(int(options[i][1])) if options[i][1] is not None else None,
+               "upper_bound": options[i][0] == "activation checkpointing", "covers_need": covers[i] if need is not None else None,
+               "cost": options[i][3]} for i in order]
+    numbers = {"floor_gib": _g(floor), "activations_gib": _g(act), "missing_gib": _g(need),
+               "half_precision_already": half}
+    if act is None:
+        text = ("Lower the peak. This run's figures do not show how much of it comes and goes within a step (no "
+                "allocation history or [memory] events), so in the usual order: "
+                + "; ".join(f"{n}. {r['remedy']} ({r['cost']})" for n, r in enumerate(ranked, 1)) + ".")
+    else:
+        lines = []
+        for n, r in enumerate(ranked, 1):
+            amount = f"{'up to ' if r['upper_bound'] else 'about '}{r['frees_gib']:.2f} GiB"
+            verdict = "" if need is None else (" (enough)" if r["covers_need"] else " (not enough alone)")
+            lines.append(f"{n}. {r['remedy']}: frees {amount}{verdict}; {r['cost']}")
+        text = (f"Lower the peak, ranked for this run: {_gib(peak)} at the peak, {_gib(floor)} of it outlives the step "
+                f"(weights, gradients, optimizer state), {_gib(act)} comes and goes within it"
+                + (f"; {_gib(need)} was missing" if need is not None else "") + ". " + "; ".join(lines) + "."
+                + (" Already in half precision (run.json's autocast or the kernel names), so bf16 is not listed." if half else ""))
+        if act < 0.25 * peak:
+            text += (f" Only {100 * act / max(peak, 1):.0f} % of the peak comes and goes within a step: these remedies "
+                     "cannot free much; shrink what outlives it (shard parameters, gradients and optimizer state with "
+                     "FSDP/ZeRO, or use an optimizer with less state).")
+    return ranked, text, numbers
+
+
+def _half_precision(a: Analysis) -> bool:
+    """bf16/fp16 already in use: an autocast context in run.json, or most matmul kernel time in half-precision kernels."""
+    if any(("bfloat16" in d or "float16" in d) for d in runfacts.autocast_dtypes(a.facts)):
+        return True
+    if a.metrics is None or a.metrics.kernels.empty:
+        return False
+    k = a.metrics.kernels
+    mm = k[k["matmul"].astype(bool)]
+    if mm.empty:
+        return False
+    half = mm["name"].map(lambda n: bool(HALF_PRECISION.search(n)))
+    return float(mm.loc[half, "total_us"].sum()) >= 0.5 * float(mm["total_us"].sum())
 
 
 def _sources(sites: list[dict]) -> list[str]:

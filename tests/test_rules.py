@@ -30,7 +30,8 @@ SINGLE = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
 @pytest.fixture(scope="module")
 def fixture_reports(tmp_path_factory):
     """Every rule's positive and negative fixture, written as .json.gz (a memory snapshot as .pickle, a
-    job-level rule's ranks as a folder), loaded and analysed once, the way `gpuadvise analyze` reads it."""
+    job-level rule's ranks as a folder, a trace with run.json facts as a run folder), loaded and analysed
+    once, the way `gpuadvise analyze` reads it."""
     d = tmp_path_factory.mktemp("rule-fixtures")
     cache = {}
 
@@ -38,6 +39,10 @@ def fixture_reports(tmp_path_factory):
         key = (rule.code, kind)
         if key not in cache:
             builder = getattr(rule, kind)()
+            if getattr(builder, "facts", None) is not None:
+                # a trace with run.json facts: read as the run folder `gpuadvise profile` leaves
+                (cache[key],) = analyze_paths([str(builder.write_run_folder(d / f"{rule.name}-{kind}"))], jobs=1)
+                return cache[key]
             path = builder.write(d / f"{rule.name}-{kind}{getattr(builder, 'suffix', '.json.gz')}")
             if path.is_dir():  # several ranks: the per-rank findings and the job's, as one report
                 reports = analyze_paths([str(path)], jobs=1)

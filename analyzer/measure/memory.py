@@ -80,6 +80,7 @@ class History:
     peak_allocated: int  # the highest allocation the history recorded (block sizes)
     peak_reserved: int
     reserved_at_peak: int  # reserved when allocation peaked
+    floor_allocated: int  # the lowest allocation after the peak: what outlives a step (weights, grads, optimizer state)
     segment_allocs: int  # segment_alloc + segment_map (cudaMalloc / mapped pages)
     segment_frees: int  # segment_free + segment_unmap (cudaFree / unmapped pages)
     release_cycles: int  # segments released and then allocated again (free → alloc transitions)
@@ -108,6 +109,7 @@ class TraceMemory:
     peak_reserved: int | None
     reserved_at_peak: int | None  # reserved when allocated peaked
     max_gap: int | None  # largest reserved − allocated
+    floor_allocated: int | None = None  # the lowest allocation after the peak (what outlives a step)
     timeline: list[list] = field(default_factory=list)  # [ms from trace start, allocated, reserved]
     iteration_kind: str | None = None  # "ProfilerStep", "Optimizer.step" or None
     iterations: int = 0
@@ -156,6 +158,15 @@ class MemorySummary:
     def peak_reserved(self) -> int | None:
         return _max(self.counters and self.counters.peak_reserved, self.history and self.history.peak_reserved,
                     self.trace and self.trace.peak_reserved)
+
+    @property
+    def floor_allocated(self) -> int | None:
+        """The lowest allocation after the peak (from the history, else the trace's [memory] events): the
+        memory that outlives a step. None when no source recorded allocation over time."""
+        for part in (self.history, self.trace):
+            if part is not None and part.floor_allocated is not None:
+                return part.floor_allocated
+        return None
 
     @property
     def high_water(self) -> tuple[int | None, int | None]:
@@ -297,7 +308,7 @@ def replay_history(snap: dict, state: SegmentState) -> History | None:
     return History(
         entries=n, timed=timed, span_s=_round(float(x[-1]), 3) if timed else None, actions=dict(Counter(actions)),
         peak_allocated=int(max(alloc_curve[peak_i], 0)), peak_reserved=int(max(res_curve.max(), 0)),
-        reserved_at_peak=int(max(res_curve[peak_i], 0)),
+        reserved_at_peak=int(max(res_curve[peak_i], 0)), floor_allocated=int(max(alloc_curve[peak_i:].min(), 0)),
         segment_allocs=seg_allocs, segment_frees=seg_frees, release_cycles=cycles, reallocated_bytes=realloc,
         releases=[{k: v for k, v in r.items() if k != "closed"} for r in releases[:10]],
         ooms=ooms[:10], top_sites=_sites_at_peak(entries, peak_i),
@@ -406,6 +417,7 @@ def trace_memory(model, metrics=None) -> TraceMemory | None:
         tm.device, tm.events = dev, int(len(g))
         tm.peak_allocated, tm.peak_reserved = int(alloc[i]), int(res.max())
         tm.reserved_at_peak = int(res[i])
+        tm.floor_allocated = int(max(alloc[i:].min(), 0))
         tm.max_gap = int(max((res - alloc).max(), 0))
         tm.timeline = _downsample(g["ts"].to_numpy() / 1e3, alloc, res)
     is_free = calls["name"].isin(FREE_CALLS).to_numpy()

@@ -107,6 +107,7 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
     # cudaMemcpyAsync to or from pageable memory returns only once the data is staged: it blocks too
     pageable = name_mask(ops["name"], lambda n: "Pageable" in n)
     calls.loc[calls["correlation"].isin(ops.loc[pageable, "correlation"]), "blocking"] = True
+    launches_block = _blocking_launches(calls, ops)
 
     g = nx.DiGraph()
     g.add_node("S")
@@ -169,6 +170,8 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
                     g.edges[("c", i), ("d", i)]["base"] = min(float(end - ts), WAKE_US)
                     break
                 j -= 1
+        if launches_block:
+            _tie_idle_syncs(g, calls, ops, owner, call_ts)
 
     # An op that started well after both its launch and its stream's previous op waited for something
     # else, usually an event recorded on another stream (cudaStreamWaitEvent): tie it to the op on another
@@ -183,6 +186,41 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
     replay.compile()
     replay.baseline_us = replay.simulate(Scenario("baseline"))
     return replay
+
+
+def _blocking_launches(calls: pd.DataFrame, ops: pd.DataFrame, min_launches: int = 20, share: float = 0.9) -> bool:
+    """CUDA_LAUNCH_BLOCKING=1: launch calls return only once their kernel has finished. When (nearly) all
+    launches in the window did, they are synchronous calls and are replayed like one (marked blocking);
+    a few launches of tiny kernels that happened to finish before their call returned change nothing.
+    Returns whether the window ran in that mode."""
+    launch = calls["name"].isin(LAUNCH_CALLS).to_numpy()
+    if launch.sum() < min_launches or ops.empty:
+        return False
+    ends = (ops["ts"] + ops["dur"]).groupby(ops["correlation"].to_numpy()).max()
+    op_end = calls["correlation"].map(ends).to_numpy(dtype=np.float64)  # NaN: no op of its own in the window
+    waited = launch & (calls["end"].to_numpy() >= op_end - 1.0)
+    if waited.sum() < share * launch.sum():
+        return False
+    calls.loc[waited, "blocking"] = True
+    return True
+
+
+def _tie_idle_syncs(g: nx.DiGraph, calls: pd.DataFrame, ops: pd.DataFrame, owner: np.ndarray, call_ts: np.ndarray) -> None:
+    """With blocking launches a sync never waits (the GPU is always done by then), so the trace shows no
+    wait to tie it to. A sync still orders after the work launched before it: tie each such sync to the
+    last op launched before it on every stream (base 0: the traced steps are unchanged), so a scenario that
+    lets the launches return at once still makes the sync wait for the GPU."""
+    syncs = calls[calls["name"].isin(SYNC_CALLS.keys()) & ~calls["name"].isin(LAUNCH_CALLS)]
+    launched = np.where(owner >= 0, call_ts[np.clip(owner, 0, None)], np.nan)
+    streams = ops["stream"].to_numpy()
+    for i, ts in zip(syncs.index, syncs["ts"].to_numpy()):
+        if any(d.get("kind") == "wait" for _, _, d in g.in_edges(("d", i), data=True)):
+            continue
+        before = np.flatnonzero(launched < ts)
+        for stream in np.unique(streams[before]):
+            mine = before[streams[before] == stream]
+            k = int(mine[np.argmax(launched[mine])])
+            g.add_edge(("ge", k), ("d", i), base=0.0, kind="wait", call=i)
 
 
 def _idle_launch_latency(launches: pd.DataFrame) -> float:

@@ -85,8 +85,9 @@ class TraceModel:
     - `gpu`: kernels, memcpys and memsets (`kind` in {"kernel", "memcpy", "memset"}), with
       `device`, `stream`, `correlation`, `external_id`, `bytes`.
     - `runtime`: CUDA/HIP runtime and driver calls (`pid`, `tid`, `correlation`, `external_id`).
-    - `cpu`: CPU ops and user annotations (`is_annotation`), with `external_id`, `input_type`,
-      `input_dims` (matmul/conv ops only) and the legacy `call_stack`.
+    - `cpu`: CPU ops and user annotations (`is_annotation`), with `external_id`, `seq` (the autograd
+      sequence number ops carry while grad mode is on, -1 without), `input_type`, `input_dims`
+      (matmul/conv ops only) and the legacy `call_stack`.
     - `python`: python_function frames (`python_id`, `parent_id`).
     - `memory`: `[memory]` instant events (`bytes`, `total_allocated`, `total_reserved`, `device`).
     - `syncs`: Kineto `cuda_sync` events.

@@ -21,7 +21,7 @@ import pandas as pd
 
 from gpuadvise.analyzer.model.trace import Device, TraceMeta, TraceModel
 
-FORMAT = 1
+FORMAT = 2  # 2: cpu ops keep their autograd sequence number (`seq`)
 MIN_BYTES = 16 << 20  # smaller traces parse in well under a second: not worth a file
 TABLES = ("gpu", "runtime", "cpu", "python", "memory", "syncs", "gpu_annotations")
 

@@ -30,6 +30,8 @@ class Args(msgspec.Struct, omit_defaults=True, gc=False):
     # python_function events (with_stack=True)
     python_id: Num = msgspec.field(name="Python id", default=None)
     python_parent_id: Num = msgspec.field(name="Python parent id", default=None)
+    # cpu ops recorded while autograd is on: the autograd sequence number (forward op and its backward share it)
+    sequence_number: Num = msgspec.field(name="Sequence number", default=None)
     # cpu ops: shapes and dtypes (record_shapes=True) and the legacy call stack
     input_type: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw(b"null"))  # decoded for matmuls only
     input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw(b"null"))

@@ -637,6 +637,7 @@ class _Builder:
         t.add("tid", self._idents([e.tid for e in evs]), np.int64)
         t.add("is_annotation", np.full(len(evs), annotation), bool)
         t.add("external_id", _external(args), np.int64)
+        t.add("seq", _i([a.sequence_number for a in args]), np.int64)
         stacks = self.stacks
         t.add("call_stack", [stacks[c] if type(c) is str else 0 for c in [a.call_stack for a in args]], np.int32)
         # shapes and dtypes only for matmul/conv ops: checked once per distinct name
@@ -730,7 +731,7 @@ class _Builder:
             "runtime": dict(name=np.int32, ts=np.float64, dur=np.float64, pid=np.int64, tid=np.int64,
                             correlation=np.int64, external_id=np.int64),
             "cpu": dict(name=np.int32, ts=np.float64, dur=np.float64, pid=np.int64, tid=np.int64, is_annotation=bool,
-                        external_id=np.int64, call_stack=np.int32, input_type=np.int32, input_dims=np.int32),
+                        external_id=np.int64, seq=np.int64, call_stack=np.int32, input_type=np.int32, input_dims=np.int32),
             "python": dict(name=np.int32, ts=np.float64, dur=np.float64, tid=np.int64, python_id=np.int64, parent_id=np.int64),
             "memory": dict(ts=np.float64, bytes=np.float64, total_allocated=np.float64, total_reserved=np.float64,
                            device_type=np.int64, device=np.int64, addr=np.float64),

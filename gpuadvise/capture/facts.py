@@ -124,39 +124,65 @@ def record_optimizer(opt) -> None:
         if known["class"] == name and known["id"] == id(opt):
             return
     defaults = getattr(opt, "defaults", {}) or {}
+    groups = getattr(opt, "param_groups", [])
+    devices: dict = {}  # parameters per device type: a model left on the CPU next to a GPU shows here
+    for g in groups:
+        for p in g.get("params", []):
+            kind = getattr(getattr(p, "device", None), "type", "?")
+            devices[kind] = devices.get(kind, 0) + 1
     _FACTS["optimizers"].append({"class": name, "id": id(opt), "foreach": defaults.get("foreach"), "fused": defaults.get("fused"),
-                                 "params": sum(len(g.get("params", [])) for g in getattr(opt, "param_groups", []))})
+                                 "params": sum(len(g.get("params", [])) for g in groups), "param_devices": devices})
+
+
+# Settings and environment as they were when the profiled window ended: a script may turn anomaly
+# detection or determinism on after import and off again before exit, and the later run.json writes
+# (at exit) must not overwrite what the traced steps ran with.
+_WINDOW: dict = {}
+_STATIC: dict = {}  # the machine facts that cannot change while the script runs, read once (~1 ms)
+
+
+def end_of_window(torch) -> None:
+    """Called when the profiled window completes: freeze the settings and environment the steps ran with."""
+    try:
+        _WINDOW["settings"] = _settings(torch, "window end")
+        _WINDOW["environment"] = _environment(torch)
+    except Exception:  # recording must never break training
+        pass
 
 
 def backend_flags(torch) -> dict:
-    out = {}
-    for key, get in (
-        ("cudnn_benchmark", lambda: torch.backends.cudnn.benchmark),
-        ("cudnn_allow_tf32", lambda: torch.backends.cudnn.allow_tf32),
-        ("matmul_allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32),
-        ("float32_matmul_precision", lambda: torch.get_float32_matmul_precision()),
-    ):
-        try:
-            out[key] = get()
-        except Exception:
-            out[key] = None
-    return out
+    """run.json's `settings`: TF32, cudnn.benchmark, determinism, anomaly detection (doctor reads the same)."""
+    if "settings" in _WINDOW:
+        return dict(_WINDOW["settings"])
+    return _settings(torch, "before the window ended")
 
 
 def environment(torch) -> dict:
-    env = {"torch": torch.__version__, "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None),
-           "python": sys.version.split()[0], "cuda_available": False}
+    """run.json's `environment`: versions and device, and under `machine` everything `gpuadvise doctor` checks."""
+    if "environment" in _WINDOW:
+        return dict(_WINDOW["environment"])
     try:
-        env["cudnn"] = torch.backends.cudnn.version()
-    except Exception:
-        env["cudnn"] = None
-    try:
-        if torch.cuda.is_available():
-            env["cuda_available"] = True
-            idx = torch.cuda.current_device()
-            props = torch.cuda.get_device_properties(idx)
-            env["device"] = {"name": props.name, "capability": list(torch.cuda.get_device_capability(idx)),
-                             "total_memory": props.total_memory, "count": torch.cuda.device_count()}
+        return _environment(torch)
     except Exception as exc:
-        env["device_error"] = repr(exc)
+        return {"torch": getattr(torch, "__version__", None), "python": sys.version.split()[0],
+                "cuda_available": False, "device_error": repr(exc)}
+
+
+def _settings(torch, when: str) -> dict:
+    from gpuadvise.doctor import probe
+
+    return dict(probe.backend_flags(torch), read_at=when)
+
+
+def _environment(torch) -> dict:
+    from gpuadvise.doctor import probe
+
+    if "environment" not in _STATIC:
+        _STATIC["environment"] = probe.environment(torch)
+    env = dict(_STATIC["environment"])
+    # what a script can change while it runs is read fresh each time
+    env["machine"] = dict(env["machine"], env=probe.env_facts(), settings=probe.backend_flags(torch))
+    device = probe.current_device(torch, env["machine"]["gpus"])
+    if device:
+        env["device"] = device
     return env

@@ -155,6 +155,7 @@ class Session:
     def _on_trace_ready(self, prof) -> None:
         if self.finishing:  # stopped mid-window at exit: torch still calls us; keep no partial trace
             return
+        facts_mod.end_of_window(self.torch)  # the settings the traced steps ran with, not those at exit
         try:
             self.out.mkdir(parents=True, exist_ok=True)
             final = self.out / runfolder.trace_name(self.rank)

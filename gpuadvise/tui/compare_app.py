@@ -127,7 +127,7 @@ class CompareApp(App[int]):
         """The comparison as markdown at `path`, its charts as SVG files beside it (each written atomically)."""
         if path is None or self.result is None:
             return None
-        from gpuadvise.analyzer.run.cli import write_atomic
+        from gpuadvise.analyzer.report.output import write_atomic
         from gpuadvise.analyzer.report.compare import markdown_files
 
         if not path.is_absolute():
