@@ -185,13 +185,15 @@ def _check_writable(path: Path) -> None:
 
 
 def _refuse_overwriting_inputs(out: Path, paths: list[str]) -> None:
+    """Never write the report over a file being analysed. A folder's earlier report (or any JSON that is
+    not a trace) is not an input: writing `-o RUN/report.json` again replaces it."""
     if not out.exists():
         return
+    from .sources import resolve
+
     target = out.resolve()
-    for raw in paths:
-        p = Path(raw)
-        inputs = list(p.iterdir()) if p.is_dir() else [p]
-        if any(q.exists() and q.resolve() == target for q in inputs):
+    for src in resolve(paths):
+        if any(q is not None and q.exists() and q.resolve() == target for q in (src.path, src.snapshot)):
             raise InputError(out, "the output would overwrite an input trace; choose another -o")
 
 

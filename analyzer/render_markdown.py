@@ -232,6 +232,9 @@ def _recommendation(f: Finding) -> str:
 
 def _saving(f: Finding) -> str:
     pct = f"{f.impact.est_step_saving_pct:.1f} %"
+    r = f.impact.range_pct
+    if r and r[1] - r[0] >= 1:
+        pct += f" ({r[0]:.0f}–{r[1]:.0f} %)"
     return f"up to {pct}" if f.impact.upper_bound else pct
 
 

@@ -36,6 +36,8 @@ def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
             rank = f" [rank {f.rank}]" if f.rank is not None and len(reports) > 1 else ""
             pct = f.impact.est_step_saving_pct
             est = f"up to {pct:.1f}%" if f.impact.upper_bound else f"~{pct:.1f}%"
+            if f.impact.range_pct and f.impact.range_pct[1] - f.impact.range_pct[0] >= 1:
+                est += f", {f.impact.range_pct[0]:.0f}–{f.impact.range_pct[1]:.0f}%"
             est = f"  ({est} of step time)" if pct > 0 else ""
             out.append(f"\n{i}. [{f.severity}] {terminal(f.title)}{est}{rank}")
             out.append(f"   {f.rule} {f.topic}")
