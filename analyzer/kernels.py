@@ -37,7 +37,7 @@ NOT_MATMUL = re.compile(
     r"\bbn_|batch_?norm|nchwToNhwc|nhwcToNchw|pooling|softmax|elementwise|"
     r"splitKreduce|ReduceSplitK|reduction::kernel|epilogue::impl|init_device_workspace|compute\w*Offsets|"
     r"im2col|reduce_wgrad|bounds_check|fbgemm_gpu::|embedding|transpose_readWrite|scal_kernel|dot_kernel|"
-    r"reduce_1Block|gemv|^triton_(poi|red|per)_|_FP8rowwise|_FP8_q|FP8_quantize",
+    r"reduce_1Block|(?<![A-Za-z])gemv|^triton_(poi|red|per)_|_FP8rowwise|_FP8_q|FP8_quantize",
     re.I,
 )
 

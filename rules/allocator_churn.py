@@ -38,8 +38,13 @@ Unset `PYTORCH_NO_CUDA_MEMORY_CACHING` (a debugging switch). If the frees are ou
   silent: start-up allocations would look the same.
 - Snapshot history: at least 2 release-then-reallocate cycles (a one-off `empty_cache()` between
   benchmark phases makes one).
-The trace saving is the critical-path replay of the steps without the allocator calls on the training
-thread; from a snapshot alone it cannot be timed (0).
+The trace saving is a range. Its low end is the critical-path replay of the steps without the
+allocator calls (on every thread; cudaFree waits for all GPU work launched before it) at the CPU speed
+the trace shows. The profiler slows the Python and launch work around the calls but not the driver
+time inside them, so without it the calls are a larger share of a shorter step; a step cannot get
+shorter than its GPU work plus the calls (cudaFree makes the GPU wait for them), which gives the high
+end, calls / (GPU work + calls): what the fix saves once the loop keeps pace with its GPU, and the
+headline. From a snapshot alone the calls cannot be timed (0).
 """
 
 from __future__ import annotations
@@ -120,20 +125,23 @@ class AllocatorChurn(Rule):
 
     def _range(self, a: Analysis, replayed: float, basis: str, calls_us: float):
         """(headline, basis, range). The replay runs at the traced CPU speed. The allocator calls are driver
-        time, which the profiler barely slows, while it slows the Python and launch work around them (1.5–2.4×
-        on the H100 pairs' loops): without it the step is shorter and the same calls a larger share of it.
-        The step cannot get shorter than its GPU work plus the calls (cudaFree's sync makes the GPU wait for
-        the frees and the next step's cudaMallocs), which bounds that share from above."""
+        time, which the profiler barely slows, while it slows the Python and launch work around them
+        (1.5–2.4× on the H100 pairs' loops, README): without it the step is shorter and the same calls a
+        larger share of it. The step cannot get shorter than its GPU work plus the calls (cudaFree syncs the
+        device: the GPU waits while the frees and the next step's cudaMallocs run), so that share,
+        calls / (GPU work + calls), is what the fix saves once the loop keeps pace with its GPU; it stays at
+        the replayed figure if the loop remains as CPU-bound as traced."""
         gpu_us = float(a.metrics.per_step["gpu_busy_us"].median())
         high = 100.0 * calls_us / max(gpu_us + calls_us, 1e-9)
         if high <= replayed:
             return replayed, basis, None
-        mid = (replayed + high) / 2
-        basis += (f" gives {replayed:.1f} %; the calls cost {calls_us / 1e3:.1f} ms of driver time per step, which the "
-                  f"profiler hardly slows while it slows the CPU work around them: without it the step is shorter, "
-                  f"down to its {gpu_us / 1e3:.1f} ms of GPU work plus the calls, where they are {high:.1f} %. The trace "
-                  f"cannot tell how much shorter: {mid:.1f} % is the middle of that range")
-        return mid, basis, (replayed, high)
+        basis += (f" gives {replayed:.1f} % at the traced CPU speed. The calls are {calls_us / 1e3:.1f} ms of driver "
+                  f"time per step, which the profiler hardly slows while it slows the CPU work around them; cudaFree "
+                  f"syncs the device, so a step without the profiler is still at least its {gpu_us / 1e3:.1f} ms of GPU "
+                  f"work plus the calls, of which they are {high:.1f} %: the saving once the loop keeps pace with its "
+                  f"GPU, the headline. The trace cannot tell how far the profiler slowed the CPU: "
+                  f"{replayed:.1f}–{high:.1f} %")
+        return high, basis, (replayed, high)
 
     def _from_history(self, a: Analysis):
         h = a.memory.history
