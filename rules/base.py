@@ -55,8 +55,13 @@ class Rule:
         return m.group(1).strip() if m else ""
 
     def finding(self, *, message: str, evidence: Evidence, saving: float, basis: str, advice: str,
-                severity: str | None = None, title: str | None = None) -> Finding:
+                severity: str | None = None, title: str | None = None, range_pct: tuple[float, float] | None = None,
+                after: str | None = None) -> Finding:
         saving = round(max(0.0, saving), 1)
+        span = None
+        if range_pct is not None:
+            lo, hi = sorted(round(max(0.0, min(100.0, v)), 1) for v in range_pct)
+            span = [min(lo, saving), max(hi, saving)]
         return Finding(
             rule=self.code,
             topic=self.topic,
@@ -64,6 +69,6 @@ class Rule:
             title=title or self.title,
             message=message,
             evidence=evidence,
-            impact=Impact(est_step_saving_pct=saving, basis=basis),
+            impact=Impact(est_step_saving_pct=saving, basis=basis, range_pct=span, after=after),
             recommendation=(advice + "\n\n" + self.fix).strip(),
         )

@@ -30,13 +30,18 @@ control flow with tensor ops (`torch.where`), and find hidden syncs with
 ## Thresholds
 Fires when blocking calls inside the steps are predicted (by the critical-path replay) to cost at
 least 1 % of step time, or, with no GPU timeline to replay, when they take at least 1 % of it.
-Syncs while the GPU is saturated cost little and are not reported.
+Syncs while the GPU is saturated cost little and are not reported. cudaFree synchronises the device
+as well: when removing the syncs alone saves under 1 % because cudaFree calls in the loop would
+serialise it again, the finding gives the saving with both gone and says so.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
+from gpuadvise.analyzer.measure.memory import FREE_CALLS
 from gpuadvise.analyzer.measure.metrics import SCALAR_OPS
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
@@ -64,8 +69,19 @@ class HostSync(Rule):
         window = max(m.per_step["dur_us"].sum(), 1e-9)
         share = 100 * s["dur"].sum() / window
         keys = set(zip(s["ts"], s["tid"]))
-        saving, basis = a.predicted_saving(Scenario(
-            "these syncs removed", unblock=lambda c: [(t, tid) in keys for t, tid in zip(c["ts"], c["tid"])]))
+
+        def these(c):
+            return np.array([(t, tid) in keys for t, tid in zip(c["ts"], c["tid"])], dtype=bool)
+
+        saving, basis = a.predicted_saving(Scenario("these syncs removed", unblock=these))
+        with_frees = None
+        if saving is not None and saving < self.thresholds["min_saving_pct"]:
+            # cudaFree syncs the device too: with only these syncs gone, frees in the loop serialise it again
+            both, both_basis = a.predicted_saving(Scenario(
+                "these syncs and the loop's cudaFree calls removed",
+                unblock=lambda c: these(c) | c["name"].isin(FREE_CALLS).to_numpy()))
+            if both is not None and both >= self.thresholds["min_saving_pct"]:
+                with_frees, saving, basis = saving, both, both_basis
         if saving is None:
             if share < self.thresholds["min_share_pct"]:
                 return []
@@ -86,6 +102,12 @@ class HostSync(Rule):
         message = (f"{len(s)} blocking calls ({len(s) / nsteps:.1f} per step{scalar_txt}) hold the CPU for "
                    f"{s['dur'].sum() / 1e3:.2f} ms in total ({share:.1f}% of step time). The largest share is "
                    f"{int(top['count'])}× `{top['name']}`{inside}: {top['total_us'] / 1e3:.2f} ms.")
+        advice = "Remove the syncs from the loop, or move them to where the value is really needed."
+        if with_frees is not None:
+            message += (f" cudaFree calls in the same window synchronise the device as well: without them gone too, "
+                        f"removing these syncs saves only {with_frees:.1f}%.")
+            advice += (" Take the cudaFree calls out of the loop too (`torch.cuda.empty_cache()`, or "
+                       "`PYTORCH_NO_CUDA_MEMORY_CACHING`): each one waits for the whole GPU.")
         evidence = Evidence(
             steps=sorted({int(st.number) for st in m.steps}),
             time_ranges_ms=[(a.rel_ms(t), a.rel_ms(e)) for t, e in zip(worst["ts"], worst["end"])],
@@ -94,7 +116,6 @@ class HostSync(Rule):
             numbers={"blocking_calls": int(len(s)), "per_step": round(len(s) / nsteps, 1), "scalar_reads": scalar,
                      "blocked_ms": a.ms(s["dur"].sum()), "blocked_share_pct": round(share, 1)},
         )
-        advice = "Remove the syncs from the loop, or move them to where the value is really needed."
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice)]
 
     def positive(self) -> TraceBuilder:

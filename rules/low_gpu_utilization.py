@@ -6,6 +6,11 @@ activity inside each ProfilerStep; without steps, HTA's temporal breakdown over 
 span). The idle time is split as Holistic Trace Analysis does: *host wait* (the GPU waited for the
 CPU to launch the next op), *kernel wait* (short gaps between back-to-back ops) and *other*.
 
+The finding also says what the CPU was doing during the idle time: each idle gap is charged to the
+thread that launched the GPU op ending it, and within that thread to the DataLoader wait, a blocking
+sync, cudaMalloc/cudaFree, launch calls, the outermost op running, or Python outside any recorded op
+(in that order), in ms per step (`analyzer/idle.py`).
+
 ## Why it matters
 An idle GPU is paid for and does nothing. This finding is the symptom; the other findings (data
 loading, syncs, launch overhead) name causes. Its saving is an upper bound: what the step would take
@@ -32,6 +37,7 @@ import numpy as np
 
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
+from gpuadvise.analyzer.measure.idle import explain_idle
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
@@ -65,6 +71,13 @@ class LowGpuUtilization(Rule):
         message = (f"The GPU is busy only {busy:.1f}% of the time {where} (median step {m.median_step_us / 1e3:.1f} ms). "
                    f"Of the idle time, {split['host_wait']:.0f}% is the GPU waiting for the CPU to launch work, "
                    f"{split['kernel_wait']:.0f}% short gaps between kernels, {split['other']:.0f}% other waits.")
+        causes = explain_idle(a.model, m)
+        named = causes[causes["share_of_idle_pct"] >= 1.0]
+        if len(named):
+            per = "per step" if m.steps else "in the trace"
+            message += (f" Meanwhile the CPU thread launching the GPU's work was in: "
+                        + "; ".join(f"{r.what} {r.ms_per_step:.2f} ms {per} ({r.share_of_idle_pct:.0f}%)"
+                                    for r in named.head(4).itertuples()) + ".")
         low = m.per_step[m.per_step["gpu_busy_pct"] < self.thresholds["max_busy_pct"]]
         worst = low.nsmallest(3, "gpu_busy_pct")
         evidence = Evidence(
@@ -73,7 +86,8 @@ class LowGpuUtilization(Rule):
             items=[{"name": f"step #{int(r.step)}" if r.step >= 0 else "whole trace", "busy_pct": round(r.gpu_busy_pct, 1),
                     "step_ms": a.ms(r.dur_us)} for r in worst.itertuples()],
             numbers={"gpu_busy_pct": round(busy, 1), "idle_split_pct": split,
-                     "hta_temporal_idle_pct": round(m.temporal.get("idle_pct", 0.0), 1)},
+                     "hta_temporal_idle_pct": round(m.temporal.get("idle_pct", 0.0), 1),
+                     "cpu_during_idle": causes.to_dict("records")},
         )
         advice = ("The GPU mostly waits for the CPU to hand it work: see the other findings for the cause."
                   if split["host_wait"] >= 50 else "The GPU waits on something other than launches (syncs, other streams).")

@@ -50,8 +50,11 @@ Fires when all of these hold:
 - when the snapshot has a history: at the highest allocation it recorded, at least 5 % of the reserved
   memory was unused (the control: 0.3 %; the fragmented snapshot with a history: 7.2 %). Below that,
   the holes are memory freed after the peak and fragmentation cost nothing.
-Severity is medium from 10 % stranded or 10 % unused at the peak, else low. It saves memory, not step
-time: the predicted step-time saving is 0.
+Severity says how much the stranded memory matters, which depends on how short memory is: high after
+an out-of-memory or a cudaMalloc retry, or when the peak (reserved) reaches 90 % of the device; medium
+from 75 %; low from 25 % (or when the device's capacity is unknown); below a quarter of the device it
+is informational (3 GiB of holes in a run that uses 3 GiB of an 80 GiB GPU cost nothing). It saves
+memory, not step time: the predicted step-time saving is 0.
 """
 
 from __future__ import annotations
@@ -71,7 +74,8 @@ class MemoryFragmentation(Rule):
     title = "GPU memory is fragmented: reserved far above allocated"
     requires = ("memory",)
     thresholds = {"min_unallocated_pct": 20.0, "min_stranded_gib": 1.0, "min_stranded_pct": 5.0,
-                  "min_stranded_mib": 256, "min_unused_at_peak_pct": 5.0, "medium_pct": 10.0}
+                  "min_stranded_mib": 256, "min_unused_at_peak_pct": 5.0,
+                  "high_peak_pct": 90.0, "medium_peak_pct": 75.0, "low_peak_pct": 25.0}
 
     def check(self, a: Analysis):
         mem = a.memory
@@ -107,7 +111,8 @@ class MemoryFragmentation(Rule):
         if mem.ooms:
             advice += f" The run hit out-of-memory {mem.ooms}× with this memory stranded: fragmentation is the first suspect."
         unused_peak = h.unused_at_peak_pct if h is not None and h.reserved_at_peak else 0.0
-        medium = max(s.stranded_pct, unused_peak) >= t["medium_pct"] or mem.ooms
+        severity, pressure = self._severity(mem)
+        message += " " + pressure
         numbers = {"reserved_gib": _g(s.reserved), "allocated_gib": _g(s.allocated), "unallocated_pct": round(s.slack_pct, 1),
                    "stranded_gib": _g(s.stranded), "stranded_pct_of_reserved": round(s.stranded_pct, 1),
                    "stranded_blocks": s.stranded_blocks, "partly_used_segments": s.partly_used_segments,
@@ -119,11 +124,31 @@ class MemoryFragmentation(Rule):
                            unused_at_peak_pct=round(unused_peak, 1))
         evidence = Evidence(items=s.largest_segments, numbers=numbers,
                             sources=[x["name"] for x in (h.top_sites if h else s.top_sites) if x["name"] != NO_SITE][:3])
+        numbers["peak_pct_of_capacity"] = _pct(mem)
         return [self.finding(
-            message=message, evidence=evidence, saving=0.0, severity="medium" if medium else "low",
+            message=message, evidence=evidence, saving=0.0, severity=severity,
             basis="memory, not step time: fragmentation costs capacity (a larger batch or model that would fit) "
                   "and slow cudaMalloc retries when memory runs out; no step-time saving is predicted",
             advice=advice)]
+
+    def _severity(self, mem) -> tuple[str, str]:
+        """(severity, a sentence on how short memory is): holes matter when memory runs out."""
+        t = self.thresholds
+        retries = (mem.counters.num_alloc_retries or 0) if mem.counters is not None else 0
+        if mem.ooms or retries:
+            what = f"{mem.ooms} out-of-memory errors" if mem.ooms else f"{retries} cudaMalloc retries"
+            return "high", f"Memory is short: the run had {what}."
+        pct = _pct(mem)
+        if pct is None:
+            return "low", "The device's capacity is unknown, so how much these holes matter cannot be told."
+        peak = f"The peak ({_gib(max(v or 0 for v in mem.high_water))}) is {pct:.0f} % of the device's {_gib(mem.capacity)}"
+        if pct >= t["high_peak_pct"]:
+            return "high", peak + ": the holes are memory the run is about to need."
+        if pct >= t["medium_peak_pct"]:
+            return "medium", peak + "."
+        if pct >= t["low_peak_pct"]:
+            return "low", peak + "."
+        return "info", peak + ": with that much free, the holes cost nothing today."
 
     def positive(self) -> SnapshotBuilder:
         # 3.75 GiB reserved, 1.75 GiB allocated: eight 256 MiB segments each pinned by one live tensor
@@ -143,6 +168,13 @@ class MemoryFragmentation(Rule):
         for _ in range(13):
             b.segment(live(1 * GiB))
         return b
+
+
+def _pct(mem) -> float | None:
+    """The peak footprint (reserved, else allocated) as a share of the device's memory."""
+    peak = max((v or 0) for v in mem.high_water) or None
+    pct = mem.pct_of_capacity(peak)
+    return round(pct, 1) if pct is not None else None
 
 
 def _g(n: int) -> float:

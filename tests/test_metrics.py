@@ -21,6 +21,7 @@ from gpuadvise.analyzer.measure.metrics import (
 from gpuadvise.fixtures.builder import TraceBuilder
 
 GEMM = "ampere_tf32_s1688gemm_64x64_nn"
+SINGLE_LOADER = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
 
 # ----------------------------------------------------------------------------------------------------
 # Interval arithmetic vs brute force on a unit grid
@@ -364,3 +365,85 @@ def test_inside_any_agrees_with_checking_every_span():
     assert inside.any() and not inside.all()
     assert (_inside_any(ts, tid, spans, ends=ends) == inside).all()
     assert (_inside_any(ts, tid, spans) == launched).all()
+
+
+# ----------------------------------------------------------------------------------------------------
+# Subtracting and intersecting unions (the idle explanation's arithmetic) vs brute force
+
+
+@settings(max_examples=200, deadline=None)
+@given(interval_lists, interval_lists)
+def test_subtract_and_intersect_match_brute_force(a, b):
+    ua = iv.union([x for x, _ in a], [y for _, y in a])
+    ub = iv.union([x for x, _ in b], [y for _, y in b])
+    ga, gb = cells(a), cells(b)
+    diff = iv.subtract(ua, ub)
+    both = iv.intersect(ua, ub)
+    assert np.array_equal(cells(zip(*diff)), ga & ~gb)
+    assert np.array_equal(cells(zip(*both)), ga & gb)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Steps on the GPU timeline
+
+
+def runs_ahead_trace(steps: int = 4, kernels: int = 10, kernel_us: float = 1_000) -> TraceBuilder:
+    """A loop with no sync: each step's CPU span launches 10 ms of GPU work in ~60 µs, so the CPU runs
+    ahead and the GPU works through the queue long after the step's span has ended."""
+    b = TraceBuilder()
+    for _ in range(steps):
+        with b.step():
+            for _ in range(kernels):
+                b.kernel(GEMM, kernel_us)
+    b.finish()
+    return b
+
+
+def test_steps_are_measured_on_the_gpu_when_the_cpu_runs_ahead(load_built):
+    m = compute(load_built(runs_ahead_trace()))
+    ps = m.per_step
+    # each CPU span is 10 launches × 6 µs; the GPU time of a step is its 10 kernels back to back
+    assert ps["cpu_dur_us"].tolist() == pytest.approx([60] * 4)
+    assert ps["gpu_dur_us"].tolist() == pytest.approx([10_000] * 4)
+    assert ps["dur_us"].tolist() == pytest.approx([10_000] * 4)
+    assert ps["gpu_bound"].all()
+    assert m.median_step_us == pytest.approx(10_000) and m.median_cpu_step_us == pytest.approx(60)
+    assert m.busy_in_steps_pct == pytest.approx(100)
+    # each step's work, wherever the GPU got to it: step 2 starts when step 1's 10 kernels are done
+    starts = ps["start_us"].to_numpy()
+    assert np.diff(starts) == pytest.approx([10_000] * 3)
+    assert starts[0] == pytest.approx(m.steps[0].start + 10)  # first launch's end + latency
+
+
+def test_steps_keep_the_cpu_span_when_the_gpu_keeps_up(load_built):
+    # the GPU work comes at the end of each span (a data-loading wait first): the GPU's step-to-step time
+    # would include the next step's wait, which is the CPU's time, not this step's GPU time
+    b = TraceBuilder()
+    for wait in (20_000, 30_000, 10_000):
+        with b.step():
+            b.cpu(SINGLE_LOADER, wait)
+            for _ in range(10):
+                b.kernel(GEMM, 100)
+            b.sync()
+    b.finish()
+    m = compute(load_built(b))
+    ps = m.per_step
+    assert not ps["gpu_bound"].any()
+    assert ps["dur_us"].tolist() == pytest.approx(ps["cpu_dur_us"].tolist())
+    assert ps["gpu_dur_us"].tolist() == pytest.approx([1_000] * 3)
+    assert ps["dataloader_us"].tolist() == pytest.approx([20_000, 30_000, 10_000])
+
+
+def test_copies_belong_to_the_step_that_issued_them(load_built):
+    b = TraceBuilder()
+    for _ in range(3):
+        with b.step():
+            b.copy("HtoD", "Pinned", "Device", nbytes=1 << 20, dur=200, blocking=False)
+            for _ in range(10):
+                b.kernel(GEMM, 1_000)
+    b.finish()
+    m = compute(load_built(b))
+    copies = m.copies[m.copies["kind"] == "memcpy"]
+    # the later copies run long after their step's CPU span ended, behind the previous steps' kernels
+    assert (copies["ts"].to_numpy()[1:] > np.array([s.end for s in m.steps])[1:]).all()
+    assert copies["step"].tolist() == [0, 1, 2]

@@ -422,3 +422,151 @@ def test_job_rules_do_not_run_on_one_trace(load_built):
         one_rank = rule.positive().ranks[0]
         report = analyze_model(load_built(one_rank))
         assert rule.topic not in topics(report)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Savings from the mechanism of each fix (the H100 pairs' lessons), on fixtures with known numbers
+
+
+H100 = ("NVIDIA H100 80GB HBM3", (9, 0))
+
+
+def test_no_tensor_cores_on_h100_uses_the_matrix_unit_peak_ratios(load_built):
+    # GPU-bound: per step 20 × (800 µs fp32 SIMT GEMM + 40 µs elementwise). bf16 autocast runs the GEMMs
+    # 14.8× faster (989 vs 67 TFLOP/s): 20 × (54 + 40) µs; TF32 7.4×: 20 × (108 + 40) µs
+    report = analyze(_gemm_trace(*H100, "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize256x128x8_stage3_ffma_kernel"),
+                     load_built)
+    f = next(f for f in report.findings if f.topic == "no-tensor-cores")
+    bf16 = 100 * (1 - 20 * (800 / 14.8 + 40) / (20 * 840))
+    tf32 = 100 * (1 - 20 * (800 / 7.4 + 40) / (20 * 840))
+    assert f.impact.est_step_saving_pct == pytest.approx(bf16, abs=2)
+    assert f.impact.range_pct[0] == pytest.approx(tf32, abs=2)
+    assert "14.8" in f.impact.basis and "7.4" in f.impact.basis
+    assert "autocast" in f.recommendation and "set_float32_matmul_precision" in f.recommendation
+
+
+def test_no_tensor_cores_hidden_behind_cpu_work_is_informational(load_built):
+    b = TraceBuilder(*H100)
+    for _ in range(4):
+        with b.step():
+            for _ in range(20):
+                b.kernel("ampere_sgemm_128x64_nn", 20)
+                b.idle(500)  # the Python loop, not the GEMMs, sets the pace
+            b.sync()
+    b.finish()
+    f = next(f for f in analyze(b, load_built).findings if f.topic == "no-tensor-cores")
+    assert f.severity == "info" and f.impact.est_step_saving_pct < 1
+
+
+def _aligned_and_not(n_odd: int, n_even: int) -> TraceBuilder:
+    b = TraceBuilder(*H100)
+    types = {"Input type": ["c10::BFloat16", "c10::BFloat16"]}
+    for _ in range(3):
+        with b.step():
+            for _ in range(n_odd):
+                with b.op("aten::mm", **types, **{"Input Dims": [[4096, 4095], [4095, 4096]]}):
+                    b.kernel("cutlass_75_tensorop_bf16_s1688gemm_bf16_256x128_tn_align1", 1_000)
+            for _ in range(n_even):
+                with b.op("aten::mm", **types, **{"Input Dims": [[4096, 4096], [4096, 4096]]}):
+                    b.kernel("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NTT", 200)
+            b.sync()
+    b.finish()
+    return b
+
+
+def test_matmul_alignment_speeds_odd_gemms_to_the_aligned_ones_in_the_trace(load_built):
+    # 4 odd GEMMs of 1000 µs and 4 aligned ones of the same size at 200 µs per step: once padded, the odd
+    # ones take 200 µs too, and the GPU-bound step falls from 4800 to 1600 µs
+    f = next(f for f in analyze(_aligned_and_not(4, 4), load_built).findings if f.topic == "matmul-alignment")
+    assert f.evidence.numbers["aligned_tflops"] == pytest.approx(2 * 4096**3 / 200e-6 / 1e12, rel=0.01)
+    assert f.impact.est_step_saving_pct == pytest.approx(100 * (1 - 1_600 / 4_800), abs=3)
+    assert "in this trace" in f.impact.basis and f.impact.range_pct is None
+
+
+def test_matmul_alignment_without_aligned_gemms_uses_the_device_peak_with_a_range(load_built):
+    f = next(f for f in analyze(_aligned_and_not(4, 0), load_built).findings if f.topic == "matmul-alignment")
+    # 137 GFLOP at 75 % of 989 TFLOP/s: 185 µs instead of 1000
+    assert f.impact.est_step_saving_pct == pytest.approx(100 * (1 - 185 / 1_000), abs=3)
+    low, high = f.impact.range_pct
+    assert low < f.impact.est_step_saving_pct <= high
+    assert "989" in f.impact.basis
+
+
+def test_pageable_copies_get_the_bandwidth_of_the_traces_pinned_ones(load_built):
+    b = TraceBuilder(*H100)
+    for _ in range(4):
+        with b.step():
+            b.copy("HtoD", "Pageable", "Device", nbytes=50 << 20, dur=5_000)  # 10 GB/s
+            b.copy("HtoD", "Pinned", "Device", nbytes=50 << 20, dur=1_000, blocking=False)  # 52 GB/s
+            for _ in range(10):
+                b.kernel("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NTT", 100)
+            b.sync()
+    b.finish()
+    f = next(f for f in analyze(b, load_built).findings if f.topic == "pageable-memcpy")
+    assert f.evidence.numbers["pinned_gbps"] == pytest.approx((50 << 20) / 1_000 / 1e3, rel=0.01)
+    assert "measured on 4 pinned copies" in f.impact.basis
+    # step: 5000 (blocked CPU + copy) + 1000 + 1000 of GPU work → the copy at 1000 µs: 3000 of ≈ 7000
+    assert f.impact.est_step_saving_pct == pytest.approx(100 * 4_000 / 7_000, abs=4)
+
+
+def test_allocator_churn_is_a_range_up_to_its_share_of_a_gpu_paced_step(load_built):
+    report = analyze(find_rule("allocator-churn").positive(), load_built)
+    f = next(f for f in report.findings if f.topic == "allocator-churn")
+    # per step: 300 µs cudaMalloc + 800 µs cudaFree of driver time, 20 × 200 µs of GPU work
+    assert f.impact.est_step_saving_pct == pytest.approx(100 * 1_100 / (4_000 + 1_100), abs=1)
+    low, high = f.impact.range_pct
+    assert high == pytest.approx(f.impact.est_step_saving_pct) and low < high
+    assert "traced CPU speed" in f.impact.basis
+
+
+def test_launch_bound_behind_a_dataloader_is_a_share_of_todays_step(load_built):
+    b = TraceBuilder(launch_us=12.0)
+    for _ in range(4):
+        with b.step():
+            b.cpu(SINGLE, 40_000)
+            for _ in range(200):
+                b.kernel("void at::native::vectorized_elementwise_kernel<4, add>", 3)
+                b.idle(8)
+            b.sync()
+    b.finish()
+    report = analyze(b, load_built)
+    dl = next(f for f in report.findings if f.topic == "dataloader-stall")
+    lb = next(f for f in report.findings if f.topic == "launch-bound")
+    assert lb.impact.after == "dataloader-stall"
+    after_fix = lb.evidence.numbers["saving_after_loader_fix_pct"]
+    # today's step is ≈ 44 ms, 40 of them loading: what the launch fix adds is a small share of it, and the
+    # same time is a large share of the ≈ 4 ms step the loader fix leaves
+    assert lb.impact.est_step_saving_pct < 10 < after_fix
+    assert lb.impact.est_step_saving_pct == pytest.approx(after_fix * (1 - dl.impact.est_step_saving_pct / 100), abs=1)
+    assert "once the loader is fixed" in lb.message
+    assert report.findings.index(dl) < report.findings.index(lb)
+
+
+def test_low_utilization_says_what_the_cpu_did_meanwhile(fixture_reports):
+    report = fixture_reports(find_rule("dataloader-stall"), "positive")
+    f = next(f for f in report.findings if f.topic == "low-gpu-utilization")
+    first = f.evidence.numbers["cpu_during_idle"][0]
+    # each step: 20 ms in the DataLoader while the GPU waits, then 40 kernels that keep it busy
+    assert first["kind"] == "dataloader" and first["ms_per_step"] == pytest.approx(20.0, abs=0.1)
+    assert "DataLoader wait" in f.message and "20.00 ms per step" in f.message
+
+
+def _fragmented_report(facts):
+    snap = find_rule("memory-fragmentation").positive().to_dict()
+    return analyze_snapshot(snap, facts=facts)
+
+
+@pytest.mark.parametrize("capacity_gib,retries,severity", [
+    (80, 0, "info"),  # 3.75 GiB of an 80 GiB GPU: the holes cost nothing
+    (12, 0, "low"),
+    (4.5, 0, "medium"),  # 83 %
+    (4, 0, "high"),  # 94 %: the holes are memory the run needs
+    (80, 2, "high"),  # cudaMalloc retries: memory ran short
+    (None, 0, "low"),  # unknown capacity
+])
+def test_fragmentation_is_graded_by_how_short_memory_is(capacity_gib, retries, severity):
+    facts = {"capture": {"memory_stats": {"num_alloc_retries": retries}}}
+    if capacity_gib is not None:
+        facts["environment"] = {"device": {"name": "GPU", "total_memory": int(capacity_gib * 2**30)}}
+    f = next(f for f in _fragmented_report(facts).findings if f.topic == "memory-fragmentation")
+    assert f.severity == severity, f.message

@@ -229,3 +229,76 @@ def test_blocking_pageable_htod_copy_is_not_counted_twice(load_built):
     model = load_built(b)
     replay = replay_of(model)
     assert replay.baseline_us == pytest.approx(traced_time(model, replay), rel=0.05)
+
+
+# ----------------------------------------------------------------------------------------------------
+# A CPU that runs ahead: the replay is the steps' own work, not the queue earlier steps left behind
+
+
+def runs_ahead_trace(steps: int = 8) -> TraceBuilder:
+    b = TraceBuilder()
+    for _ in range(steps):
+        with b.step():
+            for _ in range(10):
+                b.kernel(GEMM, 1_000)
+    b.finish()
+    return b
+
+
+def test_replay_of_a_cpu_that_runs_ahead_is_the_steps_gpu_time(load_built):
+    # 8 steps of 10 ms GPU work launched in 0.5 ms of CPU: the middle steps' CPU spans sit on top of the
+    # first steps' GPU work. The replay must cost each step its own 10 ms, as the GPU timeline does.
+    model = load_built(runs_ahead_trace())
+    m = compute(model)
+    replay = replay_of(model)
+    per_step = replay.baseline_us / replay.steps
+    assert replay.actual_us == pytest.approx(replay.steps * 10_000, rel=0.01)
+    assert per_step == pytest.approx(10_000, rel=0.02)
+    assert m.median_step_us == pytest.approx(10_000, rel=0.01)
+    # and a fix that halves the kernels halves the step (earlier steps' queue no longer pins it)
+    pct = replay.saving_pct(Scenario("kernels 2x faster", gpu_scale=lambda ops: np.full(len(ops), 0.5)))
+    assert pct == pytest.approx(50, abs=2)
+
+
+def test_replay_leaves_out_the_queue_left_by_unprofiled_steps(load_built):
+    """The profiler's warm-up steps launched GPU work it did not record: their kernels (no launch in the
+    trace) fill the GPU's queue when the recorded steps begin. That queue is not the steps' time."""
+    d = runs_ahead_trace().to_dict()
+    warmup_end = next(e["ts"] for e in d["traceEvents"] if e.get("name") == "ProfilerStep#3")
+    d["traceEvents"] = [e for e in d["traceEvents"]
+                        if not (e.get("cat") in ("cuda_runtime", "user_annotation") and e.get("ts", 0) < warmup_end)]
+    model = load_built(d)
+    m = compute(model)
+    replay = replay_of(model)
+    assert [s.number for s in m.steps] == [3, 4, 5, 6, 7]
+    unlaunched = ~model.kernels["correlation"].isin(model.runtime["correlation"])
+    assert unlaunched.sum() == 30  # the warm-up steps' kernels, 30 ms of queue
+    assert not replay.ops["correlation"].isin(model.kernels.loc[unlaunched, "correlation"]).any()
+    assert replay.baseline_us / replay.steps == pytest.approx(10_000, rel=0.02)
+    assert m.median_step_us == pytest.approx(10_000, rel=0.01)
+
+
+def cudafree_trace(free_us: float = 300, python_us: float = 3_000) -> TraceBuilder:
+    """Each step: Python, 5 ms of GPU work, then empty_cache(): cudaFree calls while the GPU has drained."""
+    b = TraceBuilder()
+    for _ in range(4):
+        with b.step():
+            b.idle(python_us)
+            for _ in range(5):
+                b.kernel(GEMM, 1_000)
+            b.sync()
+            b.cpu("cudaFree", free_us, cat="cuda_runtime")
+    b.finish()
+    return b
+
+
+def test_cudafree_waits_for_the_gpu_once_the_cpu_gets_there_sooner(load_built):
+    replay = replay_of(load_built(cudafree_trace()))
+    calls = replay.calls
+    assert calls["name"].eq("cudaFree").sum() == 4 and calls.loc[calls["name"] == "cudaFree", "blocking"].all()
+    sync = lambda c: c["name"].eq("cudaStreamSynchronize").to_numpy()  # noqa: E731
+    # without the stream syncs, the CPU would run ahead... but each step's cudaFree still waits for the GPU
+    gone = replay.simulate(Scenario("no syncs", unblock=sync))
+    both = replay.simulate(Scenario("no syncs, no frees", unblock=sync,
+                                    remove=lambda c: c["name"].eq("cudaFree").to_numpy()))
+    assert both < gone - 3 * 3_000 * 0.9  # the frees' device syncs kept ~3 steps of Python serialised

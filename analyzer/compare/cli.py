@@ -43,13 +43,13 @@ def main(argv: list[str]) -> int:
 
 
 def run(args) -> int:
+    from gpuadvise.analyzer.read.sources import refuse_overwriting_inputs, resolve
     from gpuadvise.analyzer.report import EXTENSIONS
     from gpuadvise.analyzer.report import compare as render_compare
-    from gpuadvise.analyzer.report.output import check_writable, refuse_overwriting_inputs, write_atomic
+    from gpuadvise.analyzer.report.output import check_writable, write_atomic
+    from gpuadvise.analyzer.run.gate import parse_fail_on, parse_regression
 
     from . import diff as cmp_mod
-    from gpuadvise.analyzer.run.gate import parse_fail_on, parse_regression
-    from gpuadvise.analyzer.read.sources import resolve
 
     if args.jobs is not None and args.jobs < 1:
         raise InputError(None, f"-j/--jobs: expected a whole number of workers ≥ 1, got {args.jobs}")

@@ -51,3 +51,34 @@ def total(merged_s: np.ndarray, merged_e: np.ndarray) -> float:
 def overlap_each(starts, ends, merged_s, merged_e) -> np.ndarray:
     """For each interval, how much of it the merged union covers."""
     return covered(merged_s, merged_e, starts, ends)
+
+
+def _inside(merged_s: np.ndarray, merged_e: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Whether each point lies inside the merged union (half-open intervals)."""
+    if merged_s.size == 0:
+        return np.zeros(x.shape, dtype=bool)
+    k = np.searchsorted(merged_s, x, side="right") - 1
+    return (k >= 0) & (x < merged_e[np.clip(k, 0, None)])
+
+
+def _combine(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray], keep_b: bool):
+    a_s, a_e = (np.asarray(v, dtype=np.float64) for v in a)
+    b_s, b_e = (np.asarray(v, dtype=np.float64) for v in b)
+    pts = np.unique(np.concatenate([a_s, a_e, b_s, b_e]))
+    if pts.size < 2:
+        return np.empty(0), np.empty(0)
+    lo, hi = pts[:-1], pts[1:]
+    mid = (lo + hi) / 2
+    in_b = _inside(b_s, b_e, mid)
+    keep = _inside(a_s, a_e, mid) & (in_b if keep_b else ~in_b)
+    return union(lo[keep], hi[keep])
+
+
+def subtract(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The merged union `a` without the merged union `b`."""
+    return _combine(a, b, keep_b=False)
+
+
+def intersect(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Where both merged unions cover."""
+    return _combine(a, b, keep_b=True)

@@ -8,6 +8,16 @@ Definitions follow Holistic Trace Analysis (HTA) where HTA has one:
   the op started after the previous op on the stream ended; else *kernel wait* when the gap is shorter
   than 30 µs (HTA's `consecutive_kernel_delay`, which HTA documents as ns but applies in µs); else *other*.
 - launch stats: runtime call ↔ GPU op by correlation; launch delay = op start − runtime call end.
+
+Steps are measured on the GPU timeline, not only on the CPU one (HTA, and the TensorBoard plugin, use
+the CPU `ProfilerStep#N` spans). When the training thread runs ahead of the GPU, as it does in a loop
+without syncs, the CPU span of a step says nothing about its cost: the GPU is still busy with earlier
+steps. So each GPU op belongs to the step whose CPU span launched it (runtime call ↔ op correlation), a
+step's GPU time runs from its first GPU activity to the next step's first GPU activity, or to the end of
+its own GPU work when that comes first (the GPU then waited for the CPU, whose span counts that wait),
+and a step takes the longer of its CPU span and its GPU time.
+Both figures are kept (`Step.cpu_dur`, `Step.gpu_dur`); every per-step figure and every share of step
+time uses `Step.dur`. CPU-side quantities (DataLoader waits, syncs) are measured in the CPU span.
 """
 
 from __future__ import annotations
@@ -49,12 +59,33 @@ COPY_NAME = re.compile(r"^Memcpy (\w+) \(([\w ]+?) -> ([\w ]+?)\)")
 @dataclass
 class Step:
     number: int
-    start: float
+    start: float  # the CPU span: the ProfilerStep annotation on the training thread
     end: float
+    gpu_start: float = float("nan")  # first GPU activity of the work launched in the CPU span
+    gpu_end: float = float("nan")  # the next step's first GPU activity, or its own work's end if sooner
+
+    @property
+    def cpu_dur(self) -> float:
+        return self.end - self.start
+
+    @property
+    def gpu_dur(self) -> float:
+        return self.gpu_end - self.gpu_start if np.isfinite(self.gpu_start) and np.isfinite(self.gpu_end) else 0.0
+
+    @property
+    def gpu_bound(self) -> bool:
+        """The GPU, not the CPU, set this step's pace."""
+        return self.gpu_dur > self.cpu_dur
 
     @property
     def dur(self) -> float:
-        return self.end - self.start
+        """What the step costs: the slower of the CPU span and the GPU time."""
+        return max(self.cpu_dur, self.gpu_dur)
+
+    @property
+    def window(self) -> tuple[float, float]:
+        """Where on the timeline the step's time is spent: its GPU time when that is longer, else its CPU span."""
+        return (self.gpu_start, self.gpu_end) if self.gpu_bound else (self.start, self.end)
 
 
 @dataclass
@@ -78,7 +109,22 @@ class Metrics:
 
     @property
     def median_step_us(self) -> float:
+        """The median step time on the GPU timeline (see the module docstring)."""
         return float(self.per_step["dur_us"].median()) if len(self.per_step) else 0.0
+
+    @property
+    def median_cpu_step_us(self) -> float:
+        """The median CPU span (ProfilerStep) of the steps: what HTA and TensorBoard call the step time."""
+        return float(self.per_step["cpu_dur_us"].median()) if len(self.per_step) else 0.0
+
+    @property
+    def median_gpu_step_us(self) -> float:
+        return float(self.per_step["gpu_dur_us"].median()) if len(self.per_step) else 0.0
+
+    @property
+    def cpu_window(self) -> tuple[float, float]:
+        """From the first step's CPU start to the last step's CPU end (the window without steps)."""
+        return (self.steps[0].start, self.steps[-1].end) if self.steps else self.window
 
     @property
     def window_us(self) -> float:
@@ -96,12 +142,12 @@ class Metrics:
 
 
 def compute(model: TraceModel) -> Metrics:
-    steps = find_steps(model)
+    launches = launch_stats(model)
+    steps = gpu_timeline(find_steps(model), launches)
     window = _window(model, steps)
     gpu = model.gpu
     has_gpu = len(gpu) > 0
     gpu_union = iv.union(gpu["ts"].to_numpy(), gpu["end"].to_numpy())
-    launches = launch_stats(model)
     dl = dataloader_spans(model, steps)
     copies = copy_table(model, steps)
     syncs = sync_table(model, steps)
@@ -143,14 +189,62 @@ def find_steps(model: TraceModel) -> list[Step]:
         if not m:
             continue
         n = int(m.group(1))
-        if n not in seen or end - ts > seen[n].dur:  # duplicated annotations: keep the CPU-side span
+        if n not in seen or end - ts > seen[n].cpu_dur:  # duplicated annotations: keep the CPU-side span
             seen[n] = Step(n, float(ts), float(end))
     return sorted(seen.values(), key=lambda s: s.start)
 
 
+def launch_steps(steps: list[Step], launch_ts: np.ndarray) -> np.ndarray:
+    """Index of the step whose CPU span launched each call (−1: before the first step or after the last).
+
+    A call between two steps' spans belongs to the earlier step: it is part of that iteration."""
+    if not steps:
+        return np.full(len(launch_ts), -1, dtype=np.int64)
+    starts = np.array([s.start for s in steps])
+    k = np.searchsorted(starts, launch_ts, side="right") - 1
+    after_last = (k == len(steps) - 1) & (launch_ts >= steps[-1].end)
+    return np.where((k >= 0) & ~after_last, k, -1)
+
+
+def gpu_timeline(steps: list[Step], launches: pd.DataFrame) -> list[Step]:
+    """Give each step its GPU time: from the first GPU activity it launched to the next step's first
+    GPU activity, or to the end of its own GPU work when that comes first (always for the last step)."""
+    if not steps or launches.empty:
+        return steps
+    k = launch_steps(steps, launches["launch_ts"].to_numpy(dtype=float))
+    mine = k >= 0
+    k = k[mine]
+    ts = launches["gpu_ts"].to_numpy(dtype=float)[mine]
+    end = ts + launches["gpu_us"].to_numpy(dtype=float)[mine]
+    first = np.full(len(steps), np.inf)
+    last = np.full(len(steps), -np.inf)
+    np.minimum.at(first, k, ts)
+    np.maximum.at(last, k, end)
+    has = np.isfinite(first)
+    # the next step (with GPU work) of each step, scanning from the end
+    nxt = np.full(len(steps), np.nan)
+    upcoming = np.nan
+    for i in range(len(steps) - 1, -1, -1):
+        nxt[i] = upcoming
+        if has[i]:
+            upcoming = first[i]
+    out = []
+    for i, s in enumerate(steps):
+        if not has[i]:
+            out.append(s)
+            continue
+        # to the next step's first GPU activity (the GPU moved straight on: its time is this step's), but
+        # no further than the end of this step's own work: a GPU that then waited for the CPU to launch
+        # the next step spent CPU time, which the CPU spans already count
+        gpu_end = min(max(nxt[i], first[i]), last[i]) if np.isfinite(nxt[i]) else last[i]
+        out.append(Step(s.number, s.start, s.end, float(first[i]), float(gpu_end)))
+    return out
+
+
 def _window(model: TraceModel, steps: list[Step]) -> tuple[float, float]:
     if steps:
-        return steps[0].start, steps[-1].end
+        wins = [s.window for s in steps]
+        return min(w[0] for w in wins), max(w[1] for w in wins)
     lo, hi = np.inf, -np.inf
     for df in (model.gpu, model.runtime, model.cpu):
         if len(df):
@@ -162,6 +256,14 @@ def _window(model: TraceModel, steps: list[Step]) -> tuple[float, float]:
 
 
 def step_windows(metrics_steps: list[Step], window: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
+    """Each step's window on the timeline (`Step.window`), or the whole window without steps."""
+    if metrics_steps:
+        return (np.array([s.window[0] for s in metrics_steps]), np.array([s.window[1] for s in metrics_steps]))
+    return np.array([window[0]]), np.array([window[1]])
+
+
+def cpu_windows(metrics_steps: list[Step], window: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
+    """Each step's CPU span, or the whole window without steps."""
     if metrics_steps:
         return (np.array([s.start for s in metrics_steps]), np.array([s.end for s in metrics_steps]))
     return np.array([window[0]]), np.array([window[1]])
@@ -196,13 +298,21 @@ def temporal_breakdown(model: TraceModel) -> dict:
 
 
 def per_step_table(model, steps, window, gpu_union, dataloader, syncs) -> pd.DataFrame:
+    """One row per step: its time on the GPU timeline (`start_us`, `dur_us`) and both figures it is
+    made of (CPU span, GPU time); GPU work is measured in the step's window, CPU waits in its CPU span."""
     lo, hi = step_windows(steps, window)
+    clo, chi = cpu_windows(steps, window)
     dur = hi - lo
     gpu = model.gpu
     out = pd.DataFrame({
         "step": [s.number for s in steps] if steps else [-1],
         "start_us": lo,
         "dur_us": dur,
+        "cpu_start_us": clo,
+        "cpu_dur_us": chi - clo,
+        "gpu_start_us": [s.gpu_start for s in steps] if steps else [np.nan],
+        "gpu_dur_us": [s.gpu_dur for s in steps] if steps else [dur[0]],
+        "gpu_bound": [s.gpu_bound for s in steps] if steps else [False],
     })
     out["gpu_busy_us"] = iv.covered(*gpu_union, lo, hi)
     for kind in ("kernel", "memcpy", "memset"):
@@ -214,9 +324,9 @@ def per_step_table(model, steps, window, gpu_union, dataloader, syncs) -> pd.Dat
         elif kind == "kernel":
             out["comm_us"] = 0.0
         out[f"{kind}_us"] = iv.covered(*iv.union(part["ts"], part["end"]), lo, hi)
-    out["dataloader_us"] = iv.covered(*iv.union(dataloader["ts"], dataloader["end"]), lo, hi) if len(dataloader) else 0.0
+    out["dataloader_us"] = iv.covered(*iv.union(dataloader["ts"], dataloader["end"]), clo, chi) if len(dataloader) else 0.0
     blocking = syncs[~syncs["profiler_sync"]] if len(syncs) else syncs
-    out["sync_us"] = iv.covered(*iv.union(blocking["ts"], blocking["end"]), lo, hi) if len(blocking) else 0.0
+    out["sync_us"] = iv.covered(*iv.union(blocking["ts"], blocking["end"]), clo, chi) if len(blocking) else 0.0
     out["gpu_busy_pct"] = 100 * out["gpu_busy_us"] / np.maximum(dur, 1e-9)
     out["idle_us"] = dur - out["gpu_busy_us"]
     return out
@@ -340,10 +450,13 @@ def copy_table(model: TraceModel, steps: list[Step]) -> pd.DataFrame:
         g[col] = parsed[part].to_numpy(dtype=object)[codes]
     g["kind"] = g["kind"].astype(str)
     g["name"] = names
-    calls = model.runtime[["correlation", "name"]].drop_duplicates("correlation")
-    g = g.merge(calls.rename(columns={"name": "call"}), on="correlation", how="left")
+    calls = model.runtime[["correlation", "name", "ts"]].drop_duplicates("correlation")
+    g = g.merge(calls.rename(columns={"name": "call", "ts": "call_ts"}), on="correlation", how="left")
     g["call"] = g["call"].astype(object).fillna("").astype(str)
-    g["step"] = _in_window(g["ts"].to_numpy(), steps)
+    # a copy belongs to the step that issued it, wherever the GPU got to it; without a call, by its own time
+    call_ts = g["call_ts"].to_numpy(dtype=float)
+    by_call = launch_steps(steps, np.nan_to_num(call_ts, nan=-np.inf))
+    g["step"] = np.where(np.isfinite(call_ts), by_call, _in_window(g["ts"].to_numpy(), steps))
     return g[cols]
 
 

@@ -8,6 +8,17 @@ path through the graph is the simulated window time. A `Scenario` edits the weig
 (CPU time of the input pipeline removed, syncs gone, kernels faster, ...) and the saving is
 1 − T(scenario) / T(baseline). Work that overlapped something else does not come back, which is exactly
 what a share-of-time estimate gets wrong.
+
+The replay covers the GPU work the chosen steps launched, wherever the GPU got to it, and nothing that
+earlier steps left queued: when the CPU runs ahead, the GPU works through a backlog at the start of the
+window, and a replay that kept it would count earlier steps' work as this window's (and a fix could not
+shorten it). The baseline is then the steady-state time of the steps, which `actual_us` (their time on
+the GPU timeline, metrics.Step.dur) measures in the trace.
+
+Device-wide syncs (cudaDeviceSynchronize, and cudaFree, which synchronises the device before it
+returns memory) wait for every GPU op launched before them, even when the trace shows the GPU idle by
+then: under a faster CPU (a fix, or a profiler that no longer slows it) that wait is what serialises the
+steps.
 """
 
 from __future__ import annotations
@@ -20,8 +31,11 @@ import numpy as np
 import pandas as pd
 
 from . import intervals as iv
-from .metrics import COPY_CALLS, LAUNCH_CALLS, SYNC_CALLS, Metrics
+from .memory import ALLOC_CALLS, FREE_CALLS
+from .metrics import COPY_CALLS, DEVICE_SYNCS, LAUNCH_CALLS, SYNC_CALLS, Metrics
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask, names_in
+
+DEVICE_WIDE = set(DEVICE_SYNCS) | set(FREE_CALLS)  # calls that wait for all GPU work launched before them
 
 NODE_BUDGET = 60_000  # nodes in the replay graph; longer windows are cut to their middle steps
 WAKE_US = 5.0  # a blocked call returns about this long after the GPU op it waited for
@@ -36,7 +50,9 @@ class Scenario:
     cpu_shrink: tuple[tuple[np.ndarray, np.ndarray], float] | None = None  # (intervals, factor): CPU time there × factor
     cpu_scale: float = 1.0  # multiplies CPU time between GPU calls (and launch cost)
     unblock: Callable[[pd.DataFrame], np.ndarray] | None = None  # calls (rows of `calls`) that stop blocking
+    remove: Callable[[pd.DataFrame], np.ndarray] | None = None  # calls that disappear (no CPU cost, no wait)
     gpu_scale: Callable[[pd.DataFrame], np.ndarray] | None = None  # per GPU op duration factor
+    gpu_time: Callable[[pd.DataFrame], np.ndarray] | None = None  # per GPU op new duration in µs (NaN: as is), overrides gpu_scale
 
 
 @dataclass
@@ -47,7 +63,7 @@ class Replay:
     window: tuple[float, float]
     steps: int
     baseline_us: float
-    actual_us: float
+    actual_us: float  # the window's steps on the GPU timeline (sum of Step.dur), or its span without steps
     _edges: dict = field(default_factory=dict)
 
     def compile(self) -> None:
@@ -90,19 +106,27 @@ class Replay:
 
 
 def build(model: TraceModel, metrics: Metrics) -> Replay | None:
-    window, nsteps = _choose_window(model, metrics)
+    window, nsteps, actual = _choose_window(model, metrics)
     if window is None:
         return None
     ws, we = window
     rt = model.runtime
-    talk = names_in(rt["name"], LAUNCH_CALLS | COPY_CALLS | SYNC_CALLS.keys())
+    talk = names_in(rt["name"], LAUNCH_CALLS | COPY_CALLS | SYNC_CALLS.keys() | set(ALLOC_CALLS) | set(FREE_CALLS))
     calls = rt[talk & (rt["ts"] >= ws) & (rt["ts"] < we)].copy()
     calls["name"] = calls["name"].astype(str)
     calls = calls.sort_values("ts", kind="stable", ignore_index=True)
-    calls["blocking"] = calls["name"].isin(SYNC_CALLS.keys())
+    calls["blocking"] = calls["name"].isin(SYNC_CALLS.keys() | DEVICE_WIDE)
     gpu = model.gpu
+    # per stream, the end of everything that ran before each op in the trace (the backlog included)
+    order = gpu.sort_values("ts", kind="stable")
+    prev_full = order.groupby("stream", sort=False)["end"].cummax().groupby(order["stream"], sort=False).shift(1)
+    gpu = gpu.assign(prev_end_traced=prev_full.reindex(gpu.index).fillna(-np.inf))
     launched = gpu["correlation"].isin(calls["correlation"]) & (gpu["correlation"] >= 0)
-    spill_in = (gpu["ts"] >= ws) & (gpu["ts"] < we) & ~launched
+    # ops whose launch the trace does not show (launched before profiling began, or by a thread it missed)
+    # belong to the window only once its own work has started; before that they are the backlog
+    unknown = ~gpu["correlation"].isin(rt["correlation"]) | (gpu["correlation"] < 0)
+    own_start = float(gpu.loc[launched, "ts"].min()) if launched.any() else ws
+    spill_in = unknown & (gpu["ts"] >= max(ws, own_start)) & (gpu["ts"] < we)
     ops = gpu[launched | spill_in].sort_values("ts", ignore_index=True)
     # cudaMemcpyAsync to or from pageable memory returns only once the data is staged: it blocks too
     pageable = name_mask(ops["name"], lambda n: "Pageable" in n)
@@ -172,6 +196,7 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
                 j -= 1
         if launches_block:
             _tie_idle_syncs(g, calls, ops, owner, call_ts)
+        _device_wide_waits(g, calls, ops, owner, call_ts)
 
     # An op that started well after both its launch and its stream's previous op waited for something
     # else, usually an event recorded on another stream (cudaStreamWaitEvent): tie it to the op on another
@@ -182,7 +207,7 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
     if not nx.is_directed_acyclic_graph(g):  # orderings we cannot see (clock skew, threads): drop the guesses
         g.remove_edges_from([(u, v) for u, v, d in g.edges(data=True) if d["kind"] in ("wait", "dep")])
 
-    replay = Replay(graph=g, calls=calls, ops=ops, window=(ws, we), steps=nsteps, baseline_us=0.0, actual_us=we - ws)
+    replay = Replay(graph=g, calls=calls, ops=ops, window=(ws, we), steps=nsteps, baseline_us=0.0, actual_us=actual)
     replay.compile()
     replay.baseline_us = replay.simulate(Scenario("baseline"))
     return replay
@@ -223,6 +248,36 @@ def _tie_idle_syncs(g: nx.DiGraph, calls: pd.DataFrame, ops: pd.DataFrame, owner
             g.add_edge(("ge", k), ("d", i), base=0.0, kind="wait", call=i)
 
 
+def _device_wide_waits(g: nx.DiGraph, calls: pd.DataFrame, ops: pd.DataFrame, owner: np.ndarray,
+                       call_ts: np.ndarray) -> None:
+    """A device-wide sync returns only after every op launched before it, on every stream: tie it to the
+    last op (by end) of each stream among those. Where the op had long finished in the trace, the edge
+    costs nothing in the baseline; it binds when a scenario makes the CPU reach the call sooner."""
+    wide = calls.index[calls["name"].isin(DEVICE_WIDE).to_numpy()]
+    if not len(wide) or not len(ops):
+        return
+    launched_at = np.where(owner >= 0, call_ts[np.maximum(owner, 0)], -np.inf)
+    ends, streams = ops["end"].to_numpy(), ops["stream"].to_numpy()
+    for stream in np.unique(streams):
+        on = np.flatnonzero((streams == stream) & (owner >= 0))
+        if not on.size:
+            continue
+        by_launch = on[np.argsort(launched_at[on], kind="stable")]
+        # running "op with the latest end" in launch order: the one a sync at time t waits for
+        best = by_launch[_argmax_accumulate(ends[by_launch])]
+        for i in wide:
+            j = np.searchsorted(launched_at[by_launch], call_ts[i], side="left") - 1
+            if j >= 0 and not g.has_edge(("ge", int(best[j])), ("d", i)):
+                g.add_edge(("ge", int(best[j])), ("d", i), base=WAKE_US, kind="wait", call=int(i))
+
+
+def _argmax_accumulate(x: np.ndarray) -> np.ndarray:
+    """Index of the running maximum of x (first occurrence)."""
+    idx = np.arange(len(x))
+    best = np.where(x == np.maximum.accumulate(x), idx, 0)
+    return np.maximum.accumulate(best)
+
+
 def _idle_launch_latency(launches: pd.DataFrame) -> float:
     """Median delay from a launch call's end to its op's start when the stream was idle (no queue)."""
     if launches.empty:
@@ -244,10 +299,9 @@ def _unexplained_starts(g: nx.DiGraph, ops: pd.DataFrame, launch_ts: np.ndarray,
     op that ended just before (an event wait), or, failing that, something the trace does not show; those
     keep their real start as a floor so the replay never invents time that was not there."""
     ts, end, stream = ops["ts"].to_numpy(), ops["end"].to_numpy(), ops["stream"].to_numpy()
-    prev_end = np.full(len(ops), -np.inf)
-    for _, idx in ops.groupby("stream", sort=False).indices.items():
-        idx = np.sort(idx)
-        prev_end[idx[1:]] = np.maximum.accumulate(end[idx])[:-1]
+    # what ran before each op on its stream in the trace, backlog included: an op that waited for an
+    # earlier step's work is explained (and, with that work outside the replay, starts at its launch)
+    prev_end = ops["prev_end_traced"].to_numpy(dtype=float)
     earliest = np.maximum(launch_ts + latency, prev_end)  # launch_ts: when the call let the op go
     order = np.argsort(end, kind="stable")
     ends_sorted = end[order]
@@ -266,11 +320,12 @@ def _unexplained_starts(g: nx.DiGraph, ops: pd.DataFrame, launch_ts: np.ndarray,
 
 
 def _choose_window(model: TraceModel, metrics: Metrics):
+    """(CPU window, number of steps, their time on the GPU timeline)."""
     steps = metrics.steps
     budget_calls = NODE_BUDGET // 4
     rt_ts = np.sort(model.runtime["ts"].to_numpy()) if len(model.runtime) else np.empty(0)
     if rt_ts.size == 0:
-        return None, 0
+        return None, 0, 0.0
     if not steps:
         ws, we = metrics.window
         # no steps: cut to a window holding at most the budget of runtime calls
@@ -280,7 +335,7 @@ def _choose_window(model: TraceModel, metrics: Metrics):
             mid = (lo + hi) // 2
             ws = rt_ts[max(lo, mid - budget_calls // 2)]
             we = rt_ts[min(hi - 1, mid + budget_calls // 2)]
-        return (ws, we), 0
+        return (ws, we), 0, we - ws
     counts = np.searchsorted(rt_ts, [s.end for s in steps]) - np.searchsorted(rt_ts, [s.start for s in steps])
     # grow a contiguous run of steps around the median one while it fits the budget
     mid = len(steps) // 2
@@ -297,7 +352,7 @@ def _choose_window(model: TraceModel, metrics: Metrics):
             grown = True
         if not grown:
             break
-    return (steps[lo].start, steps[hi].end), hi - lo + 1
+    return (steps[lo].start, steps[hi].end), hi - lo + 1, float(sum(s.dur for s in steps[lo:hi + 1]))
 
 
 def _weights(replay: Replay, s: Scenario) -> np.ndarray:
@@ -320,7 +375,15 @@ def _weights(replay: Replay, s: Scenario) -> np.ndarray:
         freed = np.isin(e["call"], calls.index[mask].to_numpy())
         w[call & freed] = np.minimum(w[call & freed], WAKE_US)
         w[wait & freed] = -np.inf  # the call no longer waits for the GPU
+    if s.remove is not None:
+        mask = np.asarray(s.remove(calls), dtype=bool)
+        gone = np.isin(e["call"], calls.index[mask].to_numpy())
+        w[call & gone] = 0.0
+        w[wait & gone] = -np.inf
     if s.gpu_scale is not None:
         factor = np.asarray(s.gpu_scale(ops), dtype=np.float64)
         w[gpu] *= factor[e["op"][gpu]]
+    if s.gpu_time is not None:
+        new = np.asarray(s.gpu_time(ops), dtype=np.float64)
+        w[gpu] = np.where(np.isfinite(new[e["op"][gpu]]), new[e["op"][gpu]], w[gpu])
     return w

@@ -18,9 +18,14 @@ class Evidence:
 
 @dataclass
 class Impact:
-    est_step_saving_pct: float  # predicted % of the median step time saved by the fix
+    est_step_saving_pct: float  # predicted % of today's (median) step time saved by the fix
     basis: str  # how it was predicted
     upper_bound: bool = False  # True when the figure is a ceiling (a symptom), not a fix's prediction
+    # [low, high] % of today's step when the trace cannot pin the effect down (or fixes differ); the
+    # headline is the estimate for the recommended fix, inside the range
+    range_pct: list[float] | None = None
+    # topic of another finding whose fix this saving depends on: the figure is what this fix adds to it
+    after: str | None = None
 
 
 @dataclass

@@ -1,8 +1,13 @@
 """What a GPU kernel is, from its name: communication, GEMM/conv, and whether it uses Tensor Cores.
 
-Kernel names are the only precision signal a trace always has. The patterns below were checked on the
-real traces in shared/traces (V100/A100/H100/H800/B200 cuBLAS, cuBLASLt `nvjet`, CUTLASS, cuDNN, Triton,
-AMD Tensile/hipBLASLt and MIOpen) and against the TensorBoard plugin's (stale) list.
+Kernel names are the only precision signal a trace always has. The patterns below were checked token
+by token against every GEMM/conv kernel name in shared/traces (V100/A100/H100/H800/B200 cuBLAS and
+cuBLASLt `nvjet`, cuBLAS 13 `sm80_xmma_*`, CUTLASS, cuDNN, Triton, AMD Tensile/hipBLASLt, CK and
+MIOpen; tests/test_kernels.py keeps a table of them) and against the TensorBoard plugin's (stale) list.
+A family name is not a precision: `xmma` and `sm80_` kernels run on the CUDA cores when their name says
+`ffma` (cuBLAS 13 on an H100 picks `sm80_xmma_gemm_f32f32_f32f32_f32_*_ffma_*` for fp32 GEMMs without
+TF32), so SIMT evidence is checked first and Tensor Cores need an MMA shape, an MMA family (`tensorop`,
+`wgmma`, `nvjet`, `mfma`, ...) or a 16/8-bit or TF32 operand type.
 """
 
 from __future__ import annotations
@@ -13,26 +18,60 @@ from .trace import Device
 
 COMM = re.compile(r"nccl|rccl|^ncclDevKernel|all_?reduce|all_?gather|reduce_?scatter|alltoall", re.I)
 
-# Matrix-multiply and convolution kernels (the work Tensor Cores / matrix cores accelerate).
-GEMM = re.compile(
-    r"gemm|gemv|cublas|cutlass|nvjet|xmma|wgmma|gmma|Cijk_|matmul|_mm_|bmm|hgemm|sgemm|dgemm|"
-    r"Kernel2.*MT\d|triton_tem_fused_.*mm",
-    re.I,
-)
-# Plain "cudnn"/"miopen" is not enough: batch-norm and layout kernels (bn_fw_tr_1C11, nchwToNhwc) live there too.
-CONV = re.compile(r"conv|wgrad|dgrad|fprop|implicit_gemm|igemm|winograd|fft2d_|scudnn|precomputed_convolve", re.I)
-NOT_MATMUL = re.compile(r"\bbn_|batch_?norm|nchwToNhwc|nhwcToNchw|pooling|softmax|elementwise", re.I)
+# Names are matched on their head: the kernel's own name and template arguments, never its parameter
+# list (`bounds_check_indices_kernel(... fbgemm_gpu::...)` is not a GEMM because an argument type says gemm).
 
-# Tensor Core / matrix core evidence in a GEMM or conv kernel name.
-TENSOR_CORE = re.compile(
-    r"h884|s884|h1688|s1688|i8816|hmma|16816|1688|884gemm|tensorop|xmma|wgmma|gmma|nvjet|"
-    r"_tf32|tf32|bf16|fp16|f16|half|e4m3|e5m2|fp8|int8|i8i8|mfma|_MI\d+x\d+|"
-    r"sm90|sm100|sm80_xmma|fmha|flash|first_layer_wgrad|dgrad_1x1_stride_2x2|conv1x1|direct_group|"
-    r"_HHS_|_BBS_|_HSS_|_BSS_|_4xi8|_F8",
+# Matrix-multiply, convolution and attention kernels (the work Tensor Cores / matrix cores accelerate).
+GEMM = re.compile(
+    r"(?<!fb)gemm|cutlass|nvjet|xmma|wgmma|gmma|Cijk_|matmul|_mm_|bmm|xdl|"
+    r"Kernel2.*MT\d|triton_tem_fused_.*mm|fmha|flash_(fwd|bwd)|flash_attn|_sdpa_",
     re.I,
 )
-# fp32 SIMT kernels (no Tensor Cores): cuBLAS sgemm, cuDNN scudnn, CUTLASS simt, Tensile fp32.
-FP32_SIMT = re.compile(r"sgemm|scudnn|simt|gemmSN|gemv2T|gemvNSP|<float>|_SB_|_SS_|fp32|float", re.I)
+# `conv` but not `convert`: cuDNN's convert_dq_to_16bits is a cast.
+CONV = re.compile(r"conv(?!ert)|wgrad|dgrad|fprop|implicit_gemm|igemm|winograd|fft2d_|scudnn|precomputed_convolve", re.I)
+# Kernels that live next to GEMMs/convs but do no matrix math: cuDNN batch-norm and layout kernels,
+# split-K reductions and epilogues, workspace and offset set-up, im2col, embeddings (fbgemm), BLAS-1/2
+# (dot, scal, gemv: memory-bound, Tensor Cores do not help) and Triton pointwise/reduction kernels whose
+# names list the ops they fused (…_convolution_… there is the op the kernel sits next to).
+NOT_MATMUL = re.compile(
+    r"\bbn_|batch_?norm|nchwToNhwc|nhwcToNchw|pooling|softmax|elementwise|"
+    r"splitKreduce|ReduceSplitK|reduction::kernel|epilogue::impl|init_device_workspace|compute\w*Offsets|"
+    r"im2col|reduce_wgrad|bounds_check|fbgemm_gpu::|embedding|transpose_readWrite|scal_kernel|dot_kernel|"
+    r"reduce_1Block|(?<![A-Za-z])gemv|^triton_(poi|red|per)_|_FP8rowwise|_FP8_q|FP8_quantize",
+    re.I,
+)
+
+# SIMT evidence wins over everything else: cuBLAS/cuDNN kernels say `ffma` (fp32) or `hfma` (fp16) when
+# they run on the CUDA cores, whatever family (`xmma`, `sm80_`) they belong to; CUTLASS says `simt`.
+SIMT = re.compile(
+    r"ffma|hfma|simt|sgemm|scudnn|dgemm|gcgemm|cgemm|gemmSN|gemmk1|magma_s|"
+    r"convolve_sgemm|convolve_common_engine|wgrad_alg\d|dgrad_alg\d|dgrad_engine|dgrad2d_|"
+    r"fmha_cutlass\w_f32\w*_sm[567]\d",
+    re.I,
+)
+# Tensor Core / matrix core evidence: MMA shapes and instruction families, a 16-bit/8-bit/TF32 operand
+# type, the Hopper/Blackwell GEMM families, AMD MFMA/XDL (Tensile `MI16x16x1`, CK `xdl`).
+TENSOR_CORE = re.compile(
+    r"h884|s884|h1688|s1688|i8816|hmma|16816|161616|1688|884gemm|tensorop|wgmma|gmma|nvjet|tensor\d+x\d+x\d+|"
+    r"tf32|bf16|bfloat16|fp16|f16|half|e4m3|e5m2|fp8|mxfp|int8|i8i8|_4xi8|_F8|"
+    r"mfma|xdl|_MI\d+x\d+|_HHS_|_BBS_|_HSS_|_BSS_|_B_BS_|_HH_|_BB_|"
+    r"fmha|flash|_sdpa_|first_layer_wgrad|dgrad_1x1_stride_2x2|conv1x1|direct_group",
+    re.I,
+)
+SIXTEEN_BIT = re.compile(r"bf16|bfloat16|fp16|f16|half|__nv_bfloat16|__half", re.I)
+
+
+def head(name: str) -> str:
+    """The kernel's name and template arguments, without its parameter list."""
+    depth = 0
+    for i, ch in enumerate(name):
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth = max(0, depth - 1)
+        elif ch == "(" and depth == 0 and i > 0:
+            return name[:i]
+    return name
 
 
 def is_comm(name: str) -> bool:
@@ -40,23 +79,29 @@ def is_comm(name: str) -> bool:
 
 
 def is_matmul_like(name: str) -> bool:
-    if is_comm(name) or name.startswith(("Memcpy", "Memset")) or NOT_MATMUL.search(name):
+    h = head(name)
+    if is_comm(h) or h.startswith(("Memcpy", "Memset")) or NOT_MATMUL.search(h):
         return False
-    return bool(GEMM.search(name) or CONV.search(name))
+    return bool(GEMM.search(h) or CONV.search(h))
 
 
 def uses_tensor_cores(name: str) -> bool:
-    return bool(TENSOR_CORE.search(name))
+    h = head(name)
+    return not SIMT.search(h) and bool(TENSOR_CORE.search(h))
 
 
 def precision_class(name: str) -> str:
-    """'tensor-core', 'fp32-simt' or 'other' for a GEMM/conv kernel name."""
-    if uses_tensor_cores(name):
+    """'tensor-core', 'fp32-simt', 'simt' (CUDA cores on 16-bit data) or 'other' for a GEMM/conv kernel name."""
+    h = head(name)
+    if SIMT.search(h):
+        return "simt" if SIXTEEN_BIT.search(h) else "fp32-simt"
+    if TENSOR_CORE.search(h):
         return "tensor-core"
-    if FP32_SIMT.search(name):
-        return "fp32-simt"
-    # cuDNN/cuBLAS kernels without any TC token (e.g. volta_gcgemm_*, implicit_convolve_sgemm) are SIMT.
-    return "fp32-simt" if CONV.search(name) or GEMM.search(name) else "other"
+    # cuDNN/cuBLAS kernels without any Tensor Core token (e.g. volta_gcgemm_*, old cuDNN engines) run on
+    # the CUDA cores.
+    if h.startswith("triton_"):  # tl.dot picks TF32/bf16/fp32 at compile time: the name cannot tell
+        return "other"
+    return "fp32-simt" if CONV.search(h) or GEMM.search(h) else "other"
 
 
 ARCH_FROM_NAME = [
@@ -89,3 +134,71 @@ def has_matrix_units(device: Device | None, platform: str, kernel_names) -> bool
             if pattern.search(str(name)):
                 return cc[0] >= 7
     return None
+
+
+# Dense peak throughput of the matrix units over fp32 on the CUDA cores, by architecture, from the
+# vendors' datasheets (TFLOP/s, dense): V100 fp32 15.7 / fp16 TC 125; T4 8.1 / 65; A100 19.5 / TF32 156 /
+# bf16 312; A10 and L40S (sm86/89, and GeForce/RTX parts) TF32 2×, bf16 4× fp32; H100 SXM 67 / 495 / 989;
+# B200 80 / 1100 / 2250. AMD MI300X fp32 vector 163 / xf32 654 / bf16 1307; MI250X 48 / – / 383.
+# Large GEMMs reach a similar fraction of either peak (on the H100 pairs: 82 % of fp32 SIMT peak before,
+# 82 % of bf16 Tensor Core peak after autocast), so the ratio is the speedup a GEMM-bound kernel gets.
+_MATRIX_SPEEDUP = [  # (min compute capability, {"tf32": ×, "bf16": ×, "fp16": ×})
+    ((12, 0), {"tf32": 2.0, "bf16": 4.0, "fp16": 4.0}),
+    ((10, 0), {"tf32": 13.75, "bf16": 28.0, "fp16": 28.0}),
+    ((9, 0), {"tf32": 7.4, "bf16": 14.8, "fp16": 14.8}),
+    ((8, 6), {"tf32": 2.0, "bf16": 4.0, "fp16": 4.0}),
+    ((8, 0), {"tf32": 8.0, "bf16": 16.0, "fp16": 16.0}),
+    ((7, 0), {"fp16": 8.0}),
+]
+
+
+def matrix_speedup(device: Device | None) -> dict[str, float]:
+    """How much faster a large fp32 GEMM runs on the device's matrix units, per operand type a fix can
+    choose ("tf32", "bf16", "fp16"); empty when the device (or its matrix units) is unknown."""
+    if device is None:
+        return {}
+    if device.vendor == "amd":
+        n = device.name.lower()
+        if re.search(r"mi3\d\d", n):
+            return {"tf32": 4.0, "bf16": 8.0, "fp16": 8.0}
+        if "instinct" in n or re.search(r"\bmi\d{3}", n):
+            return {"bf16": 8.0, "fp16": 8.0}
+        return {}
+    if device.compute_major is None:
+        return {}
+    cc = (device.compute_major, device.compute_minor or 0)
+    for floor, ratios in _MATRIX_SPEEDUP:
+        if cc >= floor:
+            return dict(ratios)
+    return {}
+
+
+# Dense bf16/fp16 matrix peak, TFLOP/s, by architecture (same datasheets): what an aligned half-precision
+# GEMM can reach when no aligned GEMM in the trace shows what this device really does.
+_HALF_PEAK_TFLOPS = [((12, 0), 210.0), ((10, 0), 2250.0), ((9, 0), 989.0), ((8, 9), 362.0), ((8, 6), 125.0),
+                     ((8, 0), 312.0), ((7, 5), 65.0), ((7, 0), 125.0)]
+
+
+def half_peak_tflops(device: Device | None) -> float | None:
+    if device is None or device.compute_major is None or device.vendor != "nvidia":
+        return None
+    cc = (device.compute_major, device.compute_minor or 0)
+    return next((p for floor, p in _HALF_PEAK_TFLOPS if cc >= floor), None)
+
+
+# Host↔device bandwidth of pinned copies over the GPU's PCIe link, GB/s: what PCIe 5.0 / 4.0 / 3.0 x16
+# deliver in practice (64 / 32 / 16 GB/s on paper; ~50 / ~25 / ~12 measured for large pinned copies: 55
+# GB/s on the H100 pairs). Pageable copies are staged through a pinned bounce buffer and reach a fraction.
+_PINNED_GBPS = [((9, 0), 50.0), ((8, 0), 25.0), ((0, 0), 12.0)]
+
+
+def pinned_copy_gbps(device: Device | None) -> float:
+    """The pinned host↔device bandwidth to expect on this GPU's PCIe generation (12 GB/s if unknown)."""
+    if device is None:
+        return 12.0
+    if device.vendor == "amd":
+        return 50.0 if re.search(r"mi3\d\d", device.name.lower()) else 25.0
+    if device.compute_major is None:
+        return 12.0
+    cc = (device.compute_major, device.compute_minor or 0)
+    return next(g for floor, g in _PINNED_GBPS if cc >= floor)

@@ -1,7 +1,14 @@
-"""What a PATH on the command line means: a trace, a folder of per-rank traces, or a run folder."""
+"""What a PATH on the command line means: a trace, a folder of per-rank traces, or a run folder.
+
+A folder may hold more JSON than traces: the user's own reports (`gpuadvise analyze RUN -o
+RUN/report.json`), run records, notes. Inside a folder, a JSON file that is not a trace is skipped with
+a note; named on its own it is an error. A run record named on its own (`RUN/run.json`) stands for its
+run folder.
+"""
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from dataclasses import dataclass, field
@@ -29,14 +36,24 @@ def is_trace_name(p: Path) -> bool:
     return p.name.endswith(TRACE_SUFFIXES) and not _RUN_JSON.match(p.name)
 
 
-def resolve(paths: list[str]) -> list[Source]:
-    out: list[Source] = []
+class Sources(list):
+    """The sources of `resolve`, with notes on what was skipped (`.notes`)."""
+
+    def __init__(self, items=(), notes=()):
+        super().__init__(items)
+        self.notes = list(notes)
+
+
+def resolve(paths: list[str]) -> Sources:
+    out = Sources()
     for raw in paths:
         p = Path(raw)
         if not p.exists():
             raise InputError(p, "no such file or folder")
+        if p.is_file() and _RUN_JSON.match(p.name):
+            p = p.parent  # a run record stands for the run folder it describes
         if p.is_dir():
-            out.extend(_folder(p))
+            out.extend(_folder(p, out.notes))
         elif p.name.endswith(SNAPSHOT_SUFFIXES):
             out.append(Source(p, "snapshot"))
         else:
@@ -44,7 +61,7 @@ def resolve(paths: list[str]) -> list[Source]:
     return out
 
 
-def _folder(d: Path) -> list[Source]:
+def _folder(d: Path, notes: list[str] | None = None) -> list[Source]:
     try:
         facts_by_file = {p.name: _read_run_json(p) for p in sorted(d.glob("run*.json")) if _RUN_JSON.match(p.name)}
         files = sorted(p for p in d.iterdir() if p.is_file())
@@ -52,7 +69,13 @@ def _folder(d: Path) -> list[Source]:
         raise InputError(d, "permission denied") from None
     except OSError as exc:
         raise InputError(d, f"cannot read the folder: {exc.strerror or exc}") from None
-    traces = [p for p in files if is_trace_name(p)]
+    traces = []
+    for p in (p for p in files if is_trace_name(p)):
+        why = not_a_trace(p)
+        if why is None:
+            traces.append(p)
+        elif notes is not None:
+            notes.append(f"skipped {p}: {why}")
     snaps = [p for p in files if p.name.endswith(SNAPSHOT_SUFFIXES)]
     if not traces and not snaps:
         what = "run folder has no trace" if facts_by_file else "folder holds no .json/.json.gz trace"
@@ -67,6 +90,31 @@ def _folder(d: Path) -> list[Source]:
     loose = [p for p in snaps if not _attach(p, out)]
     out += [Source(p, "snapshot", rank=rank_from_name(p.name), facts=facts(rank_from_name(p.name))) for p in loose]
     return out
+
+
+SNIFF_BYTES = 256 << 10  # enough to see a trace's "traceEvents" key or a report's header
+
+
+def not_a_trace(p: Path) -> str | None:
+    """Why a folder's JSON file is certainly not a trace (None: it may be one, the loader decides).
+
+    Reads at most SNIFF_BYTES (decompressed): a gpuadvise report says so in its first bytes, and a small
+    JSON file read to its end without a "traceEvents" key is something else. A large file is left to the
+    loader: its key may come after a long header."""
+    try:
+        opener = gzip.open if p.name.endswith(".gz") else open
+        with opener(p, "rb") as f:
+            head = f.read(SNIFF_BYTES + 1)
+    except (OSError, EOFError, ValueError):
+        return None  # unreadable or damaged: the loader gives the precise error
+    text = head.lstrip()
+    if text.startswith(b"[") or b'"traceEvents"' in head:
+        return None
+    if re.match(rb'\{\s*"tool"\s*:\s*"gpuadvise"', text):
+        return "a gpuadvise report, not a trace"
+    if len(head) <= SNIFF_BYTES:
+        return "JSON without a 'traceEvents' list, not a profiler trace"
+    return None
 
 
 def _read_run_json(run: Path) -> dict:
@@ -105,3 +153,14 @@ _RANK = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.I)
 def rank_from_name(name: str) -> int | None:
     m = _RANK.search(name)
     return int(m.group(1)) if m else None
+
+
+def refuse_overwriting_inputs(out: Path, paths: list[str]) -> None:
+    """Never write a report over a file being analysed. A folder's earlier report (or any JSON that is
+    not a trace) is not an input: writing `-o RUN/report.json` again replaces it."""
+    if not out.exists():
+        return
+    target = out.resolve()
+    for src in resolve(paths):
+        if any(q is not None and q.exists() and q.resolve() == target for q in (src.path, src.snapshot)):
+            raise InputError(out, "the output would overwrite an input trace; choose another -o")

@@ -94,7 +94,9 @@ def _trace_header(r: TraceReport) -> list[str]:
     lines.append(f"- **Device:** {md(dev)}{cc}, {s['platform']}")
     if s["steps"]:
         nums = s["step_numbers"]
-        lines.append(f"- **Steps:** {s['steps']} (ProfilerStep#{nums[0]}–#{nums[-1]}), median {s['median_step_ms']:.2f} ms")
+        ahead = (f" on the GPU timeline; their CPU spans take {s['median_step_cpu_ms']:.2f} ms (the CPU runs ahead of the GPU)"
+                 if s["median_step_ms"] > 1.1 * s["median_step_cpu_ms"] else "")
+        lines.append(f"- **Steps:** {s['steps']} (ProfilerStep#{nums[0]}–#{nums[-1]}), median {s['median_step_ms']:.2f} ms{ahead}")
     else:
         lines.append(f"- **Steps:** none recorded; the whole trace ({s['window_ms']:.2f} ms) is one window")
     if s.get("gpu_busy_pct") is not None:
@@ -110,14 +112,16 @@ def _steps_table(r: TraceReport, multi: bool) -> list[str]:
     if m is None or m.per_step.empty:
         return []
     title = "## Steps" + (f" — {md(r.source)}" if multi else "")
-    out = [title, "", "| Step | Time (ms) | GPU busy | Compute | Comm | Memcpy | DataLoader | Sync wait | GPU idle |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    out = [title, "", "| Step | Time (ms) | CPU span | GPU busy | Compute | Comm | Memcpy | DataLoader | Sync wait | GPU idle |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in m.per_step.itertuples():
         step = f"#{row.step}" if row.step >= 0 else "all"
-        out.append(f"| {step} | {row.dur_us / 1e3:.2f} | {row.gpu_busy_pct:.1f} % | {row.kernel_us / 1e3:.2f} | "
-                   f"{row.comm_us / 1e3:.2f} | {row.memcpy_us / 1e3:.2f} | {row.dataloader_us / 1e3:.2f} | "
-                   f"{row.sync_us / 1e3:.2f} | {row.idle_us / 1e3:.2f} |")
-    return out + ["", "Times in ms; GPU columns are the union of GPU activity inside each step's CPU-side window.", ""]
+        out.append(f"| {step} | {row.dur_us / 1e3:.2f} | {row.cpu_dur_us / 1e3:.2f} | {row.gpu_busy_pct:.1f} % | "
+                   f"{row.kernel_us / 1e3:.2f} | {row.comm_us / 1e3:.2f} | {row.memcpy_us / 1e3:.2f} | "
+                   f"{row.dataloader_us / 1e3:.2f} | {row.sync_us / 1e3:.2f} | {row.idle_us / 1e3:.2f} |")
+    return out + ["", "Times in ms. A step's time is the slower of its CPU span (ProfilerStep) and its GPU time (from "
+                      "the first GPU activity it launched to the next step's); GPU columns are the union of GPU activity "
+                      "in that window, DataLoader and sync columns are measured in the CPU span.", ""]
 
 
 def _memory_section(r: TraceReport, multi: bool) -> list[str]:
@@ -237,6 +241,9 @@ def _recommendation(f: Finding) -> str:
 
 def _saving(f: Finding) -> str:
     pct = f"{f.impact.est_step_saving_pct:.1f} %"
+    r = f.impact.range_pct
+    if r and r[1] - r[0] >= 1:
+        pct += f" ({r[0]:.0f}–{r[1]:.0f} %)"
     return f"up to {pct}" if f.impact.upper_bound else pct
 
 

@@ -19,17 +19,6 @@ def check_writable(path: Path) -> None:
         raise InputError(path, "output is not writable")
 
 
-def refuse_overwriting_inputs(out: Path, paths: list[str]) -> None:
-    if not out.exists():
-        return
-    target = out.resolve()
-    for raw in paths:
-        p = Path(raw)
-        inputs = list(p.iterdir()) if p.is_dir() else [p]
-        if any(q.exists() and q.resolve() == target for q in inputs):
-            raise InputError(out, "the output would overwrite an input trace; choose another -o")
-
-
 def write_atomic(path: Path, text: str) -> None:
     """Write to a temp file beside the target, then rename: no half-written report, ever."""
     data = text.encode("utf-8")

@@ -21,6 +21,8 @@ def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
         busy = s.get("gpu_busy_in_steps_pct") if s["steps"] else s.get("gpu_busy_pct")
         busy_txt = f"GPU busy {busy:.1f}%" if busy is not None else "no GPU activity recorded"
         steps = f"{s['steps']} steps, median {s['median_step_ms']:.1f} ms" if s["steps"] else f"no steps, {s['window_ms']:.1f} ms traced"
+        if s["steps"] and s["median_step_ms"] > 1.1 * s["median_step_cpu_ms"]:
+            steps += f" on the GPU timeline (CPU spans {s['median_step_cpu_ms']:.1f} ms: the CPU runs ahead)"
         dev = terminal(s.get("device") or ("device not recorded" if r.metrics.has_gpu or r.model.meta.devices else "CPU only"))
         out.append(f"{head}\n  {dev} · {steps} · {busy_txt}")
         out += _memory_line(r)
@@ -36,6 +38,8 @@ def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
             rank = f" [rank {f.rank}]" if f.rank is not None and len(reports) > 1 else ""
             pct = f.impact.est_step_saving_pct
             est = f"up to {pct:.1f}%" if f.impact.upper_bound else f"~{pct:.1f}%"
+            if f.impact.range_pct and f.impact.range_pct[1] - f.impact.range_pct[0] >= 1:
+                est += f", {f.impact.range_pct[0]:.0f}–{f.impact.range_pct[1]:.0f}%"
             est = f"  ({est} of step time)" if pct > 0 else ""
             out.append(f"\n{i}. [{f.severity}] {terminal(f.title)}{est}{rank}")
             out.append(f"   {f.rule} {f.topic}")

@@ -11,7 +11,8 @@ from gpuadvise.analyzer.errors import EXIT_GATE, EXIT_OK
 from gpuadvise.analyzer.model.report import all_findings
 from gpuadvise.analyzer.report import EXTENSIONS, FORMATS, render
 from gpuadvise.analyzer.report.charts import markdown_files
-from gpuadvise.analyzer.report.output import check_writable, refuse_overwriting_inputs, write_atomic
+from gpuadvise.analyzer.read.sources import refuse_overwriting_inputs
+from gpuadvise.analyzer.report.output import check_writable, write_atomic
 
 from .engine import analyze_paths
 from .gate import describe, matching, parse_fail_on

@@ -49,6 +49,8 @@ def analyze_paths(paths: list[str], progress=None, rules=None, bytes_progress=No
     reports = [r if isinstance(r, TraceReport) else _failed(r) for r in results]
     if traces >= 2:
         reports.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0))  # stable: rank order
+    if reports and getattr(sources, "notes", None):
+        reports[0].notes[:0] = sources.notes  # files of the folder(s) that are not traces
     return Reports(reports, job=analyze_job(reports, rules))
 
 

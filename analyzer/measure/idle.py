@@ -1,0 +1,122 @@
+"""What the CPU was doing while the GPU sat idle inside the steps.
+
+"The GPU is idle 60 % of the step" is a symptom; the cause is on the CPU thread that launched the GPU
+work which ended each idle gap: that thread was waiting for the DataLoader, blocked in a sync, inside
+cudaMalloc/cudaFree, launching, running an op's CPU code, or running Python outside any recorded op.
+Each µs of a gap is given to the first of these (in that order) that covers it on that thread; what the
+steps' ops cover is named by the outermost op (or annotation) running. All of it is interval arithmetic
+on numpy arrays: no loop over events.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from . import intervals as iv
+from .memory import ALLOC_CALLS, FREE_CALLS
+from .metrics import LAUNCH_CALLS, Metrics, step_windows
+from gpuadvise.analyzer.model.trace import TraceModel, name_mask, names_in
+
+OUTSIDE_OPS = "Python / CPU work outside any recorded op"
+COLUMNS = ["what", "kind", "ms_per_step", "share_of_idle_pct"]
+
+
+def idle_gaps(metrics: Metrics) -> tuple[np.ndarray, np.ndarray]:
+    """The GPU's idle time inside the steps' windows (merged intervals)."""
+    lo, hi = step_windows(metrics.steps, metrics.window)
+    return iv.subtract(iv.union(lo, hi), metrics.gpu_union)
+
+
+def explain_idle(model: TraceModel, metrics: Metrics, top: int = 8) -> pd.DataFrame:
+    """Idle GPU time per cause, largest first: `what` (a name), `kind` (dataloader, sync, allocator,
+    launch, op, python), ms per step, and share of the idle time."""
+    gaps = idle_gaps(metrics)
+    total = iv.total(*gaps)
+    if total <= 0 or metrics.launches.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    nsteps = max(len(metrics.steps), 1)
+    rows: list[tuple[str, str, float]] = []
+    for tid, mine in _gaps_by_thread(metrics, gaps).items():
+        rows += _explain_thread(model, metrics, tid, mine)
+    out = pd.DataFrame(rows, columns=["what", "kind", "us"]).groupby(["what", "kind"], as_index=False)["us"].sum()
+    out = out[out["us"] > 0].sort_values("us", ascending=False, ignore_index=True)
+    out["ms_per_step"] = (out["us"] / nsteps / 1e3).round(3)
+    out["share_of_idle_pct"] = (100 * out["us"] / total).round(1)
+    return out.head(top)[COLUMNS]
+
+
+def _gaps_by_thread(metrics: Metrics, gaps) -> dict:
+    """Each gap belongs to the thread that launched the GPU op ending it (the training thread for a gap
+    that no launch ends)."""
+    gs, ge = gaps
+    la = metrics.launches.sort_values("gpu_ts")
+    starts = la["gpu_ts"].to_numpy(dtype=float)
+    k = np.searchsorted(starts, ge, side="left")  # the first op starting at or after the gap's end
+    default = metrics.launch_thread[1] if metrics.launch_thread else -1
+    tids = np.where(k < len(la), la["tid"].to_numpy()[np.minimum(k, len(la) - 1)], default)
+    return {int(t): (gs[tids == t], ge[tids == t]) for t in np.unique(tids)}
+
+
+def _explain_thread(model: TraceModel, metrics: Metrics, tid: int, gaps) -> list[tuple[str, str, float]]:
+    rows = []
+    left = gaps
+
+    def take(what: str, kind: str, s, e) -> None:
+        nonlocal left
+        u = iv.union(s, e)
+        got = iv.total(*iv.intersect(left, u))
+        if got > 0:
+            rows.append((what, kind, got))
+            left = iv.subtract(left, u)
+
+    dl = metrics.dataloader
+    dl = dl[dl["tid"] == tid] if len(dl) else dl
+    if len(dl):
+        take("DataLoader wait (next batch)", "dataloader", dl["ts"], dl["end"])
+    syncs = metrics.syncs
+    if len(syncs):
+        syncs = syncs[(syncs["tid"] == tid) & ~syncs["profiler_sync"]]
+        for (name, op), g in syncs.groupby(["name", "op"]):
+            take(f"{name}" + (f" in {op}" if op else ""), "sync", g["ts"], g["end"])
+    rt = model.runtime
+    rt = rt[rt["tid"] == tid] if len(rt) else rt
+    if len(rt):
+        alloc = rt[names_in(rt["name"], set(ALLOC_CALLS) | set(FREE_CALLS))]
+        take("cudaMalloc / cudaFree", "allocator", alloc["ts"], alloc["end"])
+        launch = rt[names_in(rt["name"], LAUNCH_CALLS)]
+        take("kernel launch calls", "launch", launch["ts"], launch["end"])
+    rows += _outermost_ops(model, tid, left)
+    rest = iv.total(*iv.subtract(left, _ops_union(model, tid)))
+    if rest > 0:
+        rows.append((OUTSIDE_OPS, "python", rest))
+    return rows
+
+
+def _cpu_on(model: TraceModel, tid: int) -> pd.DataFrame:
+    cpu = model.cpu
+    if cpu.empty:
+        return cpu
+    cpu = cpu[cpu["tid"] == tid]
+    return cpu[~name_mask(cpu["name"], lambda n: n.startswith("ProfilerStep#"))]
+
+
+def _ops_union(model: TraceModel, tid: int):
+    ops = _cpu_on(model, tid)
+    return iv.union(ops["ts"], ops["end"]) if len(ops) else (np.empty(0), np.empty(0))
+
+
+def _outermost_ops(model: TraceModel, tid: int, left) -> list[tuple[str, str, float]]:
+    """Time of `left` covered by each outermost op on the thread (ops nest: the outermost one names
+    the work; a running maximum of ends finds them without walking the tree)."""
+    ops = _cpu_on(model, tid)
+    if ops.empty or not len(left[0]):
+        return []
+    ops = ops.sort_values(["ts", "end"], ascending=[True, False], kind="stable")
+    ts, end = ops["ts"].to_numpy(dtype=float), ops["end"].to_numpy(dtype=float)
+    reach = np.concatenate([[-np.inf], np.maximum.accumulate(end)[:-1]])
+    top = ts >= reach
+    got = iv.covered(*left, ts[top], end[top])
+    names = ops["name"].astype(str).to_numpy()[top]
+    per = pd.Series(got).groupby(names).sum()
+    return [(str(n), "op", float(v)) for n, v in per.items() if v > 0]
