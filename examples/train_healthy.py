@@ -11,7 +11,7 @@ from torch import nn
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=64)
     args = p.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -30,7 +30,7 @@ class SlowImages(Dataset):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--delay", type=float, default=0.001, help="seconds to load one sample")
     args = p.parse_args()

@@ -257,17 +257,17 @@ def test_signal_from_outside_ends_it_as_it_would_end_the_script(tmp_path, how, s
 # -- 3. the issue's end-to-end check --------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def stall_run(tmp_path_factory):
-    """`gpuadvise profile -o RUN examples/train_stall.py --steps 10`, default window, with the summary."""
+    """`gpuadvise profile -o RUN examples/train_stall.py --steps 20`, default window, with the summary."""
     cwd = tmp_path_factory.mktemp("stall")
     script = EXAMPLES / "train_stall.py"
-    proc = profile(["-o", str(cwd / "RUN"), str(script), "--steps", "10"], cwd)
+    proc = profile(["-o", str(cwd / "RUN"), str(script), "--steps", "20"], cwd)
     return cwd, cwd / "RUN", script, proc
 
 
 def test_train_stall_example_finds_the_dataloader_stall_at_its_line(stall_run):
     cwd, run_dir, script, proc = stall_run
     assert proc.returncode == 0, show(proc)
-    assert "done: 10 steps" in proc.stdout
+    assert "done: 20 steps" in proc.stdout
     assert (run_dir / "trace.json.gz").is_file()
     # the summary: our lines on stderr, prefixed, naming the finding and the follow-up command
     ours = [l for l in proc.stderr.splitlines() if l.startswith(PREFIX)]
@@ -283,9 +283,9 @@ def test_train_stall_example_finds_the_dataloader_stall_at_its_line(stall_run):
 
 
 def test_train_healthy_example_has_no_dataloader_stall(tmp_path):
-    proc = profile(["-q", "-o", "RUN", str(EXAMPLES / "train_healthy.py"), "--steps", "10"], tmp_path)
+    proc = profile(["-q", "-o", "RUN", str(EXAMPLES / "train_healthy.py"), "--steps", "20"], tmp_path)
     assert proc.returncode == 0, show(proc)
-    assert "done: 10 steps" in proc.stdout
+    assert "done: 20 steps" in proc.stdout
     assert (tmp_path / "RUN" / "trace.json.gz").is_file()
     topics = [f["topic"] for f in findings(analyze_json(tmp_path / "RUN", tmp_path))]
     assert "dataloader-stall" not in topics
@@ -297,8 +297,8 @@ def test_run_json_records_the_facts(stall_run):
     assert proc.returncode == 0, show(proc)
     run = run_json(run_dir)
 
-    assert run["command"] == ["gpuadvise", "profile", "-o", str(run_dir), str(script), "--steps", "10"]
-    assert run["argv"] == [str(script), "--steps", "10"]
+    assert run["command"] == ["gpuadvise", "profile", "-o", str(run_dir), str(script), "--steps", "20"]
+    assert run["argv"] == [str(script), "--steps", "20"]
     assert run["cwd"] == str(cwd)
     assert run["exit_code"] == 0
     fmt = "%Y-%m-%dT%H:%M:%S%z"
@@ -314,7 +314,8 @@ def test_run_json_records_the_facts(stall_run):
     assert capture["state"] == "captured"
     assert capture["step_source"] == "optimizer.step()"
     assert capture["files"]["trace"] == "trace.json.gz"
-    assert capture["window"] == {"wait": 1, "warmup": 2, "active": 3}
+    assert capture["window"] == {"wait": 10, "warmup": 2, "active": 3}
+    assert run["steps"]["source"] == "optimizer"
 
     (loader,) = run["dataloaders"]
     assert same_file(loader["created_at"], cwd, script, call_line(script, "DataLoader")), loader

@@ -33,18 +33,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, as python -m does")
     p.add_argument("-o", "--output", metavar="DIR", help="run folder (default: a new ./gpuadvise-runs/<script>-<time>/)")
     p.add_argument("--force", action="store_true", help="reuse an existing run folder, replacing its files")
-    p.add_argument("--wait", type=int, default=1, help="steps to skip before warm-up (default 1)")
+    # Defaults: 9 unprofiled steps before the window (step 0 is the script's setup; the median skips
+    # steps 1-2 and the probe step), so run.json can tell the real step time from the recorded one.
+    p.add_argument("--wait", type=int, default=10,
+                   help="steps before the warm-up, timed but not profiled (default 10)")
     p.add_argument("--warmup", type=int, default=2, help="warm-up steps, traced but discarded (default 2)")
     p.add_argument("--active", "--steps", dest="active", type=int, default=3, help="steps recorded (default 3)")
-    p.add_argument("--stop-after-capture", action="store_true", help="end the script as soon as the steps are captured")
+    p.add_argument("--stop-after-capture", action="store_true",
+                   help="end the script as soon as the steps are captured (the steps before the window are "
+                        "then the only unprofiled ones)")
     p.add_argument("--with-stack", action=argparse.BooleanOptionalAction, default=False,
-                   help="record Python stacks (source lines in findings; larger traces; default off)")
-    p.add_argument("--record-shapes", action=argparse.BooleanOptionalAction, default=True,
-                   help="record op input shapes and dtypes (default on)")
+                   help="record Python stacks (source lines in findings; slows the recorded steps; default off)")
+    p.add_argument("--record-shapes", action=argparse.BooleanOptionalAction, default=False,
+                   help="record every op's input shapes in the window (slows the recorded steps; default off: "
+                        "matmul shapes come from the shape probe)")
+    p.add_argument("--shapes-probe", action=argparse.BooleanOptionalAction, default=True,
+                   help="record shapes in one separate step before the warm-up and add the matmul shapes to the "
+                        "trace (default on; needs --wait 2 or more)")
     p.add_argument("--profile-memory", action=argparse.BooleanOptionalAction, default=False,
-                   help="record tensor allocations in the trace (default off)")
+                   help="record tensor allocations in the trace (slows the recorded steps; default off)")
     p.add_argument("--memory-history", action=argparse.BooleanOptionalAction, default=True,
-                   help="on a GPU, record CUDA memory history and dump a snapshot (default on)")
+                   help="on a GPU, record CUDA memory history for --memory-steps steps after the window and dump "
+                        "a snapshot (default on)")
+    p.add_argument("--memory-steps", type=int, default=2, help="steps of CUDA memory history (default 2)")
     p.add_argument("--max-entries", type=int, default=100_000, help="memory history entries kept (default 100000)")
     p.add_argument("-q", "--quiet", action="store_true", help="no summary at the end")
     p.add_argument("target", nargs=argparse.REMAINDER, help="script.py and its arguments")
@@ -62,13 +73,13 @@ def parse(argv: list[str]):
         if not rest:
             parser.error("no script given (gpuadvise profile [options] script.py [args ...])")
         target = rest
-    for name in ("wait", "warmup", "active"):
-        if getattr(args, name) < (1 if name == "active" else 0):
-            parser.error(f"--{name} must be {'at least 1' if name == 'active' else 'zero or more'}")
+    for name in ("wait", "warmup", "active", "memory_steps"):
+        if getattr(args, name) < (1 if name in ("active", "memory_steps") else 0):
+            parser.error(f"--{name.replace('_', '-')} must be {'at least 1' if name in ('active', 'memory_steps') else 'zero or more'}")
     return args, target
 
 
-_VALUED = {"-o", "--output", "--wait", "--warmup", "--active", "--steps", "--max-entries", "-m"}
+_VALUED = {"-o", "--output", "--wait", "--warmup", "--active", "--steps", "--max-entries", "--memory-steps", "-m"}
 
 
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -128,7 +139,8 @@ def main(argv: list[str]) -> int:
     config = {
         "out": str(out.resolve()), "wait": args.wait, "warmup": args.warmup, "active": args.active,
         "stop_after_capture": args.stop_after_capture, "with_stack": args.with_stack, "record_shapes": args.record_shapes,
-        "profile_memory": args.profile_memory, "memory_history": args.memory_history, "max_entries": args.max_entries,
+        "shapes_probe": args.shapes_probe, "profile_memory": args.profile_memory, "memory_history": args.memory_history,
+        "memory_steps": args.memory_steps, "max_entries": args.max_entries,
         "run": run,
     }
     fd, config_path = tempfile.mkstemp(prefix="gpuadvise-profile-", suffix=".json")

@@ -1,0 +1,77 @@
+"""Keep the profiler's own chatter off the user's stderr, and nothing else.
+
+- torch's Python warning "Profiler clears events at the end of each cycle…" is ignored by a warnings
+  filter that matches that message *and* a warning raised from torch.profiler: the same text
+  warned by the user's code still shows.
+- kineto's C++ log lines (`USDT:… profiler_start`, `STAGE:… Completed Stage`) are written straight to
+  file descriptor 2, so fd 2 is pointed at a temporary file only while a profiler transition runs
+  (start, stop, export: a few calls per run, never while the user's code runs on this thread);
+  afterwards every line of it that is not such a log line is written back to the real stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import tempfile
+import warnings
+
+# kineto's log format: KIND:YYYY-MM-DD HH:MM:SS pid:tid File.cpp:line] message
+KINETO_LINE = re.compile(rb"^(USDT|STAGE):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ [^\]\n]*\] [^\n]*(\n|$)", re.M)
+
+
+def ignore_profiler_warnings() -> None:
+    warnings.filterwarnings("ignore", message=r"Warning: Profiler clears events at the end of each cycle",
+                            category=UserWarning, module=r"torch\.profiler")
+
+
+def strip_kineto(data: bytes) -> bytes:
+    return KINETO_LINE.sub(b"", data)
+
+
+@contextlib.contextmanager
+def quiet_fd2():
+    """Run the body with fd 2 captured; write back all but kineto's log lines. If fd 2 cannot be
+    swapped (closed, say), the body simply runs with stderr as it is."""
+    try:
+        _flush()
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    tmp = None
+    try:
+        tmp = tempfile.TemporaryFile()
+        os.dup2(tmp.fileno(), 2)
+    except OSError:
+        os.close(saved)
+        if tmp is not None:
+            tmp.close()
+        yield
+        return
+    try:
+        yield
+    finally:
+        _flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        try:
+            tmp.seek(0)
+            rest = strip_kineto(tmp.read())
+            while rest:
+                rest = rest[os.write(2, rest):]
+        except OSError:
+            pass
+        finally:
+            tmp.close()
+
+
+def _flush() -> None:
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:
+            pass
