@@ -8,6 +8,7 @@ from __future__ import annotations
 from functools import cached_property
 
 from . import whatif
+from .calibration import Calibration, calibrate, scenario_on
 from gpuadvise.analyzer.model.kernels import has_matrix_units
 from .memory import MemorySummary
 from .metrics import Metrics
@@ -45,15 +46,29 @@ class Analysis:
             return None
         return whatif.build(self.model, self.metrics)
 
+    @cached_property
+    def calibration(self) -> Calibration | None:
+        """The profiler's own cost, from run.json's unprofiled step time (calibration.py)."""
+        if self.metrics is None:
+            return None
+        return calibrate(self.replay, float(self.metrics.median_step_us), self.facts)
+
     def predicted_saving(self, scenario: whatif.Scenario) -> tuple[float | None, str]:
-        """(% of step time the scenario saves, how that was predicted); None when no replay is possible."""
+        """(% of step time the scenario saves, how that was predicted); None when no replay is possible.
+        With unprofiled step times the replay is calibrated first: CPU time the profiler added is taken
+        out of the baseline and of the scenario alike."""
         replay = self.replay
         if replay is None or replay.baseline_us <= 0:
             return None, ""
-        pct = replay.saving_pct(scenario)
+        cal = self.calibration
         basis = (f"critical-path replay of {replay.steps or 'the'} step{'s' if replay.steps != 1 else ''} "
                  f"({replay.actual_us / 1e3:.1f} ms traced, {replay.baseline_us / 1e3:.1f} ms replayed): {scenario.name}")
-        return pct, basis
+        if cal is not None and cal.applied:
+            base = replay.simulate(scenario_on(cal, whatif.Scenario(name="calibrated")))
+            after = replay.simulate(scenario_on(cal, scenario))
+            pct = max(0.0, 100.0 * (1.0 - after / base)) if base > 0 else 0.0
+            return pct, f"{basis}; {cal.describe()}"
+        return replay.saving_pct(scenario), basis
 
     def ms(self, us: float) -> float:
         return round(us / 1e3, 3)

@@ -28,6 +28,7 @@ class TraceReport:
     memory: MemorySummary | None = None
     snapshot: str | None = None  # the allocator snapshot read with a trace (run folder)
     rank_stats: object = None  # job.RankStats, when the trace is one rank of several
+    calibration: object = None  # measure.calibration.Calibration: the profiler's own cost
     _summary: dict | None = field(default=None, repr=False)  # kept by compact(), which drops what it needs
 
     def summary(self) -> dict:
@@ -55,6 +56,11 @@ class TraceReport:
             "median_step_cpu_ms": round(m.median_cpu_step_us / 1e3, 3),
             "median_step_gpu_ms": round(m.median_gpu_step_us / 1e3, 3),
             "step_time_basis": _step_basis(m),
+            # the profiler's own cost: run.json's unprofiled step time (None for traces from elsewhere)
+            "unprofiled_median_step_ms": _r(self.calibration.unprofiled_step_us / 1e3, 3)
+            if self.calibration is not None and self.calibration.unprofiled_step_us else None,
+            "profiler_overhead_x": _r(self.calibration.overhead_x) if self.calibration is not None else None,
+            "profiler_calibration": self.calibration.describe() if self.calibration is not None else None,
             "step_times_ms": [{"step": st.number, "ms": round(st.dur / 1e3, 3), "cpu_ms": round(st.cpu_dur / 1e3, 3),
                                "gpu_ms": round(st.gpu_dur / 1e3, 3), "bound": "gpu" if st.gpu_bound else "cpu"}
                               for st in m.steps],

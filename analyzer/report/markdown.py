@@ -99,6 +99,10 @@ def _trace_header(r: TraceReport) -> list[str]:
         lines.append(f"- **Steps:** {s['steps']} (ProfilerStep#{nums[0]}–#{nums[-1]}), median {s['median_step_ms']:.2f} ms{ahead}")
     else:
         lines.append(f"- **Steps:** none recorded; the whole trace ({s['window_ms']:.2f} ms) is one window")
+    if s.get("unprofiled_median_step_ms"):
+        lines.append(f"- **Unprofiled step:** {s['unprofiled_median_step_ms']:.2f} ms median, measured by `gpuadvise profile` "
+                     f"outside the window: the profiler made the traced steps {s['profiler_overhead_x']:.2f}× slower "
+                     f"({md_text(s.get('profiler_calibration') or '')})")
     if s.get("gpu_busy_pct") is not None:
         in_steps = f", {s['gpu_busy_in_steps_pct']:.1f} % inside the steps" if s["steps"] else ""
         lines.append(f"- **GPU busy:** {s['gpu_busy_pct']:.1f} % of the GPU's active span{in_steps}")

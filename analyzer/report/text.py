@@ -23,6 +23,9 @@ def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
         steps = f"{s['steps']} steps, median {s['median_step_ms']:.1f} ms" if s["steps"] else f"no steps, {s['window_ms']:.1f} ms traced"
         if s["steps"] and s["median_step_ms"] > 1.1 * s["median_step_cpu_ms"]:
             steps += f" on the GPU timeline (CPU spans {s['median_step_cpu_ms']:.1f} ms: the CPU runs ahead)"
+        if s.get("unprofiled_median_step_ms"):
+            steps += (f" (unprofiled {s['unprofiled_median_step_ms']:.1f} ms: the profiler made it "
+                      f"{s['profiler_overhead_x']:.2f}× slower)")
         dev = terminal(s.get("device") or ("device not recorded" if r.metrics.has_gpu or r.model.meta.devices else "CPU only"))
         out.append(f"{head}\n  {dev} · {steps} · {busy_txt}")
         out += _memory_line(r)

@@ -33,8 +33,11 @@ def analyze_model(model: TraceModel, facts: dict | None = None, source: str = ""
         notes.append("no ProfilerStep annotations: the whole trace is treated as one step")
     rank = model.meta.rank if model.meta.rank is not None else rank
     findings = run_rules(analysis, rules, source, rank, notes)
+    calibration = analysis.calibration
+    if calibration is not None and calibration.unprofiled_step_us is None and metrics.has_gpu:
+        notes.append(calibration.describe())
     return TraceReport(source=source, rank=rank, model=model, metrics=metrics, findings=findings, notes=notes,
-                       memory=memory)
+                       memory=memory, calibration=calibration)
 
 
 def analyze_snapshot(snapshot: dict, facts: dict | None = None, source: str = "", rank: int | None = None,

@@ -107,6 +107,9 @@ idle; and GPU busy % per step (0–100 % scale).
                          f"window {ms(m.window_us)} ms")
         else:
             row("Steps", f"no ProfilerStep marks: the whole trace ({ms(m.window_us)} ms) is one window")
+        if s.get("unprofiled_median_step_ms"):
+            row("Unprofiled", f"median step {s['unprofiled_median_step_ms']:.2f} ms outside the window · the profiler "
+                              f"made the traced steps {s['profiler_overhead_x']:.2f}× slower")
         if m.has_gpu:
             temporal = m.temporal
             row("GPU", f"busy {pct(m.busy_in_steps_pct)} inside the steps, {pct(m.gpu_busy_pct)} of its active span · "
