@@ -49,6 +49,7 @@ class Scenario:
     cpu_removed: tuple[np.ndarray, np.ndarray] | None = None  # CPU intervals that disappear
     cpu_shrink: tuple[tuple[np.ndarray, np.ndarray], float] | None = None  # (intervals, factor): CPU time there × factor
     cpu_scale: float = 1.0  # multiplies CPU time between GPU calls (and launch cost)
+    unscaled: Callable[[pd.DataFrame], np.ndarray] | None = None  # calls whose own cost cpu_scale leaves alone (driver time)
     unblock: Callable[[pd.DataFrame], np.ndarray] | None = None  # calls (rows of `calls`) that stop blocking
     remove: Callable[[pd.DataFrame], np.ndarray] | None = None  # calls that disappear (no CPU cost, no wait)
     gpu_scale: Callable[[pd.DataFrame], np.ndarray] | None = None  # per GPU op duration factor
@@ -253,7 +254,7 @@ def _device_wide_waits(g: nx.DiGraph, calls: pd.DataFrame, ops: pd.DataFrame, ow
     """A device-wide sync returns only after every op launched before it, on every stream: tie it to the
     last op (by end) of each stream among those. Where the op had long finished in the trace, the edge
     costs nothing in the baseline; it binds when a scenario makes the CPU reach the call sooner."""
-    wide = calls.index[calls["name"].isin(DEVICE_WIDE).to_numpy()]
+    wide = calls.index[calls["name"].isin(DEVICE_WIDE).to_numpy()].to_numpy()
     if not len(wide) or not len(ops):
         return
     launched_at = np.where(owner >= 0, call_ts[np.maximum(owner, 0)], -np.inf)
@@ -265,9 +266,9 @@ def _device_wide_waits(g: nx.DiGraph, calls: pd.DataFrame, ops: pd.DataFrame, ow
         by_launch = on[np.argsort(launched_at[on], kind="stable")]
         # running "op with the latest end" in launch order: the one a sync at time t waits for
         best = by_launch[_argmax_accumulate(ends[by_launch])]
-        for i in wide:
-            j = np.searchsorted(launched_at[by_launch], call_ts[i], side="left") - 1
-            if j >= 0 and not g.has_edge(("ge", int(best[j])), ("d", i)):
+        js = np.searchsorted(launched_at[by_launch], call_ts[wide], side="left") - 1
+        for i, j in zip(wide[js >= 0].tolist(), js[js >= 0].tolist()):
+            if not g.has_edge(("ge", int(best[j])), ("d", i)):
                 g.add_edge(("ge", int(best[j])), ("d", i), base=WAKE_US, kind="wait", call=int(i))
 
 
@@ -369,7 +370,11 @@ def _weights(replay: Replay, s: Scenario) -> np.ndarray:
         w[cpu] = np.maximum(0.0, w[cpu] - inside * (1.0 - factor))
     w[cpu] *= s.cpu_scale
     if s.cpu_scale < 1:  # cheaper launches: the calls' own CPU cost shrinks too
-        w[call] *= s.cpu_scale
+        scaled = call.copy()
+        if s.unscaled is not None:
+            keep = np.asarray(s.unscaled(calls), dtype=bool)
+            scaled &= ~np.isin(e["call"], calls.index[keep].to_numpy())
+        w[scaled] *= s.cpu_scale
     if s.unblock is not None:
         mask = np.asarray(s.unblock(calls), dtype=bool)
         freed = np.isin(e["call"], calls.index[mask].to_numpy())
