@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "matmul shapes come from the shape probe)")
     p.add_argument("--shapes-probe", action=argparse.BooleanOptionalAction, default=True,
                    help="record shapes in one separate step before the warm-up and add the matmul shapes to the "
-                        "trace (default on; needs --wait 2 or more)")
+                        "trace (default on; needs --wait 2 and --warmup 1 or more, else the window records shapes)")
     p.add_argument("--profile-memory", action=argparse.BooleanOptionalAction, default=False,
                    help="record tensor allocations in the trace (slows the recorded steps; default off)")
     p.add_argument("--memory-history", action=argparse.BooleanOptionalAction, default=True,
@@ -199,14 +199,16 @@ def _finish_run_json(out: Path, r, code: int, started: float) -> None:
 
 def _summary(out: Path, r) -> None:
     trace = out / runfolder.trace_name(r)
-    status = runfolder.read_json(out / runfolder.run_json_name(r)).get("capture", {})
+    run = runfolder.read_json(out / runfolder.run_json_name(r))
+    status = run.get("capture", {})
+    _step_times_line(run.get("steps") or {})
     if not trace.exists():
         print(f"{PREFIX}no trace captured: {status.get('state', 'unknown')}", file=sys.stderr)
         if status.get("error"):
             print(f"{PREFIX}{status['error']}", file=sys.stderr)
         elif status.get("steps_stepped", 0) == 0:
-            print(f"{PREFIX}no training step was seen (no optimizer.step(), no DataLoader batch): call "
-                  "gpuadvise.step() once per iteration", file=sys.stderr)
+            print(f"{PREFIX}no training step was seen (no optimizer.step(), DataLoader batch, backward() or CUDA "
+                  "graph replay): call gpuadvise.step() once per iteration", file=sys.stderr)
         else:
             print(f"{PREFIX}tip: the script ran {status['steps_stepped']} steps; lower --wait/--warmup/--active",
                   file=sys.stderr)
@@ -221,3 +223,15 @@ def _summary(out: Path, r) -> None:
         print(f"{PREFIX}analysis failed ({type(exc).__name__}: {exc}); the run folder is intact", file=sys.stderr)
     print(f"{PREFIX}full report: gpuadvise analyze {shlex.quote(str(out))} --format md", file=sys.stderr)
     print(f"{PREFIX}browse it:   gpuadvise view {shlex.quote(str(out))}", file=sys.stderr)
+
+
+def _step_times_line(steps: dict) -> None:
+    """One line: the real step time next to the recorded one, so the user knows how far the trace is off."""
+    u, p, x = steps.get("unprofiled_median_ms"), steps.get("profiled_median_ms"), steps.get("overhead_x")
+    if u is None:
+        return
+    clock = "GPU" if steps.get("clock") == "cuda_event" else "wall"
+    line = f"{PREFIX}step time ({clock} clock): {u:.2f} ms unprofiled (median of {steps.get('unprofiled_n')} steps)"
+    if p is not None and x is not None:
+        line += f", {p:.2f} ms while recorded ({x:.2f}× the unprofiled step)"
+    print(line, file=sys.stderr)

@@ -84,11 +84,18 @@ class Session:
         self._probe_events: list | None = None
         self._next_after_write = 1
         self.times = StepTimes()
+        self.memory_steps = 0  # CUDA memory history steps after the window (set at start: GPU only)
         c = config
         self.W, self.w, self.a = c["wait"], c["warmup"], c["active"]
         self.window_end = self.W + self.w + self.a  # the boundary that ends the last recorded step
-        # the probe needs a step of its own before the warm-up, and not step 0 (the script's setup)
-        self.probe_step = self.W - 1 if c.get("shapes_probe") and not c["record_shapes"] and self.W >= 2 else None
+        # The probe needs a step of its own before the warm-up, not step 0 (the script's setup), and at
+        # least one warm-up step: the window must not start at the boundary where the probe stops. torch
+        # crashes (a segfault at the scope's exit) when one profiler stops and another starts inside the
+        # same open record_function, and the optimizer hook runs inside `Optimizer.step#…`.
+        probe_fits = self.W >= 2 and self.w >= 1
+        self.probe_step = self.W - 1 if c.get("shapes_probe") and not c["record_shapes"] and probe_fits else None
+        # a window too short for the probe records shapes itself, as before the probe existed
+        self.window_shapes = bool(c["record_shapes"] or (c.get("shapes_probe") and not probe_fits))
         self.status: dict = {"state": "not started", "steps_stepped": 0, "step_source": None, "files": {}}
         self.started = time.time()
 
@@ -114,6 +121,8 @@ class Session:
             self.status["hooks_error"] = repr(exc)
         if not self.failed:
             self.status["state"] = "waiting for steps"
+        if self.window_shapes:
+            self.status["shapes"] = {"mode": "window"}
         self._write_status()
 
     def _start_profiler(self, torch) -> None:
@@ -127,7 +136,7 @@ class Session:
             activities=activities,
             schedule=schedule(wait=self.W, warmup=self.w, active=self.a, repeat=1),
             on_trace_ready=self._on_trace_ready,
-            record_shapes=c["record_shapes"],
+            record_shapes=self.window_shapes,
             with_stack=c["with_stack"],
             profile_memory=c["profile_memory"],
             **_trace_only(torch),
@@ -161,7 +170,7 @@ class Session:
                         self.prof.stop()
                 except Exception:
                     pass
-                self._stop_memory_history(dump=False)
+                self._record_memory_stats()
             elif self.memory_history:  # the script ended inside the memory window: what was recorded is valid
                 self._stop_memory_history(dump=True)
             self._write_status(exit_code=exit_code)
@@ -217,16 +226,19 @@ class Session:
             graph_cls.replay = replay
 
     def _primary(self, source: str) -> None:
-        self._primary_ns.append(time.perf_counter_ns())
         self._fallback_count = dict.fromkeys(self._fallback_count, 0)
         self.fallback = None  # a main source that fires again takes back over
-        self._boundary(source)
+        try:
+            self._boundary(source)
+        finally:  # when the user's code resumes: our own work at a boundary (an export) is no silence
+            self._primary_ns.append(time.perf_counter_ns())
 
     def _fallback_event(self, source: str) -> None:
         if self.mode == "manual":
             return
         try:
-            if self.torch.compiler.is_compiling():  # inside a graph torch.compile is tracing: not a step
+            compiling = getattr(getattr(self.torch, "compiler", None), "is_compiling", None)
+            if compiling is not None and compiling():  # inside a graph torch.compile is tracing: not a step
                 return
             if self.fallback is None:
                 self._fallback_count[source] += 1
@@ -363,6 +375,7 @@ class Session:
             os.replace(tmp_gz, final)
             os.unlink(tmp_json)
             self.status["files"]["trace"] = final.name
+            self._record_memory_stats()
             self.done = True
             self.status["state"] = "captured"
             self.status["captured_at"] = time.time()
@@ -408,7 +421,8 @@ class Session:
             self.status["memory_history_error"] = repr(exc)
             self.complete = True
 
-    def _stop_memory_history(self, dump: bool) -> None:
+    def _record_memory_stats(self) -> None:
+        """`torch.cuda.memory_stats()` counters (at the end of the window, or at exit without one)."""
         torch = self.torch
         if torch is None or not _cuda(torch):
             return
@@ -417,7 +431,10 @@ class Session:
                                            if isinstance(v, (int, float)) and not k.startswith(("active.", "inactive_split."))}
         except Exception as exc:
             self.status["memory_stats_error"] = repr(exc)
-        if not self.memory_history:
+
+    def _stop_memory_history(self, dump: bool) -> None:
+        torch = self.torch
+        if torch is None or not self.memory_history:
             return
         self.memory_history = False
         try:
@@ -465,7 +482,7 @@ class Session:
         data["capture"] = dict(self.status, window={"wait": self.W, "warmup": self.w, "active": self.a},
                                options={k: c.get(k) for k in ("record_shapes", "shapes_probe", "with_stack",
                                                               "profile_memory", "memory_history")},
-                               memory_steps=getattr(self, "memory_steps", 0))
+                               memory_steps=self.memory_steps)
         steps = self.times.summary()
         recorded = [s for s, p in zip(steps["step_sources"], steps["phase"]) if p == "active"]
         steps["source"] = (recorded or steps["step_sources"] or [None])[-1]

@@ -54,6 +54,7 @@ class StepTimes:
                 if step[6] is None:
                     step[5] = None
                 else:
+                    self.used_cuda = True  # a step with both events: the GPU clock applies
                     self._pending.append(step)
                     if len(self._pending) > MAX_PENDING:  # the GPU is far behind (or hung): stop waiting on the oldest
                         old = self._pending.popleft()
@@ -85,17 +86,19 @@ class StepTimes:
             return None
         ev = cuda.Event(enable_timing=True)
         ev.record()
-        self.used_cuda = True
         return ev
 
     def _resolve(self, wait: bool) -> None:
         while self._pending:
             step = self._pending[0]
-            if not wait and not step[6].query():
-                return
-            if wait:
-                step[6].synchronize()
-            step[7] = step[5].elapsed_time(step[6])
+            try:
+                if not wait and not step[6].query():
+                    return
+                if wait:
+                    step[6].synchronize()
+                step[7] = step[5].elapsed_time(step[6])
+            except Exception:  # this step's events are unusable (another device, say): no GPU time for it
+                step[7] = None
             step[5] = step[6] = None  # the events can go
             self._pending.popleft()
 
@@ -143,7 +146,11 @@ class StepTimes:
         }
         if clock == "cuda_event":
             out["gpu_ms"] = gpu_ms
-        unprof = [m for s, m in zip(steps, ms) if s[1] in UNPROFILED and s[0] > self.settle and m is not None]
+        # the first step after the window follows the trace export (cold caches, freed buffers): skipped too
+        after = [s[0] for s in steps if s[1] == "after"]
+        skip = set(after[:1])
+        unprof = [m for s, m in zip(steps, ms)
+                  if s[1] in UNPROFILED and s[0] > self.settle and s[0] not in skip and m is not None]
         prof = [m for s, m in zip(steps, ms) if s[1] in PROFILED and m is not None]
         u = round(statistics.median(unprof), 3) if unprof else None
         p = round(statistics.median(prof), 3) if prof else None
