@@ -298,6 +298,37 @@ def test_optimizer_takes_over_from_backward_under_gradient_accumulation(tmp_path
     assert "gpuadvise.step()" not in proc.stderr
 
 
+def test_fallback_takes_over_when_the_optimizer_falls_silent(tmp_path):
+    """A few optimizer steps, then a loop the hooks don't see (as a CUDA-graph loop is: eager warm-up
+    steps, one captured step, then only replays; here backward() plays the replay, which a CPU cannot
+    run): once the optimizer has been silent for several of its steps, backward() marks the steps."""
+    script(tmp_path, "warm_then_manual.py", """
+        import torch
+        model = torch.nn.Linear(32, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        x = torch.randn(256, 32)
+        for i in range(4):  # the eager warm-up, with an optimizer
+            (model(x) ** 2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        for i in range(200):  # then an update the optimizer hook never sees
+            (model(x) ** 2).mean().backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 1e-3 * p.grad
+                    p.grad = None
+        print("done", flush=True)
+    """)
+    proc = profile(["-q", "-o", "RUN", "warm_then_manual.py"], tmp_path)
+    assert proc.returncode == 0, show(proc)
+    run = run_json(tmp_path / "RUN")
+    assert run["capture"]["state"] == "captured", run["capture"]
+    assert run["capture"]["step_source"] == "backward()" and run["steps"]["source"] == "backward"
+    sources = run["steps"]["step_sources"]
+    assert sources[:4] == ["optimizer"] * 4 and set(sources[4:]) == {"backward"}
+    assert "gpuadvise.step()" in proc.stderr
+
+
 def test_loop_without_any_step_signal_says_to_call_gpuadvise_step(tmp_path):
     script(tmp_path, "nosteps.py", """
         import torch
