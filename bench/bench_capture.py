@@ -15,9 +15,9 @@ cycling through the modes for `--rounds` rounds:
   a probe step outside the window; CUDA memory history runs after it).
 Each step's wall time and thread CPU time are taken at the hook, outside the profiler's start/stop;
 the first step of every segment, and a step without profiler between segments, are dropped (for
-every mode alike). On a GPU this times the CPU side
-of each step (no synchronize is added); part 2's run.json times the GPU side with CUDA events. A mode's ratio is its median step
-over the median plain step: plain segments are interleaved with the others, so a machine that gets
+every mode alike). On a GPU this times the CPU side of each step (no synchronize is added); part 2's
+run.json times the GPU side with CUDA events. A mode's ratio is its median step over the median
+plain step: plain segments are interleaved with the others, so a machine that gets
 busier or quieter during the run moves both. The thread CPU time ratio is printed too: it ignores
 the time the process waits for a core on a shared machine.
 

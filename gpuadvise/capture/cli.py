@@ -74,8 +74,9 @@ def parse(argv: list[str]):
             parser.error("no script given (gpuadvise profile [options] script.py [args ...])")
         target = rest
     for name in ("wait", "warmup", "active", "memory_steps"):
-        if getattr(args, name) < (1 if name in ("active", "memory_steps") else 0):
-            parser.error(f"--{name.replace('_', '-')} must be {'at least 1' if name in ('active', 'memory_steps') else 'zero or more'}")
+        least = 1 if name in ("active", "memory_steps") else 0
+        if getattr(args, name) < least:
+            parser.error(f"--{name.replace('_', '-')} must be {'at least 1' if least else 'zero or more'}")
     return args, target
 
 

@@ -78,7 +78,8 @@ class Session:
         self.finishing = False  # set before the final stop: a partial window must not become a trace
         self.fallback = None  # the fallback source driving the steps, if any
         self._fallback_count = {s: 0 for s in FALLBACKS}
-        self._primary_ns: deque = deque(maxlen=16)  # times of the last boundaries from the main sources
+        self._primary_resumed: int | None = None  # when the user's code last resumed after a main-source step
+        self._primary_steps_ns: deque = deque(maxlen=16)  # the last steps from the main sources, our work excluded
         self._probe = None
         self._probe_running = False
         self._probe_events: list | None = None
@@ -226,12 +227,15 @@ class Session:
             graph_cls.replay = replay
 
     def _primary(self, source: str) -> None:
+        now = time.perf_counter_ns()
+        if self._primary_resumed is not None:  # the user's own time for that step, our work excluded
+            self._primary_steps_ns.append(now - self._primary_resumed)
         self._fallback_count = dict.fromkeys(self._fallback_count, 0)
         self.fallback = None  # a main source that fires again takes back over
         try:
             self._boundary(source)
-        finally:  # when the user's code resumes: our own work at a boundary (an export) is no silence
-            self._primary_ns.append(time.perf_counter_ns())
+        finally:  # silence is counted from when the user's code resumes: our work (an export) is none
+            self._primary_resumed = time.perf_counter_ns()
 
     def _fallback_event(self, source: str) -> None:
         if self.mode == "manual":
@@ -253,13 +257,12 @@ class Session:
 
     def _fallback_takes_over(self, source: str) -> bool:
         n = self._fallback_count[source]
-        if not self._primary_ns:
+        if self._primary_resumed is None:  # no optimizer step or batch ever: the fallback is all there is
             return n >= 2
-        if n < 3 or len(self._primary_ns) < 2:
+        if n < 3 or not self._primary_steps_ns:
             return False
-        stamps = list(self._primary_ns)
-        usual = statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
-        return time.perf_counter_ns() - stamps[-1] > 3 * usual
+        usual = statistics.median(self._primary_steps_ns)
+        return time.perf_counter_ns() - self._primary_resumed > 3 * usual
 
     # -- one step boundary ------------------------------------------------------------------------------
     def _boundary(self, source: str) -> None:

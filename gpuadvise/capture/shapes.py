@@ -41,7 +41,7 @@ def scan(mm) -> list[tuple[int, int, dict]]:
     return found
 
 
-def _decode_at(mm, start: int, window: int = 1 << 16):
+def _decode_at(mm, start: int, window: int = 1 << 12):  # an event is a few hundred bytes
     while True:
         chunk = mm[start:start + window]
         try:
