@@ -7,6 +7,7 @@ Exit codes: 0 the comparison was made (and the gate, if any, passed); 1 the gate
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 

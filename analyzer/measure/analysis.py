@@ -8,7 +8,7 @@ from __future__ import annotations
 from functools import cached_property
 
 from . import whatif
-from .calibration import Calibration, calibrate, scenario_on
+from .calibration import Calibration, calibrate, scenario_on, unprofiled_step_ms
 from gpuadvise.analyzer.model.kernels import has_matrix_units
 from .memory import MemorySummary
 from .metrics import Metrics
@@ -51,7 +51,12 @@ class Analysis:
         """The profiler's own cost, from run.json's unprofiled step time (calibration.py)."""
         if self.metrics is None:
             return None
-        return calibrate(self.replay, float(self.metrics.median_step_us), self.facts)
+        measured, _ = unprofiled_step_ms(self.facts)  # no run.json times: no need to build the replay here
+        return calibrate(self.replay if measured else None, float(self.metrics.median_step_us), self.facts)
+
+    @cached_property
+    def _calibrated_baseline_us(self) -> float:
+        return self.replay.simulate(scenario_on(self.calibration, whatif.Scenario(name="calibrated")))
 
     def predicted_saving(self, scenario: whatif.Scenario) -> tuple[float | None, str]:
         """(% of step time the scenario saves, how that was predicted); None when no replay is possible.
@@ -64,7 +69,7 @@ class Analysis:
         basis = (f"critical-path replay of {replay.steps or 'the'} step{'s' if replay.steps != 1 else ''} "
                  f"({replay.actual_us / 1e3:.1f} ms traced, {replay.baseline_us / 1e3:.1f} ms replayed): {scenario.name}")
         if cal is not None and cal.applied:
-            base = replay.simulate(scenario_on(cal, whatif.Scenario(name="calibrated")))
+            base = self._calibrated_baseline_us
             after = replay.simulate(scenario_on(cal, scenario))
             pct = max(0.0, 100.0 * (1.0 - after / base)) if base > 0 else 0.0
             return pct, f"{basis}; {cal.describe()}"

@@ -17,7 +17,9 @@ CPU side may be inflated by profiling (typically 1.5–2.5× on loops of many sm
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from .whatif import Scenario
 
 # Below this the traced and unprofiled steps agree within run-to-run noise (~5 % measured): no correction.
 NOISE = 1.05
@@ -95,14 +97,10 @@ def calibrate(replay, traced_step_us: float, facts: dict) -> Calibration:
     return cal
 
 
-def _scaled(k: float):
-    from .whatif import Scenario
-
+def _scaled(k: float) -> Scenario:
     return Scenario(name="calibration", cpu_scale=k)
 
 
 def scenario_on(cal: Calibration, scenario):
     """The scenario as it plays on the calibrated replay: its CPU scaling on top of k."""
-    from dataclasses import replace
-
     return replace(scenario, cpu_scale=scenario.cpu_scale * cal.cpu_factor) if cal.applied else scenario

@@ -12,14 +12,12 @@ cannot be read are counted and skipped, never fatal.
 from __future__ import annotations
 
 import gc
-import gzip
 import math
 import operator
 import os
 import re
 import stat
 import zlib
-from array import array
 from collections import Counter
 from pathlib import Path
 

@@ -79,7 +79,7 @@ def _finding_saving(side: dict | None) -> str:
 
 def headline(cmp: dict) -> list[tuple[str, str, str, str]]:
     """(what, BEFORE, AFTER, change) rows of the step-time table."""
-    b, a, st = cmp["before"], cmp["after"], cmp["step_time"]
+    b, a = cmp["before"], cmp["after"]
     rows = [("Median step, profiled (ms)", ms(b["median_step_ms"]), ms(a["median_step_ms"]),
              pct(_rel(b["median_step_ms"], a["median_step_ms"]), sign=True)),
             ("Fastest – slowest step (ms)", _range(b), _range(a), ""),

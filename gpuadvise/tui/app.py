@@ -240,24 +240,11 @@ class GpuadviseApp(App[int]):
         """Write the markdown report atomically to `path`; tell the user where it went."""
         if path is None or self.data is None:
             return None
-        from gpuadvise.analyzer.report.output import write_atomic
         from gpuadvise.analyzer.report.markdown import render
 
-        if not path.is_absolute():
-            path = self.export_dir / path
-        try:
-            if path.is_dir():
-                raise InputError(path, "is a folder")
-            if not path.parent.is_dir():
-                raise InputError(path, f"folder {path.parent} does not exist")
-            write_atomic(path, render(self.data.reports))
-        except (InputError, OSError) as exc:
-            message = str(exc) if isinstance(exc, InputError) else f"{path}: cannot write: {exc.strerror or exc}"
-            self.notify(clean(message), title="Export failed", severity="error", timeout=8, markup=False)
-            return None
-        self.last_export = path
-        self.notify(clean(str(path)), title="Report written", timeout=8, markup=False)
-        return path
+        from .export import export_files
+
+        return export_files(self, path, lambda p: [(p, render(self.data.reports))], "Report written")
 
     async def action_trace(self, delta: int) -> None:
         if self.data is not None and len(self.data.reports) > 1:

@@ -18,7 +18,6 @@ from gpuadvise.analyzer.errors import EXIT_INPUT, EXIT_INTERNAL, InputError
 from .app import LoadFailed, LoadProgress
 from .screens.dialogs import ExportScreen, HelpScreen
 from .screens.loading import LoadingScreen
-from .text import clean
 
 
 class Compared(Message):
@@ -127,25 +126,11 @@ class CompareApp(App[int]):
         """The comparison as markdown at `path`, its charts as SVG files beside it (each written atomically)."""
         if path is None or self.result is None:
             return None
-        from gpuadvise.analyzer.report.output import write_atomic
         from gpuadvise.analyzer.report.compare import markdown_files
 
-        if not path.is_absolute():
-            path = self.export_dir / path
-        try:
-            if path.is_dir():
-                raise InputError(path, "is a folder")
-            if not path.parent.is_dir():
-                raise InputError(path, f"folder {path.parent} does not exist")
-            for target, text in markdown_files(self.result, path):
-                write_atomic(target, text)
-        except (InputError, OSError) as exc:
-            message = str(exc) if isinstance(exc, InputError) else f"{path}: cannot write: {exc.strerror or exc}"
-            self.notify(clean(message), title="Export failed", severity="error", timeout=8, markup=False)
-            return None
-        self.last_export = path
-        self.notify(clean(str(path)), title="Comparison written", timeout=8, markup=False)
-        return path
+        from .export import export_files
+
+        return export_files(self, path, lambda p: markdown_files(self.result, p), "Comparison written")
 
 
 class CompareHelp(HelpScreen):
