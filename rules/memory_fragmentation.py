@@ -61,7 +61,7 @@ from __future__ import annotations
 
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
-from gpuadvise.analyzer.measure.memory import NO_SITE
+from gpuadvise.analyzer.measure.memory import NO_SITE, devices_sentence
 from gpuadvise.fixtures.snapshot import GiB, MiB, SnapshotBuilder, free, live
 
 from .base import Rule
@@ -108,8 +108,21 @@ class MemoryFragmentation(Rule):
                       "before the step's temporaries.")
         else:
             advice = "Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` and keep shapes steady."
-        if mem.ooms:
-            advice += f" The run hit out-of-memory {mem.ooms}× with this memory stranded: fragmentation is the first suspect."
+        at = h.at_oom if h is not None else None
+        if at is not None:
+            # the segments above are the state after the failure unwound; the cause is judged at the failure
+            cached = at["reserved"] - at["allocated"]
+            verdict = ("more than the failed request: fragmentation is the first suspect" if cached >= at["requested"]
+                       else "less than the failed request: the device was full, fragmentation did not cause it "
+                            "(see memory-pressure)")
+            message += (f" These segments were dumped after an out-of-memory unwound; at the failure (replayed from the "
+                        f"history) {_gib(cached)} was reserved but unallocated, {verdict}.")
+        elif mem.ooms:
+            advice += (f" The run hit out-of-memory {mem.ooms}×; these holes were measured when the snapshot was "
+                       "dumped, which may be after the failure.")
+        others = devices_sentence(mem)
+        if others:
+            message += " " + others
         unused_peak = h.unused_at_peak_pct if h is not None and h.reserved_at_peak else 0.0
         severity, pressure = self._severity(mem)
         message += " " + pressure

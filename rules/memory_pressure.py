@@ -34,8 +34,13 @@ for micro in batch.chunk(4):
 optimizer.step()
 optimizer.zero_grad(set_to_none=True)
 ```
-If the failed request was smaller than the memory stranded in fragmented segments, fix the
-fragmentation first (`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, see memory-fragmentation).
+If, at the failure, more memory was reserved but unallocated than the failed request asked for, fix the
+fragmentation first (`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, see memory-fragmentation), unless
+the recorded allocator settings show it on already.
+
+The state at an out-of-memory is replayed from the allocator history (a snapshot is dumped after the
+failure unwound, so its segments show the aftermath); a snapshot of several devices leads with the one
+that failed and lists the others with their figures.
 
 ## Thresholds
 Fires on any out-of-memory event, on any cudaMalloc retry (the allocator only retries after a failed
@@ -60,7 +65,7 @@ import re
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
-from gpuadvise.analyzer.measure.memory import NO_SITE
+from gpuadvise.analyzer.measure.memory import NO_SITE, devices_sentence
 from gpuadvise.fixtures.snapshot import GiB, MiB, SnapshotBuilder, free, live
 
 from .base import Rule
@@ -88,12 +93,24 @@ class MemoryPressure(Rule):
             parts.append(f"Allocation peaked at {_gib(peak)}, {peak_pct:.1f} % of the GPU's {_gib(mem.capacity)}"
                          + (f" (reserved: {_gib(mem.high_water[1])})." if mem.high_water[1] else "."))
         first = h.ooms[0] if h is not None and h.ooms else None
+        expandable = bool(mem.allocator_settings.get("expandable_segments"))
         if first is not None:
             free_txt = f" with {_gib(first['device_free_bytes'])} free on the device" if first["device_free_bytes"] else ""
             parts.append(f"The run hit out-of-memory {mem.ooms}×: a request for {_gib(first['requested_bytes'])} failed{free_txt}.")
-            if s is not None and s.stranded >= first["requested_bytes"]:
-                advice.append(f"{_gib(s.stranded)} was stranded in fragmented segments, more than the failed request: "
-                              "fix the fragmentation first (`expandable_segments:True`).")
+            at = h.at_oom
+            if at is not None:
+                # judge the failure by the allocator's state then, not by the snapshot dumped after it unwound
+                filled = "; ".join(f"{x['name']} {x['live_at_peak_mib'] / 1024:.2f} GiB"
+                                   for x in at["top_sites"] if x["live_at_peak_mib"] > 0)
+                parts.append(f"At the failure (replayed from the allocator history) {_gib(at['allocated'])} was allocated "
+                             f"and {_gib(at['reserved'])} reserved" + (f"; what filled it: {filled}" if filled else "")
+                             + ". The snapshot was dumped after the failure unwound: its segments show the aftermath.")
+                cached = at["reserved"] - at["allocated"]
+                if cached >= first["requested_bytes"]:
+                    advice.append(_fragmentation_advice(cached, "reserved but unallocated at the failure", expandable))
+            elif s is not None and s.stranded >= first["requested_bytes"]:
+                advice.append(_fragmentation_advice(s.stranded, "stranded in fragmented segments when the snapshot was "
+                                                    "dumped (after the failure)", expandable))
         elif mem.ooms:
             parts.append(f"memory_stats() counts {mem.ooms} out-of-memory errors.")
         if retries:
@@ -107,6 +124,14 @@ class MemoryPressure(Rule):
                    "peak_pct_of_capacity": round(peak_pct, 1) if peak_pct is not None else None}
         if first is not None:
             numbers.update(failed_request_gib=_g(first["requested_bytes"]), device_free_gib=_g(first["device_free_bytes"]))
+            if h.at_oom is not None:
+                numbers.update(allocated_at_oom_gib=_g(h.at_oom["allocated"]), reserved_at_oom_gib=_g(h.at_oom["reserved"]))
+        numbers["expandable_segments"] = expandable
+        others = devices_sentence(mem)
+        if others:
+            parts.append(others)
+            numbers["other_devices"] = [{"device": d["device"], "reserved_gib": _g(d["reserved"]),
+                                         "allocated_gib": _g(d["allocated"]), "ooms": d["ooms"]} for d in mem.other_devices]
         numbers.update(rnumbers, remedies=ranked)
         return [self.finding(
             message=" ".join(parts), evidence=Evidence(items=sites, numbers=numbers, sources=_sources(sites)),
@@ -172,6 +197,9 @@ def _ranked_remedies(a: Analysis, mem, first_oom, peak_pct, threshold_pct) -> tu
         for n, r in enumerate(ranked, 1):
             amount = f"{'up to ' if r['upper_bound'] else 'about '}{r['frees_gib']:.2f} GiB"
             verdict = "" if need is None else (" (enough)" if r["covers_need"] else " (not enough alone)")
+            if r["remedy"] == "bf16 autocast" and half is None:
+                # a snapshot records sizes, not dtypes: the halving holds only for fp32 activations
+                amount += " if the activations are fp32 today (the input does not record their dtype)"
             lines.append(f"{n}. {r['remedy']}: frees {amount}{verdict}; {r['cost']}")
         text = (f"Lower the peak, ranked for this run: {_gib(peak)} at the peak, {_gib(floor)} of it outlives the step "
                 f"(weights, gradients, optimizer state), {_gib(act)} comes and goes within it"
@@ -184,16 +212,27 @@ def _ranked_remedies(a: Analysis, mem, first_oom, peak_pct, threshold_pct) -> tu
     return ranked, text, numbers
 
 
-def _half_precision(a: Analysis) -> bool:
-    """bf16/fp16 already in use: an autocast context in run.json, or most matmul kernel time in half-precision kernels."""
+def _fragmentation_advice(nbytes: int, where: str, expandable: bool) -> str:
+    """Fragmentation as the first suspect, prescribing only what the recorded settings do not already have."""
+    text = f"{_gib(nbytes)} was {where}, more than the failed request: "
+    if expandable:
+        return text + ("fragmentation is the first suspect, and `expandable_segments` is already on (the snapshot's "
+                       "allocator settings): keep shapes steady and allocate long-lived tensors before the step's "
+                       "temporaries.")
+    return text + "fix the fragmentation first (`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`)."
+
+
+def _half_precision(a: Analysis) -> bool | None:
+    """bf16/fp16 already in use: an autocast context in run.json, or most matmul kernel time in half-precision
+    kernels. None when neither source exists (a snapshot alone records no dtypes)."""
     if any(("bfloat16" in d or "float16" in d) for d in runfacts.autocast_dtypes(a.facts)):
         return True
     if a.metrics is None or a.metrics.kernels.empty:
-        return False
+        return None
     k = a.metrics.kernels
     mm = k[k["matmul"].astype(bool)]
     if mm.empty:
-        return False
+        return None
     half = mm["name"].map(lambda n: bool(HALF_PRECISION.search(n)))
     return float(mm.loc[half, "total_us"].sum()) >= 0.5 * float(mm["total_us"].sum())
 

@@ -75,6 +75,17 @@ class Analysis:
             return pct, f"{basis}; {cal.describe()}"
         return replay.saving_pct(scenario), basis
 
+    def bound_by(self) -> str:
+        """What the step waits on, in words: the reason a fix elsewhere would save ~0 % of it."""
+        m = self.metrics
+        busy = None if m is None else (m.busy_in_steps_pct if m.steps else m.gpu_busy_pct)
+        if busy is None:
+            return "the trace does not show what the step waits on"
+        if busy >= 80.0:
+            return f"the GPU is busy {busy:.0f} % of the step with other work, which stays on the critical path"
+        return (f"the GPU is idle {100 - busy:.0f} % of the step: the step is bound by the CPU side (Python, "
+                "launches, syncs, input), not by these kernels")
+
     def ms(self, us: float) -> float:
         return round(us / 1e3, 3)
 

@@ -90,6 +90,9 @@ class History:
     top_sites: list[dict] = field(default_factory=list)
     timeline: list[list] = field(default_factory=list)  # [t, allocated, reserved]
     timeline_unit: str = "s"
+    # the allocator's state at the first out-of-memory, replayed from the history: a snapshot is dumped
+    # after the failure unwound, so its segments show the aftermath, this shows the cause
+    at_oom: dict | None = None
 
     @property
     def unused_at_peak_pct(self) -> float:
@@ -143,6 +146,9 @@ class MemorySummary:
     trace: TraceMemory | None = None
     counters: Counters | None = None
     allocator_settings: dict = field(default_factory=dict)
+    # the snapshot's other devices (the summary describes the one that failed, else the fullest):
+    # device, reserved, allocated (requested bytes), stranded, ooms
+    other_devices: list[dict] = field(default_factory=list)
 
     @property
     def sources(self) -> list[str]:
@@ -189,7 +195,8 @@ class MemorySummary:
              "peak_allocated_bytes": self.peak_allocated, "peak_reserved_bytes": self.peak_reserved,
              "peak_allocated_pct_of_capacity": _round(self.pct_of_capacity(self.peak_allocated)),
              "peak_reserved_pct_of_capacity": _round(self.pct_of_capacity(self.peak_reserved)),
-             "ooms": self.ooms, "allocator_settings": self.allocator_settings}
+             "ooms": self.ooms, "allocator_settings": self.allocator_settings,
+             "snapshot_device": self.snapshot.device if self.snapshot else None, "other_devices": self.other_devices}
         if self.snapshot:
             s = self.snapshot
             d["snapshot"] = dict(asdict(s), unallocated=s.unallocated, slack_pct=_round(s.slack_pct),
@@ -254,6 +261,34 @@ def segment_state(snap: dict, device: int | None = None) -> SegmentState:
         top_sites=[{"name": k, "live_blocks": v[0], "live_mib": _mib(v[1])} for k, v in top])
 
 
+def failed_device(snap: dict) -> int | None:
+    """The first device whose allocator history records an out-of-memory: the one a report leads with."""
+    for dev, entries in enumerate(_list(snap.get("device_traces"))):
+        if any(isinstance(e, dict) and e.get("action") == "oom" for e in _list(entries)):
+            return dev
+    return None
+
+
+def devices(snap: dict) -> list[int]:
+    """Every device the snapshot's segments are on."""
+    return sorted({_int(s.get("device")) for s in _list(snap.get("segments")) if isinstance(s, dict) and "device" in s})
+
+
+def other_devices(snap: dict, shown: int | None) -> list[dict]:
+    """The devices the summary does not describe, each with its own figures (none silently dropped)."""
+    out = []
+    traces = _list(snap.get("device_traces"))
+    for dev in devices(snap):
+        if dev == shown:
+            continue
+        st = segment_state(snap, dev)
+        entries = _list(traces[dev]) if dev < len(traces) else []
+        ooms = sum(1 for e in entries if isinstance(e, dict) and e.get("action") == "oom")
+        out.append({"device": dev, "reserved": st.reserved, "allocated": st.allocated, "stranded": st.stranded,
+                    "ooms": ooms})
+    return out
+
+
 def main_device(segs: list[dict]) -> int | None:
     """The device holding the most reserved memory (a process usually has one)."""
     per: Counter = Counter()
@@ -305,6 +340,12 @@ def replay_history(snap: dict, state: SegmentState) -> History | None:
              "at": _round(float(x[i]), 3), "site": allocation_site(e.get("frames"))}
             for i, e in enumerate(entries) if e["action"] == "oom"]
     peak_i = int(np.argmax(alloc_curve))
+    at_oom = None
+    oom_i = next((i for i, e in enumerate(entries) if e["action"] == "oom"), None)
+    if oom_i is not None:
+        at_oom = {"allocated": int(max(alloc_curve[oom_i], 0)), "reserved": int(max(res_curve[oom_i], 0)),
+                  "requested": _int(entries[oom_i].get("size")), "device_free": _int(entries[oom_i].get("device_free")) or None,
+                  "top_sites": _sites_at_peak(entries, oom_i)}
     return History(
         entries=n, timed=timed, span_s=_round(float(x[-1]), 3) if timed else None, actions=dict(Counter(actions)),
         peak_allocated=int(max(alloc_curve[peak_i], 0)), peak_reserved=int(max(res_curve.max(), 0)),
@@ -312,7 +353,7 @@ def replay_history(snap: dict, state: SegmentState) -> History | None:
         segment_allocs=seg_allocs, segment_frees=seg_frees, release_cycles=cycles, reallocated_bytes=realloc,
         releases=[{k: v for k, v in r.items() if k != "closed"} for r in releases[:10]],
         ooms=ooms[:10], top_sites=_sites_at_peak(entries, peak_i),
-        timeline=_downsample(x, alloc_curve, res_curve), timeline_unit="s" if timed else "entry")
+        timeline=_downsample(x, alloc_curve, res_curve), timeline_unit="s" if timed else "entry", at_oom=at_oom)
 
 
 def _sites_at_peak(entries: list[dict], peak_i: int) -> list[dict]:
@@ -470,7 +511,7 @@ def capacity(model=None, facts: dict | None = None, device: int | None = None) -
 
 def summarize(snapshot: dict | None = None, model=None, metrics=None, facts: dict | None = None) -> MemorySummary | None:
     """Everything known about the run's GPU memory; None when no source has any."""
-    state = segment_state(snapshot) if snapshot is not None else None
+    state = segment_state(snapshot, failed_device(snapshot)) if snapshot is not None else None
     history = replay_history(snapshot, state) if snapshot is not None else None
     tm = trace_memory(model, metrics) if model is not None else None
     ctr = counters(facts)
@@ -478,7 +519,20 @@ def summarize(snapshot: dict | None = None, model=None, metrics=None, facts: dic
         return None
     cap, name = capacity(model, facts, tm.device if tm else None)
     return MemorySummary(capacity=cap, device_name=name, snapshot=state, history=history, trace=tm, counters=ctr,
-                         allocator_settings=allocator_settings(snapshot) if snapshot is not None else {})
+                         allocator_settings=allocator_settings(snapshot) if snapshot is not None else {},
+                         other_devices=other_devices(snapshot, state.device) if snapshot is not None else [])
+
+
+def devices_sentence(mem: MemorySummary) -> str:
+    """One sentence naming the snapshot's other devices and their figures; "" for a one-device snapshot."""
+    if mem.snapshot is None or not mem.other_devices:
+        return ""
+    lead = mem.snapshot.device
+    why = "the one that ran out of memory" if mem.history is not None and mem.history.ooms else "the one holding the most"
+    rest = "; ".join(f"device {d['device']}: {d['reserved'] / GiB:.2f} GiB reserved, {d['allocated'] / GiB:.2f} GiB allocated"
+                     + (f", {d['stranded'] / GiB:.2f} GiB stranded" if d["stranded"] else "")
+                     + (f", {d['ooms']} out-of-memory" if d["ooms"] else "") for d in mem.other_devices)
+    return f"The snapshot covers {len(mem.other_devices) + 1} devices; these figures are device {lead}'s ({why}). Others: {rest}."
 
 
 # ---------------------------------------------------------------------------------------------------

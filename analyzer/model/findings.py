@@ -48,8 +48,9 @@ class Finding:
 
 
 def order(findings: list) -> list:
-    """By predicted saving, biggest first. A symptom's ceiling (upper_bound) does not outrank a cause
-    that explains at least half of it: the user should read the cause first."""
+    """By severity, then predicted saving, biggest first: an `[info]` note never stands above a `[low]`
+    finding. Within a severity a symptom's ceiling (upper_bound) does not outrank a cause that explains
+    at least half of it: the user should read the cause first."""
     causes = [f.impact.est_step_saving_pct for f in findings if not f.impact.upper_bound]
     top_cause = max(causes, default=0.0)
 
@@ -57,7 +58,8 @@ def order(findings: list) -> list:
         est = f.impact.est_step_saving_pct
         if f.impact.upper_bound and top_cause >= 0.5 * est:
             est = top_cause - 1e-6
-        return (-est, f.rule, f.rank if f.rank is not None else -1)
+        rank = SEVERITIES.index(f.severity) if f.severity in SEVERITIES else len(SEVERITIES)
+        return (rank, -est, f.rule, f.rank if f.rank is not None else -1)
 
     return sorted(findings, key=key)
 

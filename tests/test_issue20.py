@@ -1,0 +1,90 @@
+"""Issue 20, item by item: findings that never contradict their input, each other, or the next run.
+Each test builds the input that showed the problem and asserts what a user reading the report checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuadvise.analyzer.model.findings import Evidence, Finding, Impact, order
+from gpuadvise.analyzer.run.single import analyze_snapshot
+from gpuadvise.fixtures.snapshot import GiB, DeviceSet, SnapshotBuilder, free, live
+
+WEIGHTS = ("train.py", 30, "build_model")
+ATTN = ("model.py", 88, "attention")
+MLP = ("model.py", 120, "mlp")
+
+
+def three_devices_oom_on_one() -> DeviceSet:
+    """Three devices, expandable segments on; device 1 ran out of memory while 77.5 GiB was allocated and
+    78.3 GiB reserved (almost nothing cached), then its activations were freed before the dump, leaving
+    20 GiB of holes that were not there when it failed. Device 0 holds the most memory at the dump."""
+    on = {"expandable_segments": True, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    d0 = SnapshotBuilder(device=0, settings=on)
+    d0.segment(live(69 * GiB, site=WEIGHTS), free(1 * GiB))
+    d1 = SnapshotBuilder(device=1, settings=on)
+    d1.segment(live(40 * GiB, site=WEIGHTS))
+    d1.segment(live(1 * GiB, site=WEIGHTS), free(20 * GiB))
+    a = d1.alloc(int(20.5 * GiB), site=ATTN)
+    b = d1.alloc(16 * GiB, site=MLP)
+    d1.oom(int(4.94 * GiB), device_free=int(0.13 * GiB))
+    d1.free(a)
+    d1.free(b)
+    d1.segment_free(int(17.3 * GiB))  # the cache handed back while the failure unwound
+    d2 = SnapshotBuilder(device=2, settings=on)
+    d2.segment(live(30 * GiB, site=WEIGHTS), free(2 * GiB))
+    return DeviceSet(d0, d1, d2)
+
+
+@pytest.fixture(scope="module")
+def oom_report():
+    return analyze_snapshot(three_devices_oom_on_one().to_dict(), source="three.pickle")
+
+
+def _finding(report, topic):
+    return next(f for f in report.findings if f.topic == topic)
+
+
+def test_item1_never_prescribes_expandable_segments_when_the_snapshot_records_it_on(oom_report):
+    for f in oom_report.findings:
+        advice = f.recommendation.split("\n\n")[0]
+        assert "expandable_segments:True" not in advice, (f.topic, advice)
+
+
+def test_item2_the_oom_is_judged_at_the_failure_not_at_dump_time(oom_report):
+    f = _finding(oom_report, "memory-pressure")
+    n = f.evidence.numbers
+    assert n["allocated_at_oom_gib"] == pytest.approx(77.5, abs=0.01)
+    assert n["reserved_at_oom_gib"] == pytest.approx(78.3, abs=0.01)
+    # what filled the device then: the two activations live at the failure, biggest first
+    assert f.message.index("model.py:88 (attention)") < f.message.index("model.py:120 (mlp)")
+    assert "after the failure unwound" in f.message
+    # 0.8 GiB cached at the failure is less than the 4.94 GiB request: the device was full, not fragmented
+    assert "fragmentation first" not in f.recommendation.split("\n\n")[0]
+
+
+def test_item3_every_device_is_reported_leading_with_the_one_that_failed(oom_report):
+    mem = oom_report.memory
+    assert mem.snapshot.device == 1
+    assert [d["device"] for d in mem.other_devices] == [0, 2]
+    f = _finding(oom_report, "memory-pressure")
+    assert "device 0: 70.00 GiB reserved, 69.00 GiB allocated" in f.message
+    assert "device 2: 32.00 GiB reserved, 30.00 GiB allocated" in f.message
+    assert [d["device"] for d in f.evidence.numbers["other_devices"]] == [0, 2]
+
+
+def test_item4_a_snapshot_alone_states_what_the_bf16_estimate_rests_on(oom_report):
+    f = _finding(oom_report, "memory-pressure")
+    assert f.evidence.numbers["half_precision_already"] is None
+    line = next(x for x in f.recommendation.split("; ") if "bf16 autocast: frees" in x)
+    assert "if the activations are fp32 today" in line
+
+
+def _f(severity, saving, rule="GA1"):
+    return Finding(rule=rule, topic=rule, severity=severity, title="", message="", evidence=Evidence(),
+                   impact=Impact(est_step_saving_pct=saving, basis=""), recommendation="")
+
+
+def test_item8_findings_order_by_severity_then_saving():
+    got = order([_f("info", 0.0, "a"), _f("low", 2.0, "b"), _f("medium", 4.0, "c"), _f("medium", 8.0, "d"),
+                 _f("high", 12.0, "e")])
+    assert [f.rule for f in got] == ["e", "d", "c", "b", "a"]
