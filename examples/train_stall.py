@@ -3,6 +3,8 @@ samples are slow to produce (as decoding JPEGs on the training thread would be).
 
     python examples/train_stall.py            # runs on the GPU if there is one, else on the CPU
     gpuadvise profile examples/train_stall.py # find out why it is slow
+    gpuadvise profile -o fixed examples/train_stall.py --workers 2  # the fix: load in worker processes
+    gpuadvise compare <first run folder> fixed                      # dataloader-stall resolved
 """
 
 import argparse
@@ -18,14 +20,14 @@ class SlowImages(Dataset):
 
     def __init__(self, n: int, delay: float):
         self.n, self.delay = n, delay
+        self.image = torch.randn(3, 32, 32, generator=torch.Generator().manual_seed(0))
 
     def __len__(self):
         return self.n
 
     def __getitem__(self, i):
-        time.sleep(self.delay)
-        g = torch.Generator().manual_seed(i)
-        return torch.randn(3, 32, 32, generator=g), i % 10
+        time.sleep(self.delay)  # the wait is the point; the sample itself is cheap to hand over
+        return self.image, i % 10
 
 
 def main():
@@ -33,13 +35,15 @@ def main():
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--delay", type=float, default=0.001, help="seconds to load one sample")
+    p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (0: the planted stall)")
     args = p.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(),
                           nn.Linear(256, 10)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(SlowImages(args.steps * args.batch_size, args.delay), batch_size=args.batch_size,
-                        num_workers=0)  # the planted stall: loading happens on the training thread
+                        num_workers=args.workers,  # 0, the planted stall: loading happens on the training thread
+                        persistent_workers=args.workers > 0, prefetch_factor=4 if args.workers > 0 else None)
     for x, y in loader:
         x, y = x.to(device), y.to(device)
         loss = nn.functional.cross_entropy(model(x), y)

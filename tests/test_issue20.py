@@ -88,3 +88,67 @@ def test_item8_findings_order_by_severity_then_saving():
     got = order([_f("info", 0.0, "a"), _f("low", 2.0, "b"), _f("medium", 4.0, "c"), _f("medium", 8.0, "d"),
                  _f("high", 12.0, "e")])
     assert [f.rule for f in got] == ["e", "d", "c", "b", "a"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# item 6: compare on a fixed loader (a CPU example pair: num_workers=0, then 2, with a slow __getitem__)
+
+
+def test_item6_compare_reports_the_fixed_dataloader_stall_resolved(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from _cli_support import REPO
+
+    script = REPO / "examples" / "train_stall.py"
+    window = ["-q", "--wait", "3", "--warmup", "1", "--active", "4"]
+    for name, workers in (("before", "0"), ("after", "2")):
+        proc = subprocess.run([sys.executable, "-m", "gpuadvise", "profile", *window, "-o", str(tmp_path / name),
+                               str(script), "--steps", "12", "--batch-size", "64", "--delay", "0.001", "--workers", workers],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "gpuadvise", "compare", str(tmp_path / "before"), str(tmp_path / "after"),
+                           "--format", "json"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    findings = doc.get("findings") or doc
+    resolved = [e["topic"] for e in findings["resolved"]]
+    still = [e["topic"] for e in findings["still_there"]]
+    assert "dataloader-stall" in resolved and "dataloader-stall" not in still, json.dumps(findings)[:3000]
+
+
+def _loader_trace(first_wait_us: float, wait_us: float, steps: int = 3):
+    from gpuadvise.fixtures.builder import TraceBuilder
+
+    b = TraceBuilder()
+    for i in range(steps):
+        with b.step():
+            b.cpu("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", first_wait_us if i == 0 else wait_us)
+            for _ in range(20):
+                b.kernel("ampere_bf16_s16816gemm_bf16_128x128_nn", 400)
+            b.sync()
+    b.finish()
+    return b
+
+
+def _analyze(load_built, builder):
+    from gpuadvise.analyzer.run.single import analyze_model
+
+    return analyze_model(load_built(builder))
+
+
+def test_item6_one_slow_first_step_is_an_outlier_not_a_stall(load_built):
+    # the first batch after the workers start waits 20 ms, the others 0.1 ms of an ~8 ms step
+    r = _analyze(load_built, _loader_trace(20_000, 100))
+    assert "dataloader-stall" not in {f.topic for f in r.findings}
+
+
+def test_item6_share_wait_and_step_come_from_the_median_step(load_built):
+    r = _analyze(load_built, _loader_trace(40_000, 4_000, steps=5))
+    f = next(f for f in r.findings if f.topic == "dataloader-stall")
+    n = f.evidence.numbers
+    # the headline share is the median wait over the median step, give or take the per-step spread
+    assert n["dataloader_share_pct"] == pytest.approx(100 * n["median_dataloader_ms_per_step"] / n["median_step_ms"], rel=0.05)
+    assert n["outlier_steps"] and n["outlier_steps"][0] == r.metrics.steps[0].number
+    assert f"{n['dataloader_share_pct']:.1f}%" in f.message and "outlier" in f.message
