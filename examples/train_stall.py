@@ -26,7 +26,10 @@ class SlowImages(Dataset):
         return self.n
 
     def __getitem__(self, i):
-        time.sleep(self.delay)  # the wait is the point; the sample itself is cheap to hand over
+        # CPU work, as decoding would be (so the stall keeps its share of the step however busy the machine is)
+        start = time.process_time()
+        while time.process_time() - start < self.delay:
+            pass
         return self.image, i % 10
 
 
@@ -34,7 +37,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--delay", type=float, default=0.001, help="seconds to load one sample")
+    p.add_argument("--delay", type=float, default=0.001, help="CPU seconds to load one sample")
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (0: the planted stall)")
     args = p.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -105,7 +105,7 @@ def test_item6_compare_reports_the_fixed_dataloader_stall_resolved(tmp_path):
     window = ["-q", "--wait", "3", "--warmup", "1", "--active", "4"]
     for name, workers in (("before", "0"), ("after", "2")):
         proc = subprocess.run([sys.executable, "-m", "gpuadvise", "profile", *window, "-o", str(tmp_path / name),
-                               str(script), "--steps", "12", "--batch-size", "64", "--delay", "0.001", "--workers", workers],
+                               str(script), "--steps", "12", "--batch-size", "64", "--delay", "0.0005", "--workers", workers],
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr
     proc = subprocess.run([sys.executable, "-m", "gpuadvise", "compare", str(tmp_path / "before"), str(tmp_path / "after"),

@@ -29,6 +29,7 @@ class TraceReport:
     snapshot: str | None = None  # the allocator snapshot read with a trace (run folder)
     rank_stats: object = None  # job.RankStats, when the trace is one rank of several
     calibration: object = None  # measure.calibration.Calibration: the profiler's own cost
+    device_text: str | None = None  # runfacts.describe_device: the one device description every format prints
     _summary: dict | None = field(default=None, repr=False)  # kept by compact(), which drops what it needs
 
     def summary(self) -> dict:
@@ -45,6 +46,7 @@ class TraceReport:
         ps = m.per_step
         s.update({
             "device": dev.name if dev else None,
+            "device_description": self.device_text,
             "compute_capability": f"{dev.compute_major}.{dev.compute_minor}" if dev and dev.compute_major is not None else None,
             "platform": meta.platform,
             "events": meta.events_total,

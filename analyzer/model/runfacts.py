@@ -41,6 +41,33 @@ def device_name(facts: dict) -> str | None:
     return name if isinstance(name, str) else None
 
 
+def describe_device(facts: dict | None, model=None, has_gpu: bool | None = None) -> str:
+    """The device in one phrase, from the best source (run.json, then the trace), so every format and the
+    TUI print the same words."""
+    facts = facts or {}
+    name = device_name(facts)
+    dev = model.device if model is not None else None
+    if name is None and dev is not None and dev.name:
+        name = dev.name
+    if name:
+        parts = [name]
+        if dev is not None and dev.name == name and dev.compute_major is not None:
+            parts.append(f"sm {dev.compute_major}.{dev.compute_minor}")
+        if dev is not None and dev.name == name and dev.total_memory:
+            parts.append(f"{dev.total_memory / 2**30:.1f} GiB")
+        platform = getattr(getattr(model, "meta", None), "platform", "unknown")
+        if platform and platform != "unknown":
+            parts.append(platform.upper())
+        return ", ".join(parts)
+    if cuda_available(facts) is False:
+        return "CPU only (run.json: no GPU was available)"
+    if has_gpu:
+        return "a GPU not named in the trace (no deviceProperties)"
+    if model is not None and model.meta.devices:
+        return "GPU listed in the trace, but no GPU activity recorded"
+    return "CPU only (no GPU activity in the trace, no run.json)" if model is not None else "not recorded"
+
+
 def param_devices(facts: dict) -> dict[str, int]:
     """Parameters per device type, summed over the optimizers that stepped ({"cpu": 12, "cuda": 0, ...})."""
     out: dict[str, int] = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpuadvise.analyzer.measure.calibration import overhead_words
 from gpuadvise.analyzer.model.report import TraceReport, all_findings
 from gpuadvise.analyzer.model.findings import Finding
 from .safe import md, md_cell, md_code, md_text, short
@@ -89,9 +90,11 @@ def _trace_header(r: TraceReport) -> list[str]:
         lines.append(f"- **Memory snapshot:** {md_code(r.snapshot)}")
     if r.kind != "trace" or r.metrics is None:
         return lines + [""]
-    dev = s.get("device") or "not recorded"
-    cc = f" (sm {s['compute_capability']})" if s.get("compute_capability") else ""
-    lines.append(f"- **Device:** {md(dev)}{cc}, {s['platform']}")
+    if s.get("device_description"):
+        lines.append(f"- **Device:** {md(s['device_description'])}")
+    else:
+        cc = f" (sm {s['compute_capability']})" if s.get("compute_capability") else ""
+        lines.append(f"- **Device:** {md(s.get('device') or 'not recorded')}{cc}, {s['platform']}")
     if s["steps"]:
         nums = s["step_numbers"]
         ahead = (f" on the GPU timeline; their CPU spans take {s['median_step_cpu_ms']:.2f} ms (the CPU runs ahead of the GPU)"
@@ -101,7 +104,7 @@ def _trace_header(r: TraceReport) -> list[str]:
         lines.append(f"- **Steps:** none recorded; the whole trace ({s['window_ms']:.2f} ms) is one window")
     if s.get("unprofiled_median_step_ms"):
         lines.append(f"- **Unprofiled step:** {s['unprofiled_median_step_ms']:.2f} ms median, measured by `gpuadvise profile` "
-                     f"outside the window: the profiler made the traced steps {s['profiler_overhead_x']:.2f}× slower "
+                     f"outside the window: {overhead_words(s['profiler_overhead_x'])} "
                      f"({md_text(s.get('profiler_calibration') or '')})")
     if s.get("gpu_busy_pct") is not None:
         in_steps = f", {s['gpu_busy_in_steps_pct']:.1f} % inside the steps" if s["steps"] else ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
+from gpuadvise.analyzer.measure.calibration import overhead_words
 from gpuadvise.analyzer.model.report import TraceReport, all_findings
 from .safe import short, terminal
 
@@ -24,9 +25,8 @@ def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
         if s["steps"] and s["median_step_ms"] > 1.1 * s["median_step_cpu_ms"]:
             steps += f" on the GPU timeline (CPU spans {s['median_step_cpu_ms']:.1f} ms: the CPU runs ahead)"
         if s.get("unprofiled_median_step_ms"):
-            steps += (f" (unprofiled {s['unprofiled_median_step_ms']:.1f} ms: the profiler made it "
-                      f"{s['profiler_overhead_x']:.2f}× slower)")
-        dev = terminal(s.get("device") or ("device not recorded" if r.metrics.has_gpu or r.model.meta.devices else "CPU only"))
+            steps += f" (unprofiled {s['unprofiled_median_step_ms']:.1f} ms: {overhead_words(s['profiler_overhead_x'])})"
+        dev = terminal(s.get("device_description") or s.get("device") or "device not recorded")
         out.append(f"{head}\n  {dev} · {steps} · {busy_txt}")
         out += _memory_line(r)
     job = getattr(reports, "job", None)

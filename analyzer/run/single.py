@@ -8,6 +8,7 @@ import traceback
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.measure.memory import summarize
 from gpuadvise.analyzer.measure.metrics import compute
+from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.findings import Finding, order
 from gpuadvise.analyzer.model.report import TraceReport
 from gpuadvise.analyzer.model.trace import TraceModel
@@ -37,7 +38,8 @@ def analyze_model(model: TraceModel, facts: dict | None = None, source: str = ""
     if calibration is not None and calibration.unprofiled_step_us is None and metrics.has_gpu:
         notes.append(calibration.describe())
     return TraceReport(source=source, rank=rank, model=model, metrics=metrics, findings=findings, notes=notes,
-                       memory=memory, calibration=calibration)
+                       memory=memory, calibration=calibration,
+                       device_text=runfacts.describe_device(facts, model, metrics.has_gpu))
 
 
 def analyze_snapshot(snapshot: dict, facts: dict | None = None, source: str = "", rank: int | None = None,

@@ -226,13 +226,17 @@ def _summary(out: Path, r) -> None:
     print(f"{PREFIX}browse it:   gpuadvise view {shlex.quote(str(out))}", file=sys.stderr)
 
 
+def _steps(n) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
+
+
 def _step_times_line(steps: dict) -> None:
     """One line: the real step time next to the recorded one, so the user knows how far the trace is off."""
     u, p, x = steps.get("unprofiled_median_ms"), steps.get("profiled_median_ms"), steps.get("overhead_x")
     if u is None:
         return
     clock = "GPU" if steps.get("clock") == "cuda_event" else "wall"
-    line = f"{PREFIX}step time ({clock} clock): {u:.2f} ms unprofiled (median of {steps.get('unprofiled_n')} steps)"
+    line = f"{PREFIX}step time ({clock} clock): {u:.2f} ms unprofiled (median of {_steps(steps.get('unprofiled_n'))})"
     if p is not None and x is not None:
         line += f", {p:.2f} ms while recorded ({x:.2f}× the unprofiled step)"
     print(line, file=sys.stderr)

@@ -9,6 +9,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
+from gpuadvise.analyzer.measure.calibration import overhead_words
+
 from ..text import clean, ms, pct, short_source
 from ..widgets.charts import BusyChart, breakdown_bar, breakdown_legend
 from ..widgets.table_view import Column, TableView
@@ -74,7 +76,7 @@ idle; and GPU busy % per step (0–100 % scale).
         def row(label: str, value: Text | str) -> None:
             if len(t):
                 t.append("\n")
-            t.append(f"{label:<9}", style="bold")
+            t.append(f"{label:<10} ", style="bold")
             t.append_text(value if isinstance(value, Text) else Text(value))
 
         rank = f"  (rank {r.rank})" if r.rank is not None else ""
@@ -87,7 +89,9 @@ idle; and GPU busy % per step (0–100 % scale).
         s = r.summary()
         m, meta = r.metrics, r.model.meta
         dev = r.model.device
-        if dev is not None:
+        if s.get("device_description"):
+            row("Device", clean(s["device_description"]))
+        elif dev is not None:
             parts = [clean(dev.name)]
             if dev.compute_major is not None:
                 parts.append(f"sm {dev.compute_major}.{dev.compute_minor}")
@@ -108,8 +112,8 @@ idle; and GPU busy % per step (0–100 % scale).
         else:
             row("Steps", f"no ProfilerStep marks: the whole trace ({ms(m.window_us)} ms) is one window")
         if s.get("unprofiled_median_step_ms"):
-            row("Unprofiled", f"median step {s['unprofiled_median_step_ms']:.2f} ms outside the window · the profiler "
-                              f"made the traced steps {s['profiler_overhead_x']:.2f}× slower")
+            row("Unprofiled", f"median step {s['unprofiled_median_step_ms']:.2f} ms outside the window · "
+                              f"{overhead_words(s['profiler_overhead_x'])}")
         if m.has_gpu:
             temporal = m.temporal
             row("GPU", f"busy {pct(m.busy_in_steps_pct)} inside the steps, {pct(m.gpu_busy_pct)} of its active span · "
@@ -128,8 +132,8 @@ idle; and GPU busy % per step (0–100 % scale).
         if not fs:
             t.append("No findings for this trace.", style="dim")
             return t
-        t.append("Top findings", style="bold")
-        t.append("  (2: all findings with their evidence and fix)\n", style="dim")
+        t.append(f"Top findings ({min(len(fs), 3)} of {len(fs)})", style="bold")
+        t.append("  · press 2 for all of them with their evidence and fix\n", style="dim")
         for i, f in enumerate(fs[:3], 1):
             saving = f"{'≤' if f.impact.upper_bound else ''}{f.impact.est_step_saving_pct:.1f} %"
             t.append(f" {i}. ")
