@@ -20,6 +20,9 @@ optimizer = torch.optim.AdamW(model.parameters(), lr=2 * base_lr)
 If the batch size is fixed by the recipe, use the room differently: fewer, larger kernels
 (`torch.compile`), or a larger model or sequence length.
 
+The batch multiple is offered for training steps only (a forward pass alone does not show how memory
+grows with the batch), and at most 8× (three doublings) however empty the device is.
+
 ## Thresholds
 Fires when the peak is below 40 % of device memory and the GPU is busy less than 50 % of the step
 time (the threshold of low-gpu-utilization, from the PyTorch TensorBoard plugin). 40 %: doubling the
@@ -68,6 +71,14 @@ class MemoryHeadroom(Rule):
         message = (f"GPU memory peaked at {peak / GiB:.2f} GiB, {pct:.1f} % of the {mem.capacity / GiB:.2f} GiB "
                    f"on the device, while the GPU was busy only {busy:.1f} % of the step time: a larger batch "
                    "would spread each step's fixed cost over more samples.")
+        if a.trains:
+            advice = (f"Even if the whole footprint grew with the batch, {min(int(80 // max(pct, 1.0)), 8)}× the batch would "
+                      "stay under 80 % of the device's memory (weights and optimizer state do not grow with it); go there "
+                      "in doublings, measuring each.")
+        else:
+            # a forward pass alone says nothing about how memory grows with the batch: no multiple is claimed
+            advice = ("This trace holds no training step (no backward, no optimizer step): batch more requests or "
+                      "samples per forward pass, doubling and measuring, rather than by a multiple read off this trace.")
         return [self.finding(
             message=message, severity="low",
             evidence=Evidence(numbers={"peak_gib": round(peak / GiB, 2), "peak_pct_of_capacity": round(pct, 1),
@@ -75,8 +86,7 @@ class MemoryHeadroom(Rule):
                                        "dataloader_pct": round(loader_pct, 1)}),
             saving=0.0, basis="throughput, not step time: a larger batch makes each step longer and each sample "
                               "cheaper; no step-time saving is predicted",
-            advice=f"Even if the whole footprint grew with the batch, {int(80 // max(pct, 1.0))}× the batch would stay "
-                   "under 80 % of the device's memory (weights and optimizer state do not grow with it).")]
+            advice=advice)]
 
     def positive(self) -> TraceBuilder:
         return _trace(allocated_gib=6, reserved_gib=8)  # 10 % of an 80 GiB A100

@@ -5,6 +5,8 @@ A snapshot-only analysis has no model or metrics; a rule says what it needs in `
 
 from __future__ import annotations
 
+import re
+
 from functools import cached_property
 
 from . import whatif
@@ -13,6 +15,11 @@ from gpuadvise.analyzer.model.kernels import has_matrix_units
 from .memory import MemorySummary
 from .metrics import Metrics
 from gpuadvise.analyzer.model.trace import TraceModel
+
+
+# backward work as traces name it (the autograd engine's wrapper, node names, gradient accumulation) or the
+# optimizer hook's annotation
+_TRAINING = re.compile(r"^autograd::engine::evaluate_function:|Backward\d*$|AccumulateGrad|^Optimizer\.step#")
 
 
 class Analysis:
@@ -74,6 +81,15 @@ class Analysis:
             pct = max(0.0, 100.0 * (1.0 - after / base)) if base > 0 else 0.0
             return pct, f"{basis}; {cal.describe()}"
         return replay.saving_pct(scenario), basis
+
+    @property
+    def trains(self) -> bool:
+        """The trace holds training steps: backward work or an optimizer step (not a forward-only pass)."""
+        cpu = self.model.cpu if self.model is not None else None
+        if cpu is None or not len(cpu):
+            return False
+        names = cpu["name"].cat.categories if hasattr(cpu["name"], "cat") else cpu["name"].unique()
+        return any(_TRAINING.search(str(n)) for n in names)
 
     def bound_by(self) -> str:
         """What the step waits on, in words: the reason a fix elsewhere would save ~0 % of it."""

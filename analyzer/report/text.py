@@ -36,7 +36,7 @@ def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
     if not findings:
         out.append("\nNo findings.")
     else:
-        out.append(f"\n{len(findings)} finding{'s' if len(findings) != 1 else ''} (by predicted saving):")
+        out.append(f"\n{len(findings)} finding{'s' if len(findings) != 1 else ''} (by severity, then predicted saving):")
         for i, f in enumerate(findings[:top], 1):
             rank = f" [rank {f.rank}]" if f.rank is not None and len(reports) > 1 else ""
             pct = f.impact.est_step_saving_pct
