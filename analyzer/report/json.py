@@ -17,7 +17,7 @@ def summary(reports: list[TraceReport]) -> dict:
     timed = [t for t in traces if t.get("kind") == "trace" and "steps" in t]
     # several ranks: the slowest one sets the pace of the job, so it heads the summary
     main = max(timed, key=lambda t: t.get("median_step_ms") or 0.0) if timed else (traces[0] if traces else {})
-    top = {k: main.get(k) for k in ("steps", "median_step_ms", "gpu_busy_pct", "gpu_busy_in_steps_pct", "device", "platform",
+    top = {k: main.get(k) for k in ("steps", "median_step_ms", "gpu_busy_pct", "gpu_busy_in_steps_pct", "device", "device_description", "platform",
                                   "unprofiled_median_step_ms", "profiler_overhead_x")}
     top["trace"] = main.get("trace")
     top["rank"] = main.get("rank")

@@ -1,0 +1,186 @@
+"""Consistency: over every trace and snapshot of the shared corpus (`../shared/traces`, or
+$GPUADVISE_TRACES; skipped without it) and over every rule's own fixtures, properties a performance
+engineer checks at once, never values:
+
+- text, markdown, JSON and HTML state the same figures (headline saving, severity, the message's numbers,
+  the device);
+- no recommendation prescribes an allocator setting the input records as already set;
+- no recommended fix is advertised at a zero saving;
+- a finding that quotes the median step quotes the report's own (the same steps), and dataloader-stall's
+  share is its median wait over its median step;
+- findings are ordered by severity, then saving;
+- a snapshot of several devices reports every one of them.
+
+Each input is analysed once per module; the renders are cached with it.
+"""
+
+from __future__ import annotations
+
+import html as htmlmod
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from _cli_support import REPO, is_corpus_trace
+from gpuadvise.analyzer.model.findings import SEVERITIES
+
+TRACES = Path(os.environ.get("GPUADVISE_TRACES") or REPO.parent / "shared" / "traces").resolve()
+SNAPSHOT_NAMES = (".pickle", ".pkl")
+
+
+def _corpus() -> list[str]:
+    if not TRACES.is_dir():
+        return []
+    files = [p for p in TRACES.rglob("*") if is_corpus_trace(p) or (p.is_file() and p.name.endswith(SNAPSHOT_NAMES))]
+    return sorted(p.relative_to(TRACES).as_posix() for p in files)
+
+
+def _fixtures() -> list[str]:
+    from gpuadvise.rules import all_rules
+
+    return [f"{r.name}:{side}" for r in all_rules() if getattr(r, "requires", ()) != ("ranks",)
+            for side in ("positive", "negative")]
+
+
+CORPUS = _corpus()
+FIXTURES = _fixtures()
+_CACHE: dict[str, dict] = {}
+
+
+def _input_path(key: str, tmp_root: Path) -> Path:
+    if ":" not in key:
+        return TRACES / key
+    from gpuadvise.rules import all_rules
+
+    name, side = key.split(":")
+    rule = next(r for r in all_rules() if r.name == name)
+    builder = getattr(rule, side)()
+    path = tmp_root / f"{name}-{side}{getattr(builder, 'suffix', '.json')}"
+    builder.write(path)
+    return path
+
+
+def analysed(key: str, tmp_root: Path) -> dict:
+    if key not in _CACHE:
+        from gpuadvise.analyzer.report import render
+        from gpuadvise.analyzer.run.engine import analyze_paths
+
+        path = _input_path(key, tmp_root)
+        reports = analyze_paths([str(path)])
+        out = {fmt: render(reports, fmt, top=100) for fmt in ("text", "md", "json", "html")}
+        out["doc"] = json.loads(out["json"])
+        out["reports"] = list(reports)
+        out["path"] = path
+        _CACHE[key] = out
+    return _CACHE[key]
+
+
+@pytest.fixture(scope="module")
+def tmp_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("consistency")
+
+
+INPUTS = CORPUS + FIXTURES  # without the corpus, the rule fixtures alone
+
+
+def _findings(a: dict) -> list[dict]:
+    return a["doc"]["findings"]
+
+
+def _advice(f: dict) -> str:
+    """The run-specific part of the recommendation (the rule's general Fix section follows it)."""
+    return (f.get("advice") or f["recommendation"].split("\n\n")[0]) if isinstance(f.get("recommendation"), str) \
+        else (f.get("advice") or "")
+
+
+NUMBER = re.compile(r"(?<![\w.#])\d+(?:\.\d+)?(?![\w.])")
+
+
+@pytest.mark.parametrize("key", INPUTS)
+def test_formats_state_the_same_figures(key, tmp_root):
+    a = analysed(key, tmp_root)
+    md, text = a["md"], a["text"]
+    page = htmlmod.unescape(re.sub(r"<[^>]+>", "", a["html"]))
+    flat_md = md.replace("\\", "")
+    for f in _findings(a):
+        saving = f"{f['impact']['est_step_saving_pct']:.1f}"
+        assert f"**{saving} %" in md or f"**up to {saving} %" in md, (f["topic"], saving)
+        assert f"{saving} %" in page, (f["topic"], saving)
+        assert f"[{f['severity']}]" in text and f"**{f['severity']}**" in md
+        # every figure the message states is in the markdown (and so in the HTML) as well
+        for n in NUMBER.findall(f["message"]):
+            assert n in flat_md, (f["topic"], n)
+    for s in a["doc"].get("traces") or a["doc"].get("reports") or []:
+        desc = s.get("device_description") if isinstance(s, dict) else None
+        if desc:
+            assert desc in text and desc in flat_md and desc in page
+
+
+@pytest.mark.parametrize("key", INPUTS)
+def test_no_recommendation_prescribes_a_recorded_setting(key, tmp_root):
+    a = analysed(key, tmp_root)
+    for r in a["reports"]:
+        mem = r.memory
+        if mem is None or not mem.allocator_settings.get("expandable_segments"):
+            continue
+        for f in r.findings:
+            advice = f.recommendation.split("\n\n")[0]
+            assert "expandable_segments:True" not in advice, (f.topic, advice)
+
+
+ZERO_FIX = re.compile(r"\(0(?:\.0)? ?% of the step\)|saves about 0(?:\.0)? ?%|saves 0(?:\.0)? ?%")
+
+
+@pytest.mark.parametrize("key", INPUTS)
+def test_no_fix_is_advertised_at_zero(key, tmp_root):
+    a = analysed(key, tmp_root)
+    for r in a["reports"]:
+        for f in r.findings:
+            advice = f.recommendation.split("\n\n")[0]
+            assert not ZERO_FIX.search(advice), (f.topic, advice)
+
+
+@pytest.mark.parametrize("key", INPUTS)
+def test_a_finding_quotes_the_reports_own_steps(key, tmp_root):
+    a = analysed(key, tmp_root)
+    for r in a["reports"]:
+        if r.metrics is None:
+            continue
+        median_ms = r.metrics.median_step_us / 1e3
+        for f in r.findings:
+            n = f.evidence.numbers
+            if "median_step_ms" in n and f.topic != "straggler":
+                assert n["median_step_ms"] == pytest.approx(median_ms, abs=0.02), f.topic
+            if f.topic == "dataloader-stall":
+                # the headline share is the median step's: its wait over its length (per-step spread aside)
+                assert n["statistic"] == "median step"
+                ratio = 100 * n["median_dataloader_ms_per_step"] / max(n["median_step_ms"], 1e-9)
+                assert n["dataloader_share_pct"] == pytest.approx(ratio, rel=0.35, abs=1.0)
+
+
+@pytest.mark.parametrize("key", INPUTS)
+def test_findings_are_ordered_by_severity_then_saving(key, tmp_root):
+    a = analysed(key, tmp_root)
+    fs = [f for f in _findings(a)]
+    ranks = [SEVERITIES.index(f["severity"]) for f in fs]
+    assert ranks == sorted(ranks), [f["severity"] for f in fs]
+    for sev in SEVERITIES:
+        causes = [f["impact"]["est_step_saving_pct"] for f in fs if f["severity"] == sev and not f["impact"]["upper_bound"]]
+        assert causes == sorted(causes, reverse=True), (sev, causes)
+
+
+@pytest.mark.parametrize("key", [k for k in INPUTS if k.endswith(SNAPSHOT_NAMES) or "memory" in k])
+def test_every_snapshot_device_is_reported(key, tmp_root):
+    from gpuadvise.analyzer.measure.memory import devices
+    from gpuadvise.analyzer.read.snapshot import load_snapshot
+
+    a = analysed(key, tmp_root)
+    path = a["path"]
+    if not path.name.endswith(SNAPSHOT_NAMES):
+        pytest.skip("not a snapshot")
+    mem = a["reports"][0].memory
+    listed = {mem.snapshot.device} | {d["device"] for d in mem.other_devices}
+    assert listed == set(devices(load_snapshot(path))) or not devices(load_snapshot(path))
