@@ -7,6 +7,9 @@ kernels run under 10 µs, the GPU is busy less than 60 % of the step, and most o
 finished). Time the DataLoader already explains is set aside, and steps already replayed through CUDA
 graphs are not flagged.
 
+The message says where the launching thread's CPU time per kernel goes (the launch call, PyTorch op
+dispatch, Python between ops), since compilation and CUDA graphs remove all three.
+
 ## Why it matters
 Each launch costs the CPU 5–20 µs of framework and driver work. When kernels are shorter than that,
 the GPU finishes each one before the next arrives, and the Python loop, not the GPU, sets the pace:
@@ -34,6 +37,7 @@ it becomes once the loader is fixed (the 3 % floor applies to that figure).
 from __future__ import annotations
 
 from gpuadvise.analyzer.measure import intervals as iv
+from gpuadvise.analyzer.measure import launchcost
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.measure.metrics import GRAPH_LAUNCHES
@@ -86,10 +90,14 @@ class LaunchBound(Rule):
         la_win = la[la["gpu_ts"].between(*m.window)] if m.steps else la
         top = (k.groupby("name", observed=True)["dur"].agg(["count", "mean"]).reset_index()
                .sort_values("count", ascending=False).head(8))
+        # the CPU time per kernel by where it goes: compilation and CUDA graphs remove the Python and the
+        # dispatch as well as the launch call, so the call's own cost alone would understate the problem
+        cost = launchcost.cpu_per_kernel(a.model, m, len(k))
+        per_kernel = (launchcost.describe(cost) if cost is not None else
+                      f"each launch call costs the CPU a median {la_win['cpu_us'].median():.1f} µs")
         message = (f"{len(k) / nsteps:.0f} kernels per step, {short:.0f}% of them shorter than {t['short_kernel_us']:.0f} µs "
-                   f"(median {k['dur'].median():.1f} µs), while each launch costs the CPU a median "
-                   f"{la_win['cpu_us'].median():.1f} µs. The GPU is busy {busy:.1f}% of the step and {host:.0f}% of its idle "
-                   "time is spent waiting for the next launch.")
+                   f"(median {k['dur'].median():.1f} µs), while {per_kernel}. The GPU is busy {busy:.1f}% of the step "
+                   f"and {host:.0f}% of its idle time is spent waiting for the next launch.")
         evidence = Evidence(
             steps=[int(s.number) for s in m.steps],
             items=[{"name": str(r.name), "count": int(r.count), "mean_us": round(float(r.mean), 2)} for r in top.itertuples()],
@@ -98,6 +106,8 @@ class LaunchBound(Rule):
                      "median_launch_cpu_us": round(float(la_win["cpu_us"].median()), 2) if len(la_win) else None,
                      "gpu_busy_pct": round(busy, 1), "host_wait_pct_of_idle": round(host, 1)},
         )
+        if cost is not None:
+            evidence.numbers["cpu_per_kernel_us"] = {k2: round(v, 1) for k2, v in cost.items() if k2 != "other_is_python"}
         advice = "Cut the number of launches: fuse kernels with torch.compile, replay the step as a CUDA graph, or batch more work per launch."
         after = None
         if base >= t["min_saving_pct"]:

@@ -191,3 +191,31 @@ def test_item7_a_steady_capture_has_no_one_time_costs(load_built):
 
     r = _analyze(load_built, find_rule("GA101").positive())
     assert not any(f.topic == "capture-problem" for f in r.findings)
+
+
+# ----------------------------------------------------------------------------------------------------
+# item 11: launch-bound says where the CPU time per kernel goes
+
+
+def test_item11_launch_bound_splits_the_cpu_time_per_kernel(load_built):
+    from gpuadvise.fixtures.builder import TraceBuilder
+
+    b = TraceBuilder(launch_us=6.0)
+    for _ in range(4):
+        with b.step():
+            for _ in range(200):
+                with b.op("aten::add"):
+                    b.idle(20)  # dispatch: inside the op, before its launch
+                    b.kernel("void at::native::vectorized_elementwise_kernel<4, add>", 3)
+                b.idle(30)  # Python between ops
+            b.sync()
+    b.finish()
+    r = _analyze(load_built, b)
+    f = next(f for f in r.findings if f.topic == "launch-bound")
+    cost = f.evidence.numbers["cpu_per_kernel_us"]
+    assert cost["launch_us"] == pytest.approx(6.0, abs=0.5)
+    assert cost["dispatch_us"] == pytest.approx(21.0, abs=1.5)  # 20 µs before the launch and the op's closing 1 µs
+    assert cost["other_us"] == pytest.approx(30.0, abs=2.0)
+    assert cost["total_us"] == pytest.approx(cost["launch_us"] + cost["dispatch_us"] + cost["other_us"], rel=0.01)
+    # the message leads with the biggest part, not with the launch call
+    assert f.message.index("outside any recorded op") < f.message.index("PyTorch op dispatch") < f.message.index("launch call")
