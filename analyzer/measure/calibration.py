@@ -105,12 +105,3 @@ def scenario_on(cal: Calibration, scenario):
     """The scenario as it plays on the calibrated replay: its CPU scaling on top of k."""
     return replace(scenario, cpu_scale=scenario.cpu_scale * cal.cpu_factor) if cal.applied else scenario
 
-
-def overhead_words(x: float | None) -> str:
-    """The profiler's overhead in words, one way for every format: a recorded step that ran as fast as an
-    unprofiled one, or faster (run-to-run noise), shows no measurable overhead, never "0.68× slower"."""
-    if x is None:
-        return ""
-    if x <= 1.05:
-        return "no measurable profiler overhead"
-    return f"the profiler made the traced steps {x:.2f}× slower"

@@ -127,3 +127,13 @@ def _r(v, nd=2):
 def all_findings(reports: list[TraceReport]) -> list[Finding]:
     job = getattr(reports, "job", None)
     return order([f for r in reports for f in r.findings] + (job.findings if job is not None else []))
+
+
+def overhead_words(x: float | None) -> str:
+    """The profiler's overhead in words, one way for every format: a recorded step that ran as fast as an
+    unprofiled one, or faster (run-to-run noise), shows no measurable overhead, never "0.68× slower"."""
+    if x is None:
+        return ""
+    if x <= 1.05:
+        return "no measurable profiler overhead"
+    return f"the profiler made the traced steps {x:.2f}× slower"

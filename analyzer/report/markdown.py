@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from gpuadvise.analyzer.measure.calibration import overhead_words
-from gpuadvise.analyzer.model.report import TraceReport, all_findings
+from gpuadvise.analyzer.model.report import TraceReport, all_findings, overhead_words
 from gpuadvise.analyzer.model.findings import Finding
 from .safe import md, md_cell, md_code, md_text, short
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from gpuadvise.analyzer.measure.calibration import overhead_words
-from gpuadvise.analyzer.model.report import TraceReport, all_findings
+from gpuadvise.analyzer.model.report import TraceReport, all_findings, overhead_words
 from .safe import short, terminal
 
 

@@ -9,7 +9,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
-from gpuadvise.analyzer.measure.calibration import overhead_words
+
+from gpuadvise.analyzer.model.report import overhead_words
 
 from ..text import clean, ms, pct, short_source
 from ..widgets.charts import BusyChart, breakdown_bar, breakdown_legend
