@@ -38,7 +38,7 @@ def looks_like(fmt: str, text: str) -> None:
         assert "## Findings" in text and "| # | Finding |" in text
     else:
         assert not text.lstrip().startswith(("{", "#"))
-        assert "finding" in text and "(by predicted saving)" in text
+        assert "finding" in text and "(by severity, then predicted saving)" in text
         assert "## " not in text
 
 
@@ -164,8 +164,8 @@ def test_json_summary_and_finding_fields(capsys, stall_trace):
             assert key in f["evidence"], f"evidence lacks {key!r}"
         assert f["rank"] is None  # a single trace without distributedInfo
 
-    savings = [f["impact"]["est_step_saving_pct"] for f in doc["findings"]]
-    assert savings == sorted(savings, reverse=True), "findings are ordered by predicted saving"
+    keys = [(SEVERITIES.index(f["severity"]), -f["impact"]["est_step_saving_pct"]) for f in doc["findings"]]
+    assert keys == sorted(keys), "findings are ordered by severity, then predicted saving"
     dl = [f for f in doc["findings"] if f["topic"] == "dataloader-stall"]
     assert len(dl) == 1 and dl[0]["rule"] == "GA102"
 
