@@ -116,6 +116,16 @@ def test_item6_compare_reports_the_fixed_dataloader_stall_resolved(tmp_path):
     resolved = [e["topic"] for e in findings["resolved"]]
     still = [e["topic"] for e in findings["still_there"]]
     assert "dataloader-stall" in resolved and "dataloader-stall" not in still, json.dumps(findings)[:3000]
+    # item 9 on the same CPU run: one device description, the same in every format
+    outs = {}
+    for fmt in ("text", "md", "json"):
+        proc = subprocess.run([sys.executable, "-m", "gpuadvise", "analyze", str(tmp_path / "after"), "--format", fmt],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        outs[fmt] = proc.stdout
+    desc = "CPU only (run.json: no GPU was available)"
+    assert json.loads(outs["json"])["summary"]["device_description"] == desc
+    assert desc in outs["text"] and desc in outs["md"]
 
 
 def _loader_trace(first_wait_us: float, wait_us: float, steps: int = 3):
@@ -219,3 +229,58 @@ def test_item11_launch_bound_splits_the_cpu_time_per_kernel(load_built):
     assert cost["total_us"] == pytest.approx(cost["launch_us"] + cost["dispatch_us"] + cost["other_us"], rel=0.01)
     # the message leads with the biggest part, not with the launch call
     assert f.message.index("outside any recorded op") < f.message.index("PyTorch op dispatch") < f.message.index("launch call")
+
+
+def test_item3_text_and_markdown_list_every_device(oom_report):
+    from gpuadvise.analyzer.report import render
+
+    text, md = render([oom_report], "text"), render([oom_report], "md")
+    for out in (text, md):
+        assert "device 0" in out.lower() and "device 2" in out.lower()
+        assert "70.00 GiB" in out and "32.00 GiB" in out
+
+
+# ----------------------------------------------------------------------------------------------------
+# item 10: words and numbers that agree
+
+
+def test_item10_header_share_of_the_device_matches_the_finding(load_built):
+    from gpuadvise.analyzer.report import render
+    from gpuadvise.rules import find_rule
+
+    r = _analyze(load_built, find_rule("GA123").positive())
+    f = next(f for f in r.findings if f.topic == "memory-headroom")
+    assert f"({f.evidence.numbers['peak_pct_of_capacity']:.1f} % of the device)" in render([r], "text")
+
+
+def test_item10_no_batch_multiple_for_a_forward_pass_only(load_built):
+    from gpuadvise.fixtures.builder import TraceBuilder
+
+    b = TraceBuilder()
+    for _ in range(4):
+        with b.step():
+            b.memory(2**30, 6 * 2**30, 8 * 2**30)
+            b.idle(3_000)
+            with b.op("aten::linear"):
+                for _ in range(10):
+                    b.kernel("ampere_tf32_s1688gemm_64x64_nn", 100)
+            b.sync()
+    b.finish()
+    f = next(f for f in _analyze(load_built, b).findings if f.topic == "memory-headroom")
+    assert "× the batch" not in f.recommendation.split("\n\n")[0]
+    assert "no training step" in f.recommendation
+
+
+def test_item10_profiler_overhead_below_one_is_no_measurable_overhead():
+    from gpuadvise.analyzer.model.report import overhead_words
+
+    assert overhead_words(0.68) == "no measurable profiler overhead"
+    assert overhead_words(1.8) == "the profiler made the traced steps 1.80× slower"
+
+
+def test_item9_the_device_is_described_once_from_run_json_first():
+    from gpuadvise.analyzer.model.runfacts import describe_device
+
+    cpu_run = {"environment": {"cuda_available": False}}
+    assert describe_device(cpu_run, None, has_gpu=False) == "CPU only (run.json: no GPU was available)"
+    assert describe_device({"environment": {"device": {"name": "NVIDIA H100 80GB HBM3"}}}) == "NVIDIA H100 80GB HBM3"

@@ -154,6 +154,14 @@ def _memory_section(r: TraceReport, multi: bool) -> list[str]:
             ("Largest free block / largest live request", f"{_mib(s.largest_free_block)} / {_mib(s.largest_request)}"),
             ("Segments", str(s.segments)),
         ]
+        if mem.other_devices:
+            at = next(i for i, (label, _) in enumerate(rows) if label.startswith("Snapshot:"))
+            rows.insert(at, ("Snapshot device", f"{s.device} (the figures below); the snapshot covers "
+                                                           f"{len(mem.other_devices) + 1} devices"))
+            for d in mem.other_devices:
+                rows.append((f"Device {d['device']}: reserved / allocated",
+                             f"{_gib(d['reserved'])} / {_gib(d['allocated'])}"
+                             + (f", {d['ooms']} out-of-memory" if d["ooms"] else "")))
     h = mem.history
     if h is not None:
         span = f" over {h.span_s:.1f} s" if h.timed and h.span_s is not None else " (no timestamps)"

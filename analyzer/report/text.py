@@ -95,11 +95,16 @@ def _memory_line(r: TraceReport) -> list[str]:
     parts = []
     peaks = [(v, what) for v, what in ((mem.peak_allocated, "allocated"), (mem.peak_reserved, "reserved")) if v is not None]
     if peaks:
-        pct = mem.pct_of_capacity(peaks[0][0])
-        parts.append("peak " + ", ".join(f"{v / g:.2f} GiB {what}" for v, what in peaks)
-                     + (f" ({pct:.0f}% of the device)" if pct is not None else ""))
+        # each figure with its own share of the device, at the precision the findings quote
+        parts.append("peak " + ", ".join(
+            f"{v / g:.2f} GiB {what}" + (f" ({mem.pct_of_capacity(v):.1f} % of the device)" if mem.capacity else "")
+            for v, what in peaks))
     s = mem.snapshot
     if s is not None:
-        parts.append(f"snapshot {s.reserved / g:.2f} GiB reserved, {s.slack_pct:.1f}% unallocated, "
+        dev = f" (device {s.device})" if mem.other_devices else ""
+        parts.append(f"snapshot{dev} {s.reserved / g:.2f} GiB reserved, {s.slack_pct:.1f}% unallocated, "
                      f"{s.stranded / g:.2f} GiB stranded")
+        for d in mem.other_devices:
+            parts.append(f"device {d['device']} {d['reserved'] / g:.2f} GiB reserved, {d['allocated'] / g:.2f} GiB allocated"
+                         + (f", {d['ooms']} out-of-memory" if d["ooms"] else ""))
     return ["  memory: " + " · ".join(parts)]
