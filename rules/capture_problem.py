@@ -7,12 +7,7 @@ Traces that recorded no GPU timeline, or only part of one:
   `ProfilerActivity.CUDA`);
 - CUPTI range-profiler mode, which records counters per kernel instead of a timeline;
 - a CPU-only run (no GPU on the machine or none used);
-- a trace cut off mid-write;
-- one-time costs inside the window (`measure/warmup.py`): a kernel launch call of 50 ms or more
-  (first-call CUDA module loading), an op whose first call is 20× its later ones and 50 ms or more
-  (cuDNN autotuning, compilation), cudaMalloc covering a tenth of the window (the allocator filling its
-  cache), a first step 3× the others (DataLoader workers starting): the window shows the job's start,
-  and it says how to capture steady state (`gpuadvise profile --wait N`).
+- a trace cut off mid-write.
 
 ## Why it matters
 Every other verdict (utilization, stalls, launch overhead) reads the GPU timeline. Without it a tool
@@ -35,9 +30,8 @@ that `libcupti` is on `LD_LIBRARY_PATH`, and in containers that profiling is all
 (`--cap-add SYS_ADMIN`, or the driver option `NVreg_RestrictProfilingToAdminUsers=0`).
 
 ## Thresholds
-Each capture condition is checked exactly (no kernel events, launches without kernels, range-profiler
-events, a file that ends mid-event). One-time costs use the figures above; the finding is medium when
-they cover 10 % of the window or more, info otherwise.
+None: each condition is checked exactly (no kernel events, launches without kernels, range-profiler
+events, a file that ends mid-event).
 """
 
 from __future__ import annotations
@@ -45,7 +39,6 @@ from __future__ import annotations
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.measure.metrics import LAUNCH_CALLS
-from gpuadvise.analyzer.measure.warmup import one_time_costs
 from gpuadvise.fixtures.builder import TraceBuilder
 
 from .base import Rule
@@ -88,21 +81,6 @@ class CaptureProblem(Rule):
             out.append(self.finding(message=message, evidence=Evidence(numbers=numbers), saving=0.0,
                                     basis="not a time saving: the capture must be fixed first", advice=advice,
                                     severity=severity))
-        costs = one_time_costs(m, a.metrics) if has_gpu else []
-        if costs:
-            total = sum(c["ms"] for c in costs)
-            share = 100 * total * 1e3 / max(a.metrics.window_us, 1e-9)
-            out.append(self.finding(
-                message="The window holds one-time costs a steady-state step never pays: " + "; ".join(c["what"] for c in costs)
-                        + f". Together {total:.0f} ms, {min(share, 100):.0f} % of the {a.metrics.window_us / 1e3:.0f} ms "
-                          "traced: step times, utilization and launch figures here describe the job's start.",
-                evidence=Evidence(items=costs, time_ranges_ms=[(c["at_ms"], round(c["at_ms"] + c["ms"], 1)) for c in costs],
-                                  numbers={"one_time_ms": round(total, 1), "one_time_pct_of_window": round(min(share, 100), 1)}),
-                saving=0.0, basis="not a time saving: the capture must show steady state first",
-                title="The capture holds one-time start-up costs, not steady-state steps",
-                severity="medium" if share >= 10 else "info",
-                advice="Capture steady state: start the window after the first steps, e.g. `gpuadvise profile --wait 10 "
-                       "train.py`, or `schedule(wait=10, warmup=2, active=3)` with torch.profiler."))
         if meta.truncated:
             out.append(self.finding(
                 message=f"The trace file ends mid-event (the job stopped while writing it); {meta.events_total} complete "

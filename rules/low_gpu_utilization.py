@@ -68,7 +68,12 @@ class LowGpuUtilization(Rule):
             saving, basis = 100 - busy, "idle share of the step"
         gaps = _largest_gaps(m)
         where = "inside the steps" if m.steps else "over the GPU's active span"
-        message = (f"The GPU is busy only {busy:.1f}% of the time {where} (median step {m.median_step_us / 1e3:.1f} ms). "
+        # one statistic throughout: the busy share and the per-step CPU figures below are totals over the
+        # steps divided by their count, so the step quoted with them is the mean step, not the median
+        nsteps = max(len(m.steps), 1)
+        mean_step_ms = float(m.per_step["dur_us"].sum()) / nsteps / 1e3
+        step_txt = f"mean step {mean_step_ms:.1f} ms over {nsteps} steps" if m.steps else f"{mean_step_ms:.1f} ms traced"
+        message = (f"The GPU is busy only {busy:.1f}% of the time {where} ({step_txt}). "
                    f"Of the idle time, {split['host_wait']:.0f}% is the GPU waiting for the CPU to launch work, "
                    f"{split['kernel_wait']:.0f}% short gaps between kernels, {split['other']:.0f}% other waits.")
         causes = explain_idle(a.model, m)
@@ -85,7 +90,8 @@ class LowGpuUtilization(Rule):
             time_ranges_ms=[(a.rel_ms(s), a.rel_ms(e)) for s, e in gaps],
             items=[{"name": f"step #{int(r.step)}" if r.step >= 0 else "whole trace", "busy_pct": round(r.gpu_busy_pct, 1),
                     "step_ms": a.ms(r.dur_us)} for r in worst.itertuples()],
-            numbers={"gpu_busy_pct": round(busy, 1), "idle_split_pct": split,
+            numbers={"gpu_busy_pct": round(busy, 1), "mean_step_ms": round(mean_step_ms, 2), "statistic": "mean step",
+                     "idle_split_pct": split,
                      "hta_temporal_idle_pct": round(m.temporal.get("idle_pct", 0.0), 1),
                      "cpu_during_idle": causes.to_dict("records")},
         )

@@ -168,28 +168,11 @@ def test_item6_share_wait_and_step_come_from_the_median_step(load_built):
 # item 7: a warm-up capture (the first forward pass, with lazy module loading inside one launch)
 
 
-def _first_pass_trace():
-    from gpuadvise.fixtures.builder import TraceBuilder
-
-    b = TraceBuilder()
-    for i in range(3):
-        with b.step():
-            with b.op("aten::conv2d"):
-                slow = b.launch_us
-                if i == 0:
-                    b.launch_us = 630_000.0  # the first cuDNN convolution loads its CUDA module
-                b.kernel("cudnn_convolution_fwd_implicit_gemm", 2_000)
-                b.launch_us = slow
-            for _ in range(10):
-                b.kernel("ampere_sgemm_64x64_nn", 500)
-            b.sync()
-    b.finish()
-    return b
-
-
 def test_item7_one_time_costs_are_reported_as_a_capture_problem_with_the_way_to_steady_state(load_built):
-    r = _analyze(load_built, _first_pass_trace())
-    f = next(f for f in r.findings if f.topic == "capture-problem")
+    from gpuadvise.rules import find_rule
+
+    r = _analyze(load_built, find_rule("GA111").positive())
+    f = next(f for f in r.findings if f.topic == "warm-up-capture")
     kinds = {c["kind"] for c in f.evidence.items}
     assert "module-loading" in kinds
     assert "630 ms" in f.message
@@ -200,7 +183,7 @@ def test_item7_a_steady_capture_has_no_one_time_costs(load_built):
     from gpuadvise.rules import find_rule
 
     r = _analyze(load_built, find_rule("GA101").positive())
-    assert not any(f.topic == "capture-problem" for f in r.findings)
+    assert not any(f.topic == "warm-up-capture" for f in r.findings)
 
 
 # ----------------------------------------------------------------------------------------------------

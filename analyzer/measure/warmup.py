@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import intervals as iv
 from .memory import ALLOC_CALLS
 from .metrics import LAUNCH_CALLS, Metrics
 
@@ -27,6 +28,8 @@ def one_time_costs(model, metrics: Metrics) -> list[dict]:
     if len(rt):
         slow = rt[rt["name"].isin(LAUNCH_CALLS) & (rt["dur"] >= SLOW_LAUNCH_US)]
         for r in slow.nlargest(3, "dur").itertuples():
+            if _waits_for_gpu(metrics, r.ts, r.end):
+                continue
             out.append({"kind": "module-loading", "ms": round(r.dur / 1e3, 1), "at_ms": round(r.ts / 1e3, 1),
                         "what": f"one {r.name} took {r.dur / 1e3:.0f} ms (first-call CUDA module loading)"})
         malloc = rt[rt["name"].isin(ALLOC_CALLS)]
@@ -36,12 +39,25 @@ def one_time_costs(model, metrics: Metrics) -> list[dict]:
                         "at_ms": round(float(malloc["ts"].min()) / 1e3, 1),
                         "what": f"{len(malloc)} cudaMalloc calls took {total / 1e3:.0f} ms "
                                 f"({100 * total / metrics.window_us:.0f} % of the window): the allocator filling its cache"})
-    out += _slow_first_calls(model)
+    out += _slow_first_calls(model, metrics)
     out += _slow_first_step(metrics)
     return out
 
 
-def _slow_first_calls(model) -> list[dict]:
+def _waits_for_gpu(metrics: Metrics, lo: float, hi: float) -> bool:
+    """The GPU was busy for most of [lo, hi]: a call that long was waiting for it (a blocking copy or sync),
+    not paying a one-time cost of its own."""
+    if hi <= lo:
+        return False
+    span = iv.union([lo], [hi])
+    busy = iv.total(*iv.intersect(metrics.gpu_union, span))
+    # a blocking call inside it (sync, synchronous memcpy) waits on GPU work the trace may not show
+    sy = metrics.syncs
+    blocked = iv.total(*iv.intersect(iv.union(sy["ts"], sy["end"]), span)) if len(sy) else 0.0
+    return max(busy, blocked) >= 0.5 * (hi - lo)
+
+
+def _slow_first_calls(model, metrics: Metrics) -> list[dict]:
     """Ops whose first call is far slower than their later ones (cuDNN autotuning, compilation, lazy init)."""
     cpu = model.cpu
     if not len(cpu):
@@ -53,7 +69,8 @@ def _slow_first_calls(model) -> list[dict]:
         if len(calls) < 3:
             continue
         first, later = float(calls["dur"].iloc[0]), float(np.median(calls["dur"].iloc[1:]))
-        if first >= FIRST_CALL_MIN_US and first >= FIRST_CALL_X * max(later, 1.0):
+        if first >= FIRST_CALL_MIN_US and first >= FIRST_CALL_X * max(later, 1.0) \
+                and not _waits_for_gpu(metrics, float(calls["ts"].iloc[0]), float(calls["end"].iloc[0])):
             found.append({"kind": "first-call", "ms": round(first / 1e3, 1), "at_ms": round(float(calls["ts"].iloc[0]) / 1e3, 1),
                           "what": f"the first {name} took {first / 1e3:.0f} ms, the later ones a median {later / 1e3:.2f} ms "
                                   "(autotuning, compilation or lazy initialisation)"})
