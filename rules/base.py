@@ -70,5 +70,6 @@ class Rule:
             message=message,
             evidence=evidence,
             impact=Impact(est_step_saving_pct=saving, basis=basis, range_pct=span, after=after),
-            recommendation=(advice + "\n\n" + self.fix).strip(),
+            advice=advice.strip(),
+            fix=self.fix.strip(),
         )

@@ -227,7 +227,7 @@ def test_every_rule_renders_in_the_detail_pane(rule):
 
     f = Finding(rule=rule.code, topic=rule.topic, severity="high", title=rule.title, message="42 ms lost [x](y)",
                 evidence=Evidence(items=[{"name": "k|[a]", "count": 3}]), impact=Impact(12.5, "replay"),
-                recommendation=rule.fix)
+                advice="", fix=rule.fix)
     md = finding_markdown(f, rule)
     assert md.count("## Fix") == 1  # the docs' own Fix section is not repeated under "About"
     assert "### What it detects" in md and "### Thresholds" in md

@@ -15,7 +15,7 @@ from urllib.parse import quote
 from . import svg
 from gpuadvise.analyzer.model.report import TraceReport, all_findings
 from .html import CHART_PREFIX, page
-from .markdown import _saving
+from .finding import saving
 
 MAX_TRACE_CHARTS = 8  # a job of 64 ranks gets the first 8 ranks' step charts; the tables list every rank
 MAX_STEPS = 50
@@ -36,7 +36,7 @@ def charts(reports: list[TraceReport]) -> list[Chart]:
     if findings:
         multi = len(reports) > 1
         rows = [{"label": f"{f.rule} {f.topic}" + (f" rank {f.rank}" if multi and f.rank is not None else ""),
-                 "value": f.impact.est_step_saving_pct, "text": _saving(f),
+                 "value": f.impact.est_step_saving_pct, "text": saving(f),
                  "colour": "#cf222e" if f.severity == "high" else "#d4a72c" if f.severity == "medium" else "#0969da"}
                 for f in findings]
         note = "Each fix's prediction on its own: predictions of different findings do not add up."
