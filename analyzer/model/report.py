@@ -98,12 +98,14 @@ class TraceReport:
 
 
 class Reports(list):
-    """The reports of `analyze_paths`, one per source (a list), and the job-level report when two or
-    more ranks were analysed together (`.job`, else None)."""
+    """The reports of `analyze_paths`, one per source (a list), the job-level report when two or more
+    ranks were analysed together (`.job`, else None), and the run.json facts read with the sources
+    (`.facts`: trace path → facts; empty for traces from elsewhere)."""
 
-    def __init__(self, reports=(), job=None):
+    def __init__(self, reports=(), job=None, facts: dict | None = None):
         super().__init__(reports)
         self.job = job
+        self.facts = dict(facts or {})
 
 
 def _step_basis(m: Metrics) -> str:

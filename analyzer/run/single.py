@@ -75,12 +75,13 @@ def run_rules(analysis, rules, source: str | None, rank: int | None, notes: list
     return order(findings)
 
 
-def analyze_source(src: Source, rules=None, progress=None) -> TraceReport:
-    """Analyse one source; `progress(done_bytes, total_bytes)` follows the trace decode when given."""
+def analyze_source(src: Source, rules=None, progress=None, cache: bool | None = None) -> TraceReport:
+    """Analyse one source; `progress(done_bytes, total_bytes)` follows the trace decode when given;
+    `cache` as in `read.loader.load_trace`."""
     if src.kind == "snapshot":
         return analyze_snapshot(load_snapshot(src.path), src.facts, source=str(src.path), rank=src.rank, rules=rules)
     snapshot = load_snapshot(src.snapshot) if src.snapshot is not None else None
-    model = load_trace(src.path, progress=progress)
+    model = load_trace(src.path, progress=progress, cache=cache)
     report = analyze_model(model, src.facts, source=str(src.path), rank=src.rank, rules=rules, snapshot=snapshot)
     if src.snapshot is not None:
         report.snapshot = str(src.snapshot)
