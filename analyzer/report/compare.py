@@ -375,10 +375,7 @@ def render_html(cmp: dict) -> str:
 
 
 def render(cmp: dict, fmt: str) -> str:
-    if fmt == "json":
-        return render_json(cmp)
-    if fmt == "md":
-        return render_markdown(cmp)
-    if fmt == "html":
-        return render_html(cmp)
-    return render_text(cmp)
+    """The comparison in `fmt` (the format registry, formats.py, names the function)."""
+    from .formats import render_compare
+
+    return render_compare(cmp, fmt)
