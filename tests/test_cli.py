@@ -92,6 +92,21 @@ def test_output_extension_chooses_format(capsys, tmp_path, stall_trace, name, fm
         assert others == [], "temp files left beside the report"
 
 
+@pytest.mark.parametrize("command", ["analyze", "compare"])
+def test_an_unknown_output_extension_is_refused_not_guessed(capsys, tmp_path, stall_trace, command):
+    out_path = tmp_path / "report.pdf"
+    inputs = [stall_trace] if command == "analyze" else [stall_trace, stall_trace]
+    rc, out, err = call_main(capsys, command, *inputs, "-o", out_path)
+    assert rc == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "report.pdf" in lines[0] and "'.pdf'" in lines[0]
+    assert all(ext in lines[0] for ext in (".md", ".json", ".html", ".txt"))  # it says what would work
+    assert list(tmp_path.iterdir()) == [], "nothing written"
+    rc, _, err = call_main(capsys, command, *inputs, "-o", out_path, "--format", "json")
+    assert rc == 0, err  # a named format writes any file name
+    looks_like("json", out_path.read_text(encoding="utf-8"))
+
+
 def test_explicit_format_beats_the_extension(capsys, tmp_path, stall_trace):
     out_path = tmp_path / "out.md"
     rc, _, err = call_main(capsys, "analyze", stall_trace, "--format", "json", "--output", out_path)

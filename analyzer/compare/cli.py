@@ -44,7 +44,6 @@ def main(argv: list[str]) -> int:
 
 def run(args) -> int:
     from gpuadvise.analyzer import run as analysis
-    from gpuadvise.analyzer.read.sources import refuse_overwriting_inputs
     from gpuadvise.analyzer.report import formats
     from gpuadvise.analyzer.report.output import check_writable, write_atomic
     from gpuadvise.analyzer.run.gate import parse_fail_on, parse_regression
@@ -59,7 +58,7 @@ def run(args) -> int:
     fmt = formats.choose(args.format, args.output).name  # an unknown -o extension fails before the analysis
     if args.output:
         check_writable(Path(args.output))
-        refuse_overwriting_inputs(Path(args.output), [args.before, args.after])
+        analysis.refuse_overwriting_inputs(Path(args.output), [args.before, args.after])
     # each path resolved (and its run.json read) once: a missing or empty one fails before either side
     # is analysed, and the analysis takes the sources as they are
     inputs = [analysis.resolve_inputs([path]) for path in (args.before, args.after)]

@@ -372,10 +372,3 @@ def render_html(cmp: dict) -> str:
     cs = charts(cmp)
     text = render_markdown(cmp, _links(cs, lambda c: CHART_PREFIX + c.name))
     return page("gpuadvise compare", text, {c.name: c.svg for c in cs})
-
-
-def render(cmp: dict, fmt: str) -> str:
-    """The comparison in `fmt` (the format registry, formats.py, names the function)."""
-    from .formats import render_compare
-
-    return render_compare(cmp, fmt)

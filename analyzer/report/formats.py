@@ -21,7 +21,7 @@ class Format:
 
 
 REGISTRY: dict[str, Format] = {f.name: f for f in (
-    Format("text", (".txt",), "text", "render_text"),
+    Format("text", (".txt", ".log"), "text", "render_text"),
     Format("md", (".md", ".markdown"), "markdown", "render_markdown", charts_beside=True),
     Format("json", (".json",), "json", "render_json"),
     Format("html", (".html", ".htm"), "html_report", "render_html"),

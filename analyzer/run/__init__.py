@@ -15,7 +15,7 @@ cheap.
 
 from __future__ import annotations
 
-__all__ = ["analyze", "resolve_inputs", "Reports", "TraceReport", "all_findings"]
+__all__ = ["analyze", "resolve_inputs", "refuse_overwriting_inputs", "Reports", "TraceReport", "all_findings"]
 
 
 def __getattr__(name):
@@ -27,6 +27,10 @@ def __getattr__(name):
         from gpuadvise.analyzer.read.sources import resolve
 
         return resolve
+    if name == "refuse_overwriting_inputs":  # an output path that is one of the inputs (before anything runs)
+        from gpuadvise.analyzer.read.sources import refuse_overwriting_inputs
+
+        return refuse_overwriting_inputs
     if name in ("Reports", "TraceReport", "all_findings"):
         from gpuadvise.analyzer.model import report
 

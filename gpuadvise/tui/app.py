@@ -92,11 +92,13 @@ class GpuadviseApp(App[int]):
     ]
 
     def __init__(self, paths: list[str] | None = None, reports: list["TraceReport"] | None = None, *,
-                 export_dir: str | os.PathLike | None = None, cursor_blink: bool = True, first_screen: str = FIRST_SCREEN):
+                 export_dir: str | os.PathLike | None = None, cursor_blink: bool = True, first_screen: str = FIRST_SCREEN,
+                 sources=None):
         super().__init__()
         if paths is None and reports is None:
             raise ValueError("give paths to load or ready reports")
         self.paths = list(paths or [])
+        self.sources = sources  # the paths as `run.resolve_inputs` made them, when the caller checked them
         self.ready_reports = reports
         self.export_dir = Path(export_dir) if export_dir is not None else Path.cwd()
         self.cursor_blink = cursor_blink
@@ -134,7 +136,7 @@ class GpuadviseApp(App[int]):
 
         worker = get_current_worker()
         try:
-            sources = analysis.resolve_inputs(self.paths)
+            sources = self.sources if self.sources is not None else analysis.resolve_inputs(self.paths)
             progress, on_bytes = self._progress_hooks(worker)
             reports = analysis.analyze(sources, jobs=1, progress=progress, bytes_progress=on_bytes)
             if worker.is_cancelled:
