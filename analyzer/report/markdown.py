@@ -5,6 +5,7 @@ from __future__ import annotations
 from gpuadvise.analyzer.model.report import TraceReport, all_findings
 from gpuadvise.analyzer.model.findings import Finding
 from .finding import finding_lines, fmt, saving
+from .json import trace_summary
 from .safe import md, md_cell, md_code, md_text, short
 
 
@@ -83,7 +84,7 @@ def _opt(v, spec: str, unit: str = "") -> str:
 
 
 def _trace_header(r: TraceReport) -> list[str]:
-    s = r.summary()
+    s = trace_summary(r)
     what = "Snapshot" if r.kind == "snapshot" else "Trace"
     lines = [f"- **{what}:** {md_code(r.source)}" + (f" (rank {r.rank})" if r.rank is not None else "")]
     if r.snapshot:

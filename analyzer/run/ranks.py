@@ -62,7 +62,7 @@ def map_one(src: Source, shown: str | None = None, codes: tuple | None = None, c
             for f in report.findings:
                 f.trace = shown
         report.rank_stats = rank_stats(report)
-        report.compact()
+        report = report.compact()
         del rules
         _release_memory()
         return report

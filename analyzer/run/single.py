@@ -15,6 +15,8 @@ from gpuadvise.analyzer.read.loader import load_trace
 from gpuadvise.analyzer.read.snapshot import load_snapshot
 from gpuadvise.analyzer.read.sources import Source
 
+from .figures import trace_figures
+
 
 def analyze_model(model: TraceModel, facts: dict | None = None, source: str = "", rank: int | None = None,
                   rules=None, snapshot: dict | None = None) -> TraceReport:
@@ -37,7 +39,7 @@ def analyze_model(model: TraceModel, facts: dict | None = None, source: str = ""
     if calibration is not None and calibration.unprofiled_step_us is None and metrics.has_gpu:
         notes.append(calibration.describe())
     return TraceReport(source=source, rank=rank, model=model, metrics=metrics, findings=findings, notes=notes,
-                       memory=memory, calibration=calibration)
+                       memory=memory, calibration=calibration, figures=trace_figures(model, metrics, calibration))
 
 
 def analyze_snapshot(snapshot: dict, facts: dict | None = None, source: str = "", rank: int | None = None,
