@@ -455,3 +455,32 @@ def test_run_json_alone_is_not_a_trace(tmp_path):
     run = run_cli("analyze", d)
     assert run.returncode == 2
     single_error_line(run.stderr, "run")
+
+
+@pytest.mark.parametrize("command", ["analyze", "compare"])
+def test_no_cache_is_passed_down_not_set_in_the_environment(capsys, tmp_path, monkeypatch, command):
+    """--no-cache reaches the loader as cache=False: no model cache is written, and the process
+    environment is left as it was (a later analysis in the same process still caches)."""
+    import os
+
+    from gpuadvise.analyzer.read import cache
+    from gpuadvise.rules import find_rule
+
+    monkeypatch.delenv("GPUADVISE_NO_CACHE", raising=False)
+    monkeypatch.setattr(cache, "MIN_BYTES", 0)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    (tmp_path / "in").mkdir()
+    trace = find_rule("dataloader-stall").positive().write(tmp_path / "in" / "t.json")
+
+    def files():
+        return sorted(str(p) for p in tmp_path.rglob("*") if p.is_file())
+
+    before = files()
+    inputs = [trace] if command == "analyze" else [trace, trace]
+    rc, _, err = call_main(capsys, command, *inputs, "--no-cache", "-q")
+    assert rc == 0, err
+    assert files() == before, "--no-cache wrote a model cache"
+    assert "GPUADVISE_NO_CACHE" not in os.environ
+    rc, _, err = call_main(capsys, command, *inputs, "-q")
+    assert rc == 0, err
+    assert len(files()) > len(before), "without --no-cache the model is cached (the test can see a cache)"
