@@ -26,7 +26,7 @@ class Chart:
     name: str  # file suffix and HTML id: "steps", "steps-2", "savings"
     alt: str
     svg: str
-    anchor: object  # where the markdown shows it: "findings" or the report index
+    anchor: str | int  # where the markdown shows it: "findings" or the report index
 
 
 def charts(reports: list[TraceReport]) -> list[Chart]:
