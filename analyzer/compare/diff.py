@@ -13,7 +13,6 @@ data there): a finding that vanished because nothing looked for it is not a fix.
 
 from __future__ import annotations
 
-import json
 import math
 
 from gpuadvise import __version__
@@ -72,8 +71,8 @@ def side_from_reports(reports, label: str, facts: dict | None = None) -> dict:
             side["steps_ms"] = [round(float(v) / 1e3, 3) for v in m.per_step["dur_us"]]
         side["kernels"] = _table(m.kernels)
         side["ops"] = _table(m.ops)
-    side["facts"] = (facts or {}).get(r.source) or {}
-    return json.loads(json.dumps(side, default=_plain))  # plain data from here on (numpy scalars gone)
+    side["facts"] = dict((facts or {}).get(r.source) or {})
+    return side  # plain data already: the document has no numpy scalars, the tables are built of Python numbers
 
 
 def _table(frame) -> list[dict]:
@@ -82,13 +81,6 @@ def _table(frame) -> list[dict]:
     rows = frame.head(KEEP_TABLE_ROWS)
     return [{"name": str(n), "count": int(c), "total_ms": round(float(t) / 1e3, 4)}
             for n, c, t in zip(rows["name"], rows["count"], rows["total_us"])]
-
-
-def _plain(o):
-    try:
-        return o.item()  # numpy scalar
-    except AttributeError:
-        return str(o)
 
 
 def trace_summary(side: dict) -> dict:
