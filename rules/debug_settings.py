@@ -52,7 +52,8 @@ from gpuadvise.analyzer.measure import intervals as iv
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence, severity_for
-from gpuadvise.analyzer.measure.metrics import LAUNCH_CALLS, ops_inside
+from gpuadvise.analyzer.measure.metrics import ops_inside
+from gpuadvise.analyzer.model.calls import LAUNCH_CALLS
 from gpuadvise.analyzer.model.trace import name_mask, names_in
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.doctor import probe
@@ -144,7 +145,7 @@ class DebugSettings(Rule):
         evidence = Evidence(steps=[s.number for s in a.metrics.steps], items=items,
                             numbers={"blocking_launches": {k: v for k, v in blocked.items() if k != "basis"},
                                      "nan_checks": {k: v for k, v in checks.items() if k != "basis"},
-                                     "settings_read_at": runfacts.settings(a.facts).get("read_at")})
+                                     "settings_read_at": runfacts.settings_read_at(a.facts)})
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, severity=severity,
                              advice="Run without these switches unless you are debugging.")]
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 from gpuadvise.analyzer.measure import intervals as iv
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
-from gpuadvise.analyzer.measure.metrics import GRAPH_LAUNCHES
+from gpuadvise.analyzer.model.calls import GRAPH_LAUNCHES
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 

@@ -31,8 +31,8 @@ import numpy as np
 import pandas as pd
 
 from . import intervals as iv
-from .memory import ALLOC_CALLS, FREE_CALLS
-from .metrics import COPY_CALLS, DEVICE_SYNCS, LAUNCH_CALLS, SYNC_CALLS, Metrics
+from gpuadvise.analyzer.model.calls import ALLOC_CALLS, COPY_CALLS, DEVICE_SYNCS, FREE_CALLS, LAUNCH_CALLS, SYNC_CALLS
+from .metrics import Metrics
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask, names_in
 
 DEVICE_WIDE = set(DEVICE_SYNCS) | set(FREE_CALLS)  # calls that wait for all GPU work launched before them
