@@ -67,7 +67,6 @@ GEMM = "ampere_tf32_s1688gemm_64x64_nn"
 class AllocatorChurn(Rule):
     code = "GA121"
     name = "allocator-churn"
-    topic = "allocator-churn"
     title = "GPU memory is freed and re-allocated in the loop"
     requires = ("memory",)
     # the most `gpuadvise profile`'s capture (shapes + memory history) slowed a loop's CPU side on the H100

@@ -47,7 +47,6 @@ from .base import Rule
 class CaptureProblem(Rule):
     code = "GA100"
     name = "capture-problem"
-    topic = "capture-problem"
     title = "The trace cannot support a GPU verdict"
     thresholds = {}
 

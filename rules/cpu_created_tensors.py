@@ -66,7 +66,6 @@ PASS_THROUGH = {
 class CpuCreatedTensors(Rule):
     code = "GA143"
     name = "cpu-created-tensors"
-    topic = "cpu-created-tensors"
     title = "Small tensors are created on the CPU and copied to the GPU every step"
     thresholds = {"max_bytes": 1 << 20, "max_unsized_copy_us": 100.0, "window_us": 1_000.0, "max_chain": 4, "min_step_share": 0.5,
                   "min_saving_pct": 0.5}

@@ -53,7 +53,6 @@ MULTI = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
 class DataloaderStall(Rule):
     code = "GA102"
     name = "dataloader-stall"
-    topic = "dataloader-stall"
     title = "Training waits on the DataLoader"
     thresholds = {"min_step_share_pct": 5.0, "worker_cpu_contention": 1.10}
 

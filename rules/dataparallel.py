@@ -52,7 +52,6 @@ DP_PATTERN = re.compile("|".join(DP_WORK))
 class DataParallelRule(Rule):
     code = "GA107"
     name = "dataparallel"
-    topic = "dataparallel"
     title = "nn.DataParallel drives all GPUs from one process"
     thresholds = {}
 

@@ -70,7 +70,6 @@ BLOCKING_ENV = ("CUDA_LAUNCH_BLOCKING", "HIP_LAUNCH_BLOCKING", "AMD_SERIALIZE_KE
 class DebugSettings(Rule):
     code = "GA140"
     name = "debug-settings"
-    topic = "debug-settings"
     title = "Debug settings were on in the profiled run"
     thresholds = {"blocking_launch_share": 0.9, "min_launches": 20, "nan_check_share": 0.5, "launch_cost_us": 5.0}
 

@@ -52,7 +52,6 @@ from .base import Rule
 class HostSync(Rule):
     code = "GA104"
     name = "host-sync"
-    topic = "host-sync"
     title = "The CPU waits for the GPU inside the steps"
     thresholds = {"min_saving_pct": 1.0, "min_share_pct": 1.0}
 

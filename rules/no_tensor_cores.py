@@ -55,7 +55,6 @@ from .base import Rule
 class NoTensorCores(Rule):
     code = "GA106"
     name = "no-tensor-cores"
-    topic = "no-tensor-cores"
     title = "Matmuls and convolutions run without Tensor Cores"
     thresholds = {"min_simt_share_pct": 50.0, "min_matmul_share_pct": 10.0, "fallback_speedup": 2.0,
                   "min_kernel_us": 5.0, "min_saving_pct": 1.0}

@@ -48,7 +48,6 @@ MULTI_TENSOR = re.compile(r"_foreach_|multi_tensor_apply|fused|_fused_", re.I)
 class SingleTensorOptimizer(Rule):
     code = "GA109"
     name = "single-tensor-optimizer"
-    topic = "single-tensor-optimizer"
     title = "The optimizer launches kernels one parameter at a time"
     thresholds = {"min_kernels_per_step": 20, "cpu_factor": 0.2, "min_saving_pct": 0.5}
 
