@@ -13,7 +13,7 @@ def all_rules() -> tuple:
 
     found = []
     for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_") or info.name in ("base", "cli"):
+        if info.name.startswith("_") or info.name in ("base", "catalog", "cli"):
             continue
         module = importlib.import_module(f"{__name__}.{info.name}")
         rule = getattr(module, "RULE", None)
