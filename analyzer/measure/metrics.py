@@ -1,5 +1,9 @@
 """Metrics computed once per trace from the model; the rules and every renderer read these.
 
+Every table's columns, with types and units, are listed in docs/rule-api.md (a test holds the two
+together: a column added here without a line there fails tests/test_rule_api.py). The call-name lists
+the tables are built from live in analyzer/model/calls.py.
+
 Definitions follow Holistic Trace Analysis (HTA) where HTA has one:
 - temporal breakdown: `kernel_time` = first GPU op start → last GPU op end (all streams); idle =
   kernel_time − |∪ GPU ops|; compute = |∪ non-communication kernels|; non-compute = the rest.
