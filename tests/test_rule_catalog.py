@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from _cli_support import call_main
+from gpuadvise.analyzer.model.findings import severity_for
 from gpuadvise.rules import all_rules, catalog
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -65,3 +66,6 @@ def test_rules_json_for_scripts(capsys):
         assert list(d["docs"]) == ["What it detects", "Why it matters", "Fix", "Thresholds"]
         assert "```python" in d["docs"]["Fix"]
         assert d["job_level"] == ("ranks" in rule.requires)
+        sev = d["severity"]
+        assert severity_for(sev["high_from_pct"]) == "high" and severity_for(sev["high_from_pct"] - 0.1) == "medium"
+        assert severity_for(sev["medium_from_pct"]) == "medium" and severity_for(sev["medium_from_pct"] - 0.1) == "low"
