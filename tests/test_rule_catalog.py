@@ -69,3 +69,11 @@ def test_rules_json_for_scripts(capsys):
         sev = d["severity"]
         assert severity_for(sev["high_from_pct"]) == "high" and severity_for(sev["high_from_pct"] - 0.1) == "medium"
         assert severity_for(sev["medium_from_pct"]) == "medium" and severity_for(sev["medium_from_pct"] - 0.1) == "low"
+
+
+def test_every_rule_docs_open_with_its_name_and_one_sentence():
+    """The first docstring line, "name: what it finds.", is the README table's description."""
+    for rule in all_rules():
+        first = rule.docs.splitlines()[0]
+        assert first.startswith(f"{rule.name}: "), f"{rule.name}: docs open with {first!r}"
+        assert rule.summary and rule.summary.endswith(".") and "|" not in rule.summary
