@@ -41,8 +41,7 @@ import numpy as np
 
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
-from gpuadvise.analyzer.measure.memory import FREE_CALLS
-from gpuadvise.analyzer.model.calls import SCALAR_OPS
+from gpuadvise.analyzer.model.calls import FREE_CALLS, SCALAR_OPS
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
