@@ -41,7 +41,8 @@ traces: their share of the step time), a lower bound since the traceback recordi
 the trace. Determinism and the environment variables: not predicted (the trace shows no alternative to
 compare with). Severity follows the prediction, and is at least medium for anomaly detection (its
 prediction is a lower bound) and for the variables `doctor` rates bad; a blocking-launch variable in a run
-that launched no kernels costs nothing there and alone gives low.
+that launched no kernels costs nothing there and alone gives low. The evidence's wait per step
+counts each blocked launch's CPU time beyond 5 µs (what a non-blocking launch costs).
 """
 
 from __future__ import annotations
