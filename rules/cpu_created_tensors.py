@@ -30,9 +30,9 @@ at least half of the profiled steps, and a predicted saving of at least 0.5 %
 (a copy that does not make the CPU wait costs next to nothing). The saving is predicted by replaying the
 steps with those copy calls no longer blocking (the tensor created on the device instead). A CPU-only
 trace has no copies: the rule needs a GPU trace.
-A copy counts as CPU-created when one of the (up to) 4 top-level CPU ops before its copy op on the same
-thread, each ending at most 1000 µs (1 ms) before the next one starts, created a tensor on the CPU and issued no GPU
-work itself.
+A copy counts as CPU-created when one of the (up to) 4 top-level CPU ops before its copy op on the
+same thread, each ending at most 1000 µs (1 ms) before the next one starts, created a tensor on the
+CPU and issued no GPU work itself.
 """
 
 from __future__ import annotations
