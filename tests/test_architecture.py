@@ -160,10 +160,9 @@ def test_renderers_never_import_the_rule_catalog():
 CONSUMERS = ("gpuadvise.tui", "gpuadvise.analyzer.compare", "gpuadvise.capture")
 PAST_RUN = ("gpuadvise.analyzer.read", "gpuadvise.analyzer.measure", "gpuadvise.analyzer.run")
 RUN_ALLOWED = ("gpuadvise.analyzer.run", "gpuadvise.analyzer.run.gate")
-# What the timeline draws with, not analysis: interval arithmetic, and the call-name lists (launch,
-# sync, copy) that lanes are coloured by.
-DRAWING_HELPERS = {"gpuadvise.tui.timeline_index": ("gpuadvise.analyzer.measure.intervals",
-                                                    "gpuadvise.analyzer.measure.metrics")}
+# What the timeline draws with, not analysis: interval arithmetic (the call-name lists that lanes are
+# coloured by live in model/calls.py, which any consumer may read).
+DRAWING_HELPERS = {"gpuadvise.tui.timeline_index": ("gpuadvise.analyzer.measure.intervals",)}
 
 
 def _inside(mod: str, package: str) -> bool:
