@@ -90,12 +90,6 @@ def _findings(a: dict) -> list[dict]:
     return a["doc"]["findings"]
 
 
-def _advice(f: dict) -> str:
-    """The run-specific part of the recommendation (the rule's general Fix section follows it)."""
-    return (f.get("advice") or f["recommendation"].split("\n\n")[0]) if isinstance(f.get("recommendation"), str) \
-        else (f.get("advice") or "")
-
-
 NUMBER = re.compile(r"(?<![\w.#])\d+(?:\.\d+)?(?![\w.])")
 
 
@@ -127,7 +121,7 @@ def test_no_recommendation_prescribes_a_recorded_setting(key, tmp_root):
         if mem is None or not mem.allocator_settings.get("expandable_segments"):
             continue
         for f in r.findings:
-            advice = f.recommendation.split("\n\n")[0]
+            advice = f.advice
             assert "expandable_segments:True" not in advice, (f.topic, advice)
 
 
@@ -139,7 +133,7 @@ def test_no_fix_is_advertised_at_zero(key, tmp_root):
     a = analysed(key, tmp_root)
     for r in a["reports"]:
         for f in r.findings:
-            advice = f.recommendation.split("\n\n")[0]
+            advice = f.advice
             assert not ZERO_FIX.search(advice), (f.topic, advice)
 
 

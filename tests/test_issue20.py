@@ -46,7 +46,7 @@ def _finding(report, topic):
 
 def test_item1_never_prescribes_expandable_segments_when_the_snapshot_records_it_on(oom_report):
     for f in oom_report.findings:
-        advice = f.recommendation.split("\n\n")[0]
+        advice = f.advice
         assert "expandable_segments:True" not in advice, (f.topic, advice)
 
 
@@ -59,7 +59,7 @@ def test_item2_the_oom_is_judged_at_the_failure_not_at_dump_time(oom_report):
     assert f.message.index("model.py:88 (attention)") < f.message.index("model.py:120 (mlp)")
     assert "after the failure unwound" in f.message
     # 0.8 GiB cached at the failure is less than the 4.94 GiB request: the device was full, not fragmented
-    assert "fragmentation first" not in f.recommendation.split("\n\n")[0]
+    assert "fragmentation first" not in f.advice
 
 
 def test_item3_every_device_is_reported_leading_with_the_one_that_failed(oom_report):
@@ -81,7 +81,7 @@ def test_item4_a_snapshot_alone_states_what_the_bf16_estimate_rests_on(oom_repor
 
 def _f(severity, saving, rule="GA1"):
     return Finding(rule=rule, topic=rule, severity=severity, title="", message="", evidence=Evidence(),
-                   impact=Impact(est_step_saving_pct=saving, basis=""), recommendation="")
+                   impact=Impact(est_step_saving_pct=saving, basis=""), advice="")
 
 
 def test_item8_findings_order_by_severity_then_saving():
@@ -176,7 +176,7 @@ def test_item7_one_time_costs_are_reported_as_a_capture_problem_with_the_way_to_
     kinds = {c["kind"] for c in f.evidence.items}
     assert "module-loading" in kinds
     assert "630 ms" in f.message
-    assert f.severity == "medium" and "--wait" in f.recommendation.split("\n\n")[0]
+    assert f.severity == "medium" and "--wait" in f.advice
 
 
 def test_item7_a_steady_capture_has_no_one_time_costs(load_built):
@@ -250,7 +250,7 @@ def test_item10_no_batch_multiple_for_a_forward_pass_only(load_built):
             b.sync()
     b.finish()
     f = next(f for f in _analyze(load_built, b).findings if f.topic == "memory-headroom")
-    assert "× the batch" not in f.recommendation.split("\n\n")[0]
+    assert "× the batch" not in f.advice
     assert "no training step" in f.recommendation
 
 

@@ -1,25 +1,20 @@
 """What a rule sees: the model, its metrics, run facts, memory, and the replay that predicts savings.
 
 A snapshot-only analysis has no model or metrics; a rule says what it needs in `Rule.requires`.
+docs/rule-api.md documents every field here and the tables behind them.
 """
 
 from __future__ import annotations
-
-import re
 
 from functools import cached_property
 
 from . import whatif
 from .calibration import Calibration, calibrate, scenario_on, unprofiled_step_ms
+from gpuadvise.analyzer.model.calls import TRAINING
 from gpuadvise.analyzer.model.kernels import has_matrix_units
 from .memory import MemorySummary
 from .metrics import Metrics
 from gpuadvise.analyzer.model.trace import TraceModel
-
-
-# backward work as traces name it (the autograd engine's wrapper, node names, gradient accumulation) or the
-# optimizer hook's annotation
-_TRAINING = re.compile(r"^autograd::engine::evaluate_function:|Backward\d*$|AccumulateGrad|^Optimizer\.step#")
 
 
 class Analysis:
@@ -89,7 +84,7 @@ class Analysis:
         if cpu is None or not len(cpu):
             return False
         names = cpu["name"].cat.categories if hasattr(cpu["name"], "cat") else cpu["name"].unique()
-        return any(_TRAINING.search(str(n)) for n in names)
+        return any(TRAINING.search(str(n)) for n in names)
 
     def bound_by(self) -> str:
         """What the step waits on, in words: the reason a fix elsewhere would save ~0 % of it."""

@@ -5,8 +5,10 @@ did not record as an op). This, not the launch call alone, is what compilation o
 
 from __future__ import annotations
 
+from gpuadvise.analyzer.model.calls import LAUNCH_CALLS
+
 from . import intervals as iv
-from .metrics import LAUNCH_CALLS, Metrics
+from .metrics import Metrics
 
 
 def cpu_per_kernel(model, metrics: Metrics, kernels: int) -> dict | None:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpuadvise.analyzer.model.calls import ALLOC_CALLS, LAUNCH_CALLS
+
 from . import intervals as iv
-from .memory import ALLOC_CALLS
-from .metrics import LAUNCH_CALLS, Metrics
+from .metrics import Metrics
 
 SLOW_LAUNCH_US = 50_000.0  # a launch call takes microseconds; 50 ms is module loading, not launching
 FIRST_CALL_X = 20.0  # an op's first call this many times its later median is a one-time cost
