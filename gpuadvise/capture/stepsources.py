@@ -7,8 +7,9 @@ In order of precedence:
 - fallbacks for loops none of those see: CUDA graph replays (`CUDAGraph.replay()`) and autograd
   backward calls (`loss.backward()`). A fallback takes over once it fires twice with no step from
   the sources above ever seen, or, after they were seen, once they have been silent for three of
-  their usual steps while the fallback kept firing (a loop that ends in graph replays after a few
-  eager warm-up steps). Any of the sources above takes back over when it fires again.
+  their usual steps while the fallback kept firing more than twice as often as it ever did inside one
+  of their steps (a loop that ends in graph replays after a few eager warm-up steps; gradient
+  accumulation's several backward() per optimizer step never takes over, however slow one step is). Any of the sources above takes back over when it fires again.
 
 Kept apart from the session because it only decides *that* a step ended and which source said so; what
 a boundary does (time it, step the profiler, write files) is the session's business (`on_step`).
@@ -47,6 +48,9 @@ class StepSources:
         self._fallback_count = {s: 0 for s in FALLBACKS}
         self._primary_resumed: int | None = None  # when the user's code last resumed after a main-source step
         self._primary_steps_ns: deque = deque(maxlen=16)  # the last steps from the main sources, our work excluded
+        # the most fallback calls seen inside one main-source step (gradient accumulation: several
+        # backward() per optimizer step); a fallback needs well over that before it may take over
+        self._fallback_per_step = dict.fromkeys(FALLBACKS, 0)
 
     def install(self, torch) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -116,6 +120,8 @@ class StepSources:
         now = time.perf_counter_ns()
         if self._primary_resumed is not None:  # the user's own time for that step, our work excluded
             self._primary_steps_ns.append(now - self._primary_resumed)
+            for src, n in self._fallback_count.items():
+                self._fallback_per_step[src] = max(self._fallback_per_step[src], n)
         self._fallback_count = dict.fromkeys(self._fallback_count, 0)
         self.fallback = None  # a main source that fires again takes back over
         try:
@@ -145,8 +151,8 @@ class StepSources:
         n = self._fallback_count[source]
         if self._primary_resumed is None:  # no optimizer step or batch ever: the fallback is all there is
             return n >= 2
-        if n < 3 or not self._primary_steps_ns:
-            return False
+        if n < max(3, 2 * self._fallback_per_step[source] + 1) or not self._primary_steps_ns:
+            return False  # a count, not only a time: a slow step on a loaded machine is no silence
         usual = statistics.median(self._primary_steps_ns)
         return time.perf_counter_ns() - self._primary_resumed > 3 * usual
 
