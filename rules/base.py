@@ -83,7 +83,9 @@ class Rule:
 
     def finding(self, *, message: str, evidence: Evidence, saving: float, basis: str, advice: str,
                 severity: str | None = None, title: str | None = None, range_pct: tuple[float, float] | None = None,
-                after: str | None = None) -> Finding:
+                after: str | None = None, fix: str | None = None) -> Finding:
+        """`fix` replaces the rule's general Fix text when the input makes part of it wrong (a setting
+        the run records as already on)."""
         saving = round(max(0.0, saving), 1)
         span = None
         if range_pct is not None:
@@ -98,7 +100,7 @@ class Rule:
             evidence=evidence,
             impact=Impact(est_step_saving_pct=saving, basis=basis, range_pct=span, after=after),
             advice=advice.strip(),
-            fix=self.fix.strip(),
+            fix=(self.fix if fix is None else fix).strip(),
         )
 
 

@@ -102,7 +102,9 @@ class MemoryFragmentation(Rule):
             message += (f" At the highest allocation in the history ({_gib(h.peak_allocated)}), "
                         f"{h.unused_at_peak_pct:.1f} % of the {_gib(h.reserved_at_peak)} reserved was unused.")
         expandable = bool(mem.allocator_settings.get("expandable_segments"))
-        if expandable:
+        fix = None
+        if expandable:  # the general fix opens with the setting the run already has: keep the rest
+            fix = self.fix[self.fix.index("Keep shapes steady"):]
             advice = ("`expandable_segments` is already on: keep shapes steady, and allocate long-lived tensors "
                       "before the step's temporaries.")
         else:
@@ -141,7 +143,7 @@ class MemoryFragmentation(Rule):
             message=message, evidence=evidence, saving=0.0, severity=severity,
             basis="memory, not step time: fragmentation costs capacity (a larger batch or model that would fit) "
                   "and slow cudaMalloc retries when memory runs out; no step-time saving is predicted",
-            advice=advice)]
+            advice=advice, fix=fix)]
 
     def _severity(self, mem) -> tuple[str, str]:
         """(severity, a sentence on how short memory is): holes matter when memory runs out."""

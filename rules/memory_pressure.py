@@ -35,8 +35,8 @@ optimizer.step()
 optimizer.zero_grad(set_to_none=True)
 ```
 If, at the failure, more memory was reserved but unallocated than the failed request asked for, fix the
-fragmentation first (`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, see memory-fragmentation), unless
-the recorded allocator settings show it on already.
+fragmentation first (see memory-fragmentation: expandable segments, unless the recorded allocator
+settings show them on already).
 
 The state at an out-of-memory is replayed from the allocator history (a snapshot is dumped after the
 failure unwound, so its segments show the aftermath); a snapshot of several devices leads with the one

@@ -45,9 +45,23 @@ def _finding(report, topic):
 
 
 def test_item1_never_prescribes_expandable_segments_when_the_snapshot_records_it_on(oom_report):
-    for f in oom_report.findings:
-        advice = f.advice
-        assert "expandable_segments:True" not in advice, (f.topic, advice)
+    for f in oom_report.findings:  # neither the instance's advice nor the rule's general fix
+        assert "expandable_segments:True" not in f.recommendation, (f.topic, f.recommendation)
+
+
+def test_item1_fragmentation_keeps_the_rest_of_its_fix_when_expandable_segments_is_on():
+    """memory-fragmentation's general fix opens with the setting: with it recorded on, that part goes and
+    the rest (steady shapes, long-lived tensors first) stays; with it off, the setting is prescribed."""
+    from gpuadvise.rules.memory_fragmentation import RULE
+
+    def frag(settings):
+        b = RULE.positive()
+        b.settings = dict(b.settings or {}, **settings)
+        return _finding(analyze_snapshot(b.to_dict(), source="frag.pickle"), "memory-fragmentation")
+
+    on = frag({"expandable_segments": True})
+    assert "expandable_segments:True" not in on.recommendation and "Keep shapes steady" in on.fix
+    assert "expandable_segments:True" in frag({"expandable_segments": False}).recommendation
 
 
 def test_item2_the_oom_is_judged_at_the_failure_not_at_dump_time(oom_report):
