@@ -3,8 +3,10 @@
 ## What it detects
 Calls that make the training thread wait for the GPU: `cudaStreamSynchronize`,
 `cudaDeviceSynchronize`, `cudaEventSynchronize` (and their `hip*` twins), blocking copies
-(`cudaMemcpy`, `hipMemcpyWithStream`, copies into pageable host memory) and `.item()`
-(`aten::_local_scalar_dense`). The one device sync torch.profiler itself issues when it stops is not
+(`cudaMemcpy`, `hipMemcpyWithStream`), implicit syncs (`cudaMemcpyAsync` into pageable host memory:
+`.cpu()`, `.tolist()`, printing a tensor; a pageable host→device copy whose call waited for earlier GPU
+work rather than for its own data) and `.item()` (`aten::_local_scalar_dense`). Each is listed with its
+kind. The one device sync torch.profiler itself issues when it stops is not
 counted. Each call is traced to the op and, where the trace has Python stacks, the source line that
 issued it.
 
@@ -30,7 +32,11 @@ control flow with tensor ops (`torch.where`), and find hidden syncs with
 ## Thresholds
 Fires when blocking calls inside the steps are predicted (by the critical-path replay) to cost at
 least 1 % of step time, or, with no GPU timeline to replay, when they take at least 1 % of it.
-Syncs while the GPU is saturated cost little and are not reported. cudaFree synchronises the device
+Syncs while the GPU is saturated cost little and are not reported.
+Removing a scalar read in a loop also removes the ops that only compute its value (the norm behind
+`p.grad.norm().item()`), their launches, the copy and the Python around them (analyzer/measure/feeding.py
+finds them by repetition): the finding gives both predictions, the syncs alone and the syncs with that
+work, and its headline (and check against the 1 % threshold) is the larger one, named in the message. cudaFree synchronises the device
 as well: when removing the syncs alone saves under 1 % because cudaFree calls in the loop would
 serialise it again, the finding gives the saving with both gone and says so.
 """
@@ -115,7 +121,7 @@ class HostSync(Rule):
         if with_work is not None:
             headline = "the larger, headline" if with_work >= alone else "the headline is the syncs alone"
             message += (f" The syncs alone: {alone:.1f}%; with the work that computes the synced values "
-                        f"({feeding.reads} reads fed by {' ← '.join(f'`{n}`' for n in feeding.chain)}): "
+                        f"({feeding.reads} reads fed by {' ← '.join(f'`{n}`' for n in dict.fromkeys(feeding.chain))}): "
                         f"{with_work:.1f}% ({headline}).")
         if with_frees is not None:
             message += (f" cudaFree calls in the same window synchronise the device as well: without them gone too, "

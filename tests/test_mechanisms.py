@@ -86,3 +86,31 @@ def test_a_pageable_copy_that_waits_for_the_stream_is_a_host_sync(analysed):
     f = finding(analysed("pageable_copy_waits"), "host-sync")
     assert within(f.impact.est_step_saving_pct, mx.PAPER["pageable_wait"]), (f.impact.est_step_saving_pct, f.impact.basis)
     assert "pageable host→device copy" in f.message and "aten::copy_" in f.message
+
+
+def test_reads_after_a_loop_of_norms_take_the_loop_with_them(tmp_path):
+    # norms = [p.grad.norm() for p in params]; then [n.item() for n in norms]: one burst of reads per step,
+    # fed by the loop of norms before it (and not by the GEMMs before that)
+    from gpuadvise.fixtures.builder import TraceBuilder
+
+    b = TraceBuilder()
+    for _ in range(4):
+        with b.step():
+            for _ in range(20):
+                with b.op("aten::mm"):
+                    b.kernel("ampere_tf32_s1688gemm_64x64_nn", 300)
+            for _ in range(30):
+                b.idle(100)
+                with b.op("aten::linalg_vector_norm"):
+                    b.kernel(mx.NORM, 10)
+            for _ in range(30):
+                b.item()
+                b.idle(20)
+    b.finish()
+    report = analyze_model(load_trace(b.write(tmp_path / "t.json.gz"), cache=False))
+    f = finding(report, "host-sync")
+    n = f.evidence.numbers
+    # without the reads and the loop that feeds them only the GEMMs are left: more saved than by the reads alone
+    assert n["saving_with_feeding_work_pct"] > n["saving_syncs_alone_pct"]
+    assert "120 reads" in f.message  # 30 per step, 4 steps
+    assert "aten::mm" not in f.message.split("fed by")[1]

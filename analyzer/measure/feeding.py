@@ -5,7 +5,9 @@ copy and the Python around them, not only the sync. Without data flow in the tra
 scalar read are found by repetition: for a group of scalar reads from the same source (or op, without
 stacks) that recurs within the steps, the top-level ops that immediately precede every read of the group
 since the previous sync (the longest common run, nearest first, at most MAX_CHAIN ops) are its feeding
-chain. A read that happens once per step (`loss.item()`) has no repeated chain and nothing is removed
+chain. Reads that follow each other with nothing in between (the values computed in a loop first, then
+read one by one) form one burst, whose chain extends back over ops of the same kinds as its nearest ones.
+A read that happens once per step (`loss.item()`) has no repeated chain and nothing is removed
 with it: the loss is needed for the backward pass anyway. When the chain covers everything since the
 previous sync, the Python between the two goes with it.
 """
@@ -47,7 +49,7 @@ def feeding_work(model: TraceModel, syncs: pd.DataFrame, nsteps: int) -> Feeding
     reads = syncs[syncs["op"].isin(SCALAR_OPS)]
     if reads.empty:
         return empty
-    lo, hi, chains = [], [], []
+    lo, hi, chains, nreads = [], [], [], 0
     for tid, on_thread in syncs.groupby("tid"):
         top = _top_level(cpu[(cpu["tid"] == tid) & ~cpu["is_annotation"]])
         if top.empty:
@@ -60,32 +62,40 @@ def feeding_work(model: TraceModel, syncs: pd.DataFrame, nsteps: int) -> Feeding
             first = group.groupby("external_id", sort=False).agg(ts=("ts", "min"), end=("end", "max"))
             if len(first) < 2 * max(nsteps, 1):
                 continue
-            found = []
-            for ts, end in zip(first["ts"].to_numpy(), first["end"].to_numpy()):
-                t = np.searchsorted(t_ts, ts, side="right") - 1  # the top-level op holding the read
-                if t < 0 or t_end[t] < end:
+            holders = np.searchsorted(t_ts, first["ts"].to_numpy(), side="right") - 1
+            holders = np.unique(holders[(holders >= 0) & (t_end[np.clip(holders, 0, None)] >= first["end"].to_numpy())])
+            units = []
+            for burst in np.split(holders, np.flatnonzero(np.diff(holders) > 1) + 1):
+                if not len(burst):
                     continue
+                t = int(burst[0])
                 k = np.searchsorted(sync_end, t_ts[t], side="right") - 1
                 prev_sync = sync_end[k] if k >= 0 else -np.inf
-                back = [j for j in range(t - 1, max(t - 1 - MAX_CHAIN, -1), -1) if t_ts[j] >= prev_sync]
-                found.append((t, prev_sync, back))
-            common = _common_run([[t_name[j] for j in back] for _, _, back in found])
+                seed = [j for j in range(t - 1, max(t - 1 - MAX_CHAIN, -1), -1) if t_ts[j] >= prev_sync]
+                units.append((burst, prev_sync, seed))
+            common = _common_run([[t_name[j] for j in seed] for _, _, seed in units])
             if not common:
                 continue
-            n = len(common)
-            for t, prev_sync, back in found:
-                start = t_ts[back[n - 1]]
+            kinds = set(common)
+            for burst, prev_sync, seed in units:
+                # the values may be computed in a loop before they are read (norms of every parameter,
+                # then the reads): extend the chain back over ops of the same kinds
+                j = seed[len(common) - 1] - 1
+                while j >= 0 and t_ts[j] >= prev_sync and t_name[j] in kinds:
+                    j -= 1
+                first_op = j + 1
+                start = t_ts[first_op]
                 # nothing but the chain since the previous sync: the op before it holds that sync (or is older)
-                everything = len(back) == n and (back[-1] == 0 or t_ts[back[-1] - 1] < prev_sync)
-                if everything and np.isfinite(prev_sync):
-                    start = prev_sync  # nothing else since the previous sync: its Python goes too
+                if (j < 0 or t_ts[j] < prev_sync) and np.isfinite(prev_sync):
+                    start = prev_sync  # its Python goes too
                 lo.append(start)
-                hi.append(t_end[t])
+                hi.append(t_end[int(burst[-1])])
+                nreads += len(burst)
             chains.append(common)
     if not lo:
         return empty
     order = np.argsort(lo)
-    return Feeding(np.asarray(lo)[order], np.asarray(hi)[order], len(lo), max(chains, key=len))
+    return Feeding(np.asarray(lo)[order], np.asarray(hi)[order], nreads, max(chains, key=len))
 
 
 def _top_level(ops: pd.DataFrame) -> pd.DataFrame:
