@@ -165,14 +165,17 @@ class HostSync(Rule):
 def _without_feeding(these, feeding: Feeding, replay) -> Scenario:
     """The syncs gone together with the work that only computes their values: its CPU time, its calls
     (launches, the copy) and the GPU ops those calls launched."""
-    lo, hi = feeding.lo, feeding.hi
-    gone_corr = set(replay.calls.loc[feeding.covers(replay.calls["ts"].to_numpy()), "correlation"].tolist())
+    lo, hi = feeding.lo, feeding.hi  # CPU gaps are merged across threads in the replay: removed by time
+    def gone(c):
+        return feeding.covers(c["ts"].to_numpy(), c["tid"].to_numpy())
+
+    gone_corr = set(replay.calls.loc[gone(replay.calls), "correlation"].tolist())
 
     def gpu_time(ops):
         return np.where(ops["correlation"].isin(gone_corr).to_numpy(), 0.0, np.nan)
 
     return Scenario("these syncs removed with the work that computes the synced values", cpu_removed=(lo, hi),
-                    unblock=these, remove=lambda c: feeding.covers(c["ts"].to_numpy()), gpu_time=gpu_time)
+                    unblock=these, remove=gone, gpu_time=gpu_time)
 
 
 RULE = HostSync()

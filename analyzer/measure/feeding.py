@@ -29,27 +29,28 @@ MAX_CHAIN = 4  # ops traced back from a scalar read: enough for norm/abs/max/com
 class Feeding:
     lo: np.ndarray  # CPU intervals that disappear with the reads (their chain, the read, the Python around)
     hi: np.ndarray
+    tid: np.ndarray  # the thread of each interval
     reads: int  # scalar reads with a feeding chain
     chain: list[str]  # op names of the most common chain, nearest first
 
-    def covers(self, ts: np.ndarray) -> np.ndarray:
-        """Whether each time falls inside one of the intervals."""
+    def covers(self, ts: np.ndarray, tid: np.ndarray) -> np.ndarray:
+        """Whether each (time, thread) falls inside one of the intervals."""
         if not len(self.lo):
             return np.zeros(len(ts), dtype=bool)
-        j = np.searchsorted(self.lo, ts, side="right") - 1
-        return (j >= 0) & (ts <= self.hi[np.clip(j, 0, None)])
+        j = np.clip(np.searchsorted(self.lo, ts, side="right") - 1, 0, None)
+        return (ts >= self.lo[j]) & (ts <= self.hi[j]) & (tid == self.tid[j])
 
 
 def feeding_work(model: TraceModel, syncs: pd.DataFrame, nsteps: int) -> Feeding:
     """The feeding chains of the repeated scalar reads among `syncs` (metrics.sync_table rows)."""
-    empty = Feeding(np.empty(0), np.empty(0), 0, [])
+    empty = Feeding(np.empty(0), np.empty(0), np.empty(0), 0, [])
     cpu = model.cpu
     if cpu.empty or syncs.empty:
         return empty
     reads = syncs[syncs["op"].isin(SCALAR_OPS)]
     if reads.empty:
         return empty
-    lo, hi, chains, nreads = [], [], [], 0
+    lo, hi, tids, chains, nreads = [], [], [], [], 0
     for tid, on_thread in syncs.groupby("tid"):
         top = _top_level(cpu[(cpu["tid"] == tid) & ~cpu["is_annotation"]])
         if top.empty:
@@ -90,12 +91,13 @@ def feeding_work(model: TraceModel, syncs: pd.DataFrame, nsteps: int) -> Feeding
                     start = prev_sync  # its Python goes too
                 lo.append(start)
                 hi.append(t_end[int(burst[-1])])
+                tids.append(tid)
                 nreads += len(burst)
             chains.append(common)
     if not lo:
         return empty
     order = np.argsort(lo)
-    return Feeding(np.asarray(lo)[order], np.asarray(hi)[order], nreads, max(chains, key=len))
+    return Feeding(np.asarray(lo)[order], np.asarray(hi)[order], np.asarray(tids)[order], nreads, max(chains, key=len))
 
 
 def _top_level(ops: pd.DataFrame) -> pd.DataFrame:
