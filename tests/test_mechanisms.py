@@ -40,7 +40,7 @@ def finding(report, topic: str):
 
 def test_full_launch_queue_is_a_wait_so_faster_matmuls_pay_off(analysed):
     report = analysed("full_launch_queue")
-    assert report.summary()["median_step_ms"] == pytest.approx(32.8, rel=0.02)  # the paper's GPU-bound step
+    assert report.figures.median_step_ms == pytest.approx(32.8, rel=0.02)  # the paper's GPU-bound step
     f = finding(report, "no-tensor-cores")
     assert within(f.impact.est_step_saving_pct, mx.PAPER["queue"]), (f.impact.est_step_saving_pct, f.impact.basis)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .metrics import SCALAR_OPS
+from gpuadvise.analyzer.model.calls import SCALAR_OPS
 from gpuadvise.analyzer.model.trace import TraceModel
 
 MAX_CHAIN = 4  # ops traced back from a scalar read: enough for norm/abs/max/compare chains

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from . import intervals as iv
-from gpuadvise.analyzer.model.calls import COPY_CALLS, COPY_NAME, DATALOADER, DEVICE_SYNCS, LAUNCH_CALLS, STEP, SYNC_CALLS
+from gpuadvise.analyzer.model.calls import ASYNC_COPIES, COPY_CALLS, COPY_NAME, DATALOADER, DEVICE_SYNCS, LAUNCH_CALLS, STEP, SYNC_CALLS
 from gpuadvise.analyzer.model.kernels import is_comm, is_matmul_like, precision_class
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask, names_in
 
@@ -487,7 +487,7 @@ def _implicit_syncs(model: TraceModel) -> pd.DataFrame:
     copies = gpu[(gpu["kind"] == "memcpy") & name_mask(gpu["name"], lambda n: "Pageable" in n)]
     if copies.empty:
         return rt.iloc[0:0]
-    calls = rt[names_in(rt["name"], {"cudaMemcpyAsync", "hipMemcpyAsync"}) & rt["correlation"].isin(copies["correlation"])].copy()
+    calls = rt[names_in(rt["name"], ASYNC_COPIES) & rt["correlation"].isin(copies["correlation"])].copy()
     if calls.empty:
         return calls
     by_corr = copies.groupby("correlation").agg(name=("name", "first"), dur=("dur", "sum"))

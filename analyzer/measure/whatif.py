@@ -38,7 +38,8 @@ import numpy as np
 import pandas as pd
 
 from . import intervals as iv
-from gpuadvise.analyzer.model.calls import ALLOC_CALLS, COPY_CALLS, DEVICE_SYNCS, FREE_CALLS, LAUNCH_CALLS, SYNC_CALLS
+from gpuadvise.analyzer.model.calls import (ALLOC_CALLS, COPY_CALLS, DEVICE_SYNCS, FREE_CALLS, LAUNCH_CALLS, QUEUEING_CALLS,
+                                            SYNC_CALLS)
 from .metrics import Metrics
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask, names_in
 
@@ -49,7 +50,6 @@ WAKE_US = 5.0  # a blocked call returns about this long after the GPU op it wait
 # A launch that took this many times its usual cost, and at least QUEUE_MIN_US more, waited for a slot
 QUEUE_X = 5.0
 QUEUE_MIN_US = 50.0
-ASYNC_CALLS = set(LAUNCH_CALLS) | {"cudaMemsetAsync", "cudaMemcpyAsync", "hipMemsetAsync", "hipMemcpyAsync"}
 
 
 @dataclass
@@ -244,7 +244,7 @@ def _usual_cost(calls: pd.DataFrame) -> np.ndarray:
     """Per call, the median duration of the window's calls of that name (what one costs without a wait);
     NaN-free, and infinite for calls that never wait on a queue (syncs, frees, blocking copies)."""
     med = calls.groupby("name", sort=False)["dur"].transform("median").to_numpy(dtype=np.float64)
-    is_async = calls["name"].isin(ASYNC_CALLS).to_numpy()
+    is_async = calls["name"].isin(QUEUEING_CALLS).to_numpy()
     return np.where(is_async, med, np.inf)
 
 
