@@ -69,8 +69,8 @@ def report(mode, tmp_path_factory):
         if not (folder / "trace.json.gz").is_file():
             return None
         if (run, timed) not in _CACHE:
-            from gpuadvise.analyzer.run.cli import render
-            from gpuadvise.analyzer.run.engine import analyze_paths
+            from gpuadvise.analyzer.report.json import document
+            from gpuadvise.analyzer.run import analyze
 
             if timed:
                 facts = json.loads((folder / "run.json").read_text())
@@ -80,7 +80,7 @@ def report(mode, tmp_path_factory):
                     if f.name != "run.json":
                         (folder / f.name).symlink_to(f)
                 (folder / "run.json").write_text(json.dumps(facts))
-            _CACHE[(run, timed)] = json.loads(render(analyze_paths([str(folder)]), "json"))
+            _CACHE[(run, timed)] = json.loads(json.dumps(document(analyze([str(folder)]))))
         return _CACHE[(run, timed)]
 
     return get
