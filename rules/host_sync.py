@@ -3,8 +3,10 @@
 ## What it detects
 Calls that make the training thread wait for the GPU: `cudaStreamSynchronize`,
 `cudaDeviceSynchronize`, `cudaEventSynchronize` (and their `hip*` twins), blocking copies
-(`cudaMemcpy`, `hipMemcpyWithStream`, copies into pageable host memory) and `.item()`
-(`aten::_local_scalar_dense`). The one device sync torch.profiler itself issues when it stops is not
+(`cudaMemcpy`, `hipMemcpyWithStream`), implicit syncs (`cudaMemcpyAsync` into pageable host memory:
+`.cpu()`, `.tolist()`, printing a tensor; a pageable host→device copy whose call waited for earlier GPU
+work rather than for its own data) and `.item()` (`aten::_local_scalar_dense`). Each is listed with its
+kind. The one device sync torch.profiler itself issues when it stops is not
 counted. Each call is traced to the op and, where the trace has Python stacks, the source line that
 issued it.
 
@@ -30,7 +32,11 @@ control flow with tensor ops (`torch.where`), and find hidden syncs with
 ## Thresholds
 Fires when blocking calls inside the steps are predicted (by the critical-path replay) to cost at
 least 1 % of step time, or, with no GPU timeline to replay, when they take at least 1 % of it.
-Syncs while the GPU is saturated cost little and are not reported. cudaFree synchronises the device
+Syncs while the GPU is saturated cost little and are not reported.
+Removing a scalar read in a loop also removes the ops that only compute its value (the norm behind
+`p.grad.norm().item()`), their launches, the copy and the Python around them (analyzer/measure/feeding.py
+finds them by repetition): the finding gives both predictions, the syncs alone and the syncs with that
+work, and its headline (and check against the 1 % threshold) is the larger one, named in the message. cudaFree synchronises the device
 as well: when removing the syncs alone saves under 1 % because cudaFree calls in the loop would
 serialise it again, the finding gives the saving with both gone and says so.
 """
@@ -40,6 +46,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpuadvise.analyzer.measure.analysis import Analysis
+from gpuadvise.analyzer.measure.feeding import Feeding, feeding_work
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.model.calls import FREE_CALLS, SCALAR_OPS
 from gpuadvise.analyzer.measure.whatif import Scenario
@@ -72,6 +79,13 @@ class HostSync(Rule):
             return np.array([(t, tid) in keys for t, tid in zip(c["ts"], c["tid"])], dtype=bool)
 
         saving, basis = a.predicted_saving(Scenario("these syncs removed", unblock=these))
+        alone = saving
+        feeding = feeding_work(a.model, s, len(m.steps))
+        with_work = None
+        if feeding.reads and saving is not None:
+            with_work, work_basis = a.predicted_saving(_without_feeding(these, feeding, a.replay))
+            if with_work is not None and with_work > saving:
+                saving, basis = with_work, work_basis
         with_frees = None
         if saving is not None and saving < self.thresholds["min_saving_pct"]:
             # cudaFree syncs the device too: with only these syncs gone, frees in the loop serialise it again
@@ -89,18 +103,24 @@ class HostSync(Rule):
         nsteps = max(len(m.steps), 1)
         scalar_rows = s[s["op"].isin(SCALAR_OPS)]
         scalar = int(scalar_rows["external_id"].nunique()) if len(scalar_rows) else 0  # one .item() = a copy + a sync
-        groups = (s.groupby(["name", "op", "source"]).agg(count=("dur", "size"), total_us=("dur", "sum"))
+        groups = (s.groupby(["name", "kind", "op", "source"]).agg(count=("dur", "size"), total_us=("dur", "sum"))
                   .reset_index().sort_values("total_us", ascending=False))
-        items = [{"name": r.name, "op": r.op, "source": r.source, "count": int(r.count), "total_ms": round(r.total_us / 1e3, 2)}
+        items = [{"name": r.name, "kind": r.kind, "op": r.op, "source": r.source, "count": int(r.count), "total_ms": round(r.total_us / 1e3, 2)}
                  for r in groups.head(8).itertuples()]
         worst = s.nlargest(5, "dur")
         top = groups.iloc[0]
         scalar_txt = f", {scalar} of them `.item()`-style scalar reads" if scalar else ""
         inside = f" inside `{top['op']}`" if top["op"] else ""
+        where = f" at {top['source']}" if top["source"] else ""
         message = (f"{len(s)} blocking calls ({len(s) / nsteps:.1f} per step{scalar_txt}) hold the CPU for "
                    f"{s['dur'].sum() / 1e3:.2f} ms in total ({share:.1f}% of step time). The largest share is "
-                   f"{int(top['count'])}× `{top['name']}`{inside}: {top['total_us'] / 1e3:.2f} ms.")
+                   f"{int(top['count'])}× `{top['name']}` ({top['kind']}){inside}{where}: {top['total_us'] / 1e3:.2f} ms.")
         advice = "Remove the syncs from the loop, or move them to where the value is really needed."
+        if with_work is not None:
+            headline = "the larger, headline" if with_work >= alone else "the headline is the syncs alone"
+            message += (f" The syncs alone: {alone:.1f}%; with the work that computes the synced values "
+                        f"({feeding.reads} reads fed by {' ← '.join(f'`{n}`' for n in dict.fromkeys(feeding.chain))}): "
+                        f"{with_work:.1f}% ({headline}).")
         if with_frees is not None:
             message += (f" cudaFree calls in the same window synchronise the device as well: without them gone too, "
                         f"removing these syncs saves only {with_frees:.1f}%.")
@@ -111,7 +131,8 @@ class HostSync(Rule):
             time_ranges_ms=[(a.rel_ms(t), a.rel_ms(e)) for t, e in zip(worst["ts"], worst["end"])],
             items=items,
             sources=[x for x in groups["source"].unique().tolist() if x][:5],
-            numbers={"blocking_calls": int(len(s)), "per_step": round(len(s) / nsteps, 1), "scalar_reads": scalar,
+            numbers={"blocking_calls": int(len(s)), "saving_syncs_alone_pct": None if alone is None else round(alone, 1),
+                     "saving_with_feeding_work_pct": None if with_work is None else round(with_work, 1), "per_step": round(len(s) / nsteps, 1), "scalar_reads": scalar,
                      "blocked_ms": a.ms(s["dur"].sum()), "blocked_share_pct": round(share, 1)},
         )
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice)]
@@ -137,6 +158,22 @@ class HostSync(Rule):
                 b.idle(1_000)
         b.finish()
         return b
+
+
+def _without_feeding(these, feeding: Feeding, replay) -> Scenario:
+    """The syncs gone together with the work that only computes their values: its CPU time, its calls
+    (launches, the copy) and the GPU ops those calls launched."""
+    lo, hi = feeding.lo, feeding.hi  # CPU gaps are merged across threads in the replay: removed by time
+    def gone(c):
+        return feeding.covers(c["ts"].to_numpy(), c["tid"].to_numpy())
+
+    gone_corr = set(replay.calls.loc[gone(replay.calls), "correlation"].tolist())
+
+    def gpu_time(ops):
+        return np.where(ops["correlation"].isin(gone_corr).to_numpy(), 0.0, np.nan)
+
+    return Scenario("these syncs removed with the work that computes the synced values", cpu_removed=(lo, hi),
+                    unblock=these, remove=gone, gpu_time=gpu_time)
 
 
 RULE = HostSync()

@@ -3,6 +3,7 @@ CPU-dependent prediction is made on the calibrated replay."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -22,6 +23,11 @@ def launch_bound(tmp_path_factory):
     return load_trace(path)
 
 
+def _figures(report) -> dict:
+    """The trace's summary figures as the JSON document names them."""
+    return dataclasses.asdict(report.figures)
+
+
 def _facts(unprofiled_ms):
     return {"steps": {"clock": "cuda_event", "unprofiled_median_ms": unprofiled_ms}}
 
@@ -32,13 +38,13 @@ def _saving(report, topic):
 
 def test_a_profiler_slowed_cpu_stops_looking_launch_bound(launch_bound):
     plain = analyze_model(launch_bound, facts={})
-    traced_ms = plain.summary()["median_step_ms"]
+    traced_ms = _figures(plain)["median_step_ms"]
     assert _saving(plain, "launch-bound") > 10  # the fixture is launch-bound as traced
 
     # the same loop measured at 40 % of the traced step without the profiler: most of the CPU time
     # between launches was the profiler's, and removing the rest buys much less
     calibrated = analyze_model(launch_bound, facts=_facts(0.4 * traced_ms))
-    s = calibrated.summary()
+    s = _figures(calibrated)
     assert s["unprofiled_median_step_ms"] == pytest.approx(0.4 * traced_ms, rel=1e-3)
     assert s["profiler_overhead_x"] == pytest.approx(2.5, abs=0.01)
     assert calibrated.calibration.applied and calibrated.calibration.cpu_factor < 1
@@ -48,7 +54,7 @@ def test_a_profiler_slowed_cpu_stops_looking_launch_bound(launch_bound):
 
 
 def test_the_calibrated_replay_matches_the_unprofiled_step(launch_bound):
-    traced_ms = analyze_model(launch_bound, facts={}).summary()["median_step_ms"]
+    traced_ms = _figures(analyze_model(launch_bound, facts={}))["median_step_ms"]
     a = analyze_model(launch_bound, facts=_facts(0.6 * traced_ms))
     from gpuadvise.analyzer.measure.analysis import Analysis
     from gpuadvise.analyzer.measure.calibration import scenario_on
@@ -58,12 +64,12 @@ def test_the_calibrated_replay_matches_the_unprofiled_step(launch_bound):
     analysis = Analysis(launch_bound, compute(launch_bound), _facts(0.6 * traced_ms))
     replay, cal = analysis.replay, analysis.calibration
     ratio = replay.simulate(scenario_on(cal, Scenario(name="x"))) / replay.baseline_us
-    assert ratio == pytest.approx(0.6 * traced_ms / a.summary()["median_step_ms"], rel=0.02)
+    assert ratio == pytest.approx(0.6 * traced_ms / _figures(a)["median_step_ms"], rel=0.02)
 
 
 def test_within_noise_nothing_is_corrected(launch_bound):
     plain = analyze_model(launch_bound, facts={})
-    traced_ms = plain.summary()["median_step_ms"]
+    traced_ms = _figures(plain)["median_step_ms"]
     same = analyze_model(launch_bound, facts=_facts(traced_ms / (NOISE - 0.01)))
     assert not same.calibration.applied
     assert _saving(same, "launch-bound") == _saving(plain, "launch-bound")
@@ -71,12 +77,12 @@ def test_within_noise_nothing_is_corrected(launch_bound):
 
 def test_without_run_json_the_report_says_the_cpu_may_be_inflated(launch_bound):
     r = analyze_model(launch_bound, facts={})
-    assert r.summary()["unprofiled_median_step_ms"] is None and r.summary()["profiler_overhead_x"] is None
+    assert _figures(r)["unprofiled_median_step_ms"] is None and _figures(r)["profiler_overhead_x"] is None
     assert any("may be inflated by profiling" in n for n in r.notes)
 
 
 def test_every_format_reports_the_overhead(launch_bound):
-    traced_ms = analyze_model(launch_bound, facts={}).summary()["median_step_ms"]
+    traced_ms = _figures(analyze_model(launch_bound, facts={}))["median_step_ms"]
     r = analyze_model(launch_bound, facts=_facts(0.5 * traced_ms))
     doc = json.loads(render([r], "json"))
     assert doc["summary"]["profiler_overhead_x"] == pytest.approx(2.0, abs=0.01)

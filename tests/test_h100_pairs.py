@@ -13,8 +13,11 @@ would check, pair by pair:
 - where the traced loop is GPU-bound (the profiler costs it nothing: README), the median step on the
   GPU timeline is the measured step.
 
-Each run folder is analysed once, in-process, the way `gpuadvise analyze RUN` does. Without the shared
-folder the module is skipped.
+Each run folder is analysed once, in-process, the way `gpuadvise analyze RUN` does. The checks run twice:
+on the folders as they are (run.json without step times: the replay is not calibrated) and with the
+unprofiled step time pairs.json measured written into run.json's `steps` (as `gpuadvise profile` records
+it now: the replay is calibrated to it); the other files are linked, not copied. Without the shared folder the
+module is skipped.
 """
 
 from __future__ import annotations
@@ -42,20 +45,45 @@ CHANGED = {"zerograd": {"zero-grad"}, "cudnn": {"no-tensor-cores", "cudnn-benchm
 GPU_BOUND_BUSY_PCT = 90.0
 STEP_TOL = 0.10
 
-_CACHE: dict[str, dict] = {}
+_CACHE: dict[tuple[str, bool], dict] = {}
+MODES = ["trace-only", "step-times"]
 
 
-def report(run: str) -> dict | None:
-    """The JSON report of one run folder (None for a folder without a trace: launch-after)."""
-    folder = H100 / run
-    if not (folder / "trace.json.gz").is_file():
-        return None
-    if run not in _CACHE:
-        from gpuadvise.analyzer.run.cli import render
-        from gpuadvise.analyzer.run.engine import analyze_paths
+def measured_step_ms(run: str) -> float:
+    return next(p[f"{side}_step_ms"] for p in PAIRS.values() for side in ("before", "after") if p[side] == run)
 
-        _CACHE[run] = json.loads(render(analyze_paths([str(folder)]), "json"))
-    return _CACHE[run]
+
+@pytest.fixture(params=MODES)
+def mode(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def report(mode, tmp_path_factory):
+    """The JSON report of one run folder (None for a folder without a trace: launch-after); in the
+    step-times mode, of a folder that links the trace and adds the measured step time to run.json."""
+    timed = mode == "step-times"
+
+    def get(run: str) -> dict | None:
+        folder = H100 / run
+        if not (folder / "trace.json.gz").is_file():
+            return None
+        if (run, timed) not in _CACHE:
+            from gpuadvise.analyzer.report.json import document
+            from gpuadvise.analyzer.run import analyze
+
+            if timed:
+                facts = json.loads((folder / "run.json").read_text())
+                facts["steps"] = {**(facts.get("steps") or {}), "unprofiled_median_ms": measured_step_ms(run), "clock": "cuda_event"}
+                folder = tmp_path_factory.mktemp(run)
+                for f in (H100 / run).iterdir():  # the trace, the memory snapshot: linked as they are
+                    if f.name != "run.json":
+                        (folder / f.name).symlink_to(f)
+                (folder / "run.json").write_text(json.dumps(facts))
+            _CACHE[(run, timed)] = json.loads(json.dumps(document(analyze([str(folder)]))))
+        return _CACHE[(run, timed)]
+
+    return get
 
 
 def on_topic(doc: dict, topic: str) -> list[dict]:
@@ -81,7 +109,7 @@ def test_the_pairs_are_there():
 
 
 @pytest.mark.parametrize("pair", AFFECTED)
-def test_pitfall_found_with_the_measured_saving(pair):
+def test_pitfall_found_with_the_measured_saving(pair, report):
     p = PAIRS[pair]
     doc = report(p["before"])
     assert doc is not None, f"{p['before']} has no trace"
@@ -98,7 +126,7 @@ def test_pitfall_found_with_the_measured_saving(pair):
 
 
 @pytest.mark.parametrize("pair", AFFECTED)
-def test_topic_gone_after_the_fix(pair):
+def test_topic_gone_after_the_fix(pair, report):
     p = PAIRS[pair]
     before, after = report(p["before"]), report(p["after"])
     if after is None:
@@ -112,7 +140,7 @@ def test_topic_gone_after_the_fix(pair):
 
 
 @pytest.mark.parametrize("pair", UNAFFECTED)
-def test_no_promise_for_a_change_that_did_nothing(pair):
+def test_no_promise_for_a_change_that_did_nothing(pair, report):
     p = PAIRS[pair]
     touched = CHANGED[pair]
     for side in ("before", "after"):
@@ -127,7 +155,7 @@ def test_no_promise_for_a_change_that_did_nothing(pair):
 
 
 @pytest.mark.parametrize("run", RUNS)
-def test_fragmentation_graded_by_memory_pressure(run):
+def test_fragmentation_graded_by_memory_pressure(run, report):
     doc = report(run)
     if doc is None:
         pytest.skip(f"{run} has no trace")
@@ -139,12 +167,12 @@ def test_fragmentation_graded_by_memory_pressure(run):
 
 
 @pytest.mark.parametrize("run", RUNS)
-def test_gpu_bound_step_is_the_measured_step(run):
+def test_gpu_bound_step_is_the_measured_step(run, report):
     doc = report(run)
     if doc is None:
         pytest.skip(f"{run} has no trace")
     s = doc["traces"][0]
-    measured = next(p[f"{side}_step_ms"] for p in PAIRS.values() for side in ("before", "after") if p[side] == run)
+    measured = measured_step_ms(run)
     if (s["gpu_busy_in_steps_pct"] or 0) < GPU_BOUND_BUSY_PCT:
         pytest.skip(f"{run} is not GPU-bound under the profiler: its step carries profiler overhead (issue 12)")
     if s["step_breakdown_ms"].get("dataloader", 0) > 0:

@@ -279,7 +279,26 @@ def test_sync_table_adds_pageable_dtoh_async_copies(load_built):
     model = load_built(b)
     s = sync_table(model, find_steps(model))
     assert s["name"].tolist() == ["cudaMemcpyAsync", "cudaStreamSynchronize"]
-    assert s["kind"].tolist() == ["blocking copy", "stream"]
+    assert s["kind"].tolist() == ["pageable device→host copy", "stream"]
+
+
+def test_a_pageable_htod_copy_that_waits_for_the_stream_is_a_sync(load_built):
+    b = TraceBuilder()
+    with b.step():
+        for _ in range(5):
+            b.kernel(GEMM, 1_000)  # 5 ms queued ahead of the copy
+        with b.op("aten::copy_"):
+            b.copy("HtoD", "Pageable", "Device", nbytes=4096, dur=3.0)
+    with b.step():  # the GPU is idle here: the same copy returns once staged, no sync
+        b.idle(10_000)
+        with b.op("aten::copy_"):
+            b.copy("HtoD", "Pageable", "Device", nbytes=4096, dur=3.0)
+    model = load_built(b)
+    s = sync_table(model, find_steps(model))
+    assert s["name"].tolist() == ["cudaMemcpyAsync"]
+    assert s["kind"].tolist() == ["pageable host→device copy (waits for the stream)"]
+    assert s["op"].tolist() == ["aten::copy_"]
+    assert s["dur"].iloc[0] > 4_900
 
 
 def test_copy_table_parses_names(load_built):

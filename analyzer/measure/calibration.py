@@ -10,6 +10,18 @@ prediction is then made on the calibrated replay: a launch-bound loop whose CPU 
 profiler is no longer called launch-bound, and host syncs that looked free (the GPU had long finished
 by the time the slowed CPU asked) cost what they cost.
 
+Why one factor over gap length and not a cost per recorded op (issue 19, checked on the H100 pairs with
+each run's measured step time as run.json's): the alternative takes c µs off every CPU gap per recorded
+op starting in it (and off every runtime call), with c bisected the same way. On the nine CPU-bound runs
+the profiler slowed by more than 5 % (launch, optimizer, zerograd, emptycache, healthy; before and after)
+the fitted c ranged 1.7–6.7 µs per op (3.9× spread) while 1/k ranged 1.37–2.73× (2.0×), so a per-op cost
+is no more constant across loops than one factor is; on three GPU-bound or loader-bound runs (frag-before,
+loader-before, tf32-after) no per-op cost up to 200 µs reached the unprofiled step, where k still does.
+Every pair's predicted saving moved by at most 1.7 points between the two models (launch-bound on
+launch-before 74.4 → 73.8 %, zerograd-before 73.6 → 71.9 %), all within tolerance either way. The data do
+not favour the per-op model, so the simpler one stays; a lab with many syncs per step (where ops are
+unevenly spread over the gaps) is what could still decide it.
+
 Without run.json step times (a trace from elsewhere) nothing is scaled and the report says that the
 CPU side may be inflated by profiling (typically 1.5–2.5× on loops of many small ops).
 """

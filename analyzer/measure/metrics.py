@@ -33,11 +33,12 @@ import numpy as np
 import pandas as pd
 
 from . import intervals as iv
-from gpuadvise.analyzer.model.calls import COPY_CALLS, COPY_NAME, DATALOADER, DEVICE_SYNCS, LAUNCH_CALLS, STEP, SYNC_CALLS
+from gpuadvise.analyzer.model.calls import ASYNC_COPIES, COPY_CALLS, COPY_NAME, DATALOADER, DEVICE_SYNCS, LAUNCH_CALLS, STEP, SYNC_CALLS
 from gpuadvise.analyzer.model.kernels import is_comm, is_matmul_like, precision_class
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask, names_in
 
 KERNEL_WAIT_US = 30.0
+IMPLICIT_WAIT_US = 50.0  # a pageable copy call this much longer than its copy waited for earlier GPU work
 
 
 @dataclass
@@ -463,22 +464,41 @@ def sync_table(model: TraceModel, steps: list[Step]) -> pd.DataFrame:
     mask = names_in(rt["name"], SYNC_CALLS.keys())
     s = rt[mask].copy()
     s["name"] = s["name"].astype(str)
-    # cudaMemcpyAsync into pageable host memory is synchronous too: add those DtoH calls.
-    gpu_copies = model.gpu[model.gpu["kind"] == "memcpy"]
-    if len(gpu_copies):
-        pageable = gpu_copies[name_mask(gpu_copies["name"], lambda n: "DtoH (Device -> Pageable)" in n)]
-        async_rt = rt[names_in(rt["name"], {"cudaMemcpyAsync", "hipMemcpyAsync"}) & rt["correlation"].isin(pageable["correlation"])].copy()
-        if len(async_rt):
-            async_rt["name"] = async_rt["name"].astype(str)
-            s = pd.concat([s, async_rt])
+    s["kind"] = s["name"].astype(str).map(lambda n: SYNC_CALLS.get(n, "blocking copy"))
+    implicit = _implicit_syncs(model)
+    if len(implicit):
+        s = pd.concat([s, implicit])
     if s.empty:
         return pd.DataFrame(columns=cols)
-    s["kind"] = s["name"].map(lambda n: SYNC_CALLS.get(n, "blocking copy"))
+    s["name"] = s["name"].astype(str)
     s = s.sort_values("ts", ignore_index=True)
     s["step"] = _in_window(s["ts"].to_numpy(), steps)
     s["profiler_sync"] = _profiler_final_sync(model, s, steps)
     s["op"], s["source"] = attribute(model, s)
     return s[cols]
+
+
+def _implicit_syncs(model: TraceModel) -> pd.DataFrame:
+    """Async copies that are syncs in disguise. A device→pageable copy (`.cpu()`, `.tolist()`, printing a
+    tensor) always returns only once the stream has drained; a pageable host→device copy does when the
+    call waited for earlier GPU work rather than for its own staging (the call outlasting its own copy
+    by IMPLICIT_WAIT_US and by the copy's own time)."""
+    rt, gpu = model.runtime, model.gpu
+    copies = gpu[(gpu["kind"] == "memcpy") & name_mask(gpu["name"], lambda n: "Pageable" in n)]
+    if copies.empty:
+        return rt.iloc[0:0]
+    calls = rt[names_in(rt["name"], ASYNC_COPIES) & rt["correlation"].isin(copies["correlation"])].copy()
+    if calls.empty:
+        return calls
+    by_corr = copies.groupby("correlation").agg(name=("name", "first"), dur=("dur", "sum"))
+    copy_name = calls["correlation"].map(by_corr["name"]).astype(str)
+    copy_dur = calls["correlation"].map(by_corr["dur"]).to_numpy(dtype=np.float64)
+    to_pageable = copy_name.str.contains("-> Pageable", regex=False).to_numpy()
+    waited = calls["dur"].to_numpy() > np.maximum(2 * copy_dur, copy_dur + IMPLICIT_WAIT_US)
+    calls = calls[to_pageable | waited]
+    calls["kind"] = np.where(copy_name[to_pageable | waited].str.contains("-> Pageable", regex=False),
+                             "pageable device→host copy", "pageable host→device copy (waits for the stream)")
+    return calls
 
 
 def _profiler_final_sync(model: TraceModel, s: pd.DataFrame, steps: list[Step]) -> np.ndarray:

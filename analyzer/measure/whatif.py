@@ -19,6 +19,13 @@ Device-wide syncs (cudaDeviceSynchronize, and cudaFree, which synchronises the d
 returns memory) wait for every GPU op launched before them, even when the trace shows the GPU idle by
 then: under a faster CPU (a fix, or a profiler that no longer slows it) that wait is what serialises the
 steps.
+
+A full launch queue is a wait, not CPU work. CUDA holds only so many pending ops per context; once the
+GPU is that far behind, `cudaLaunchKernel`, `cudaMemsetAsync` and `cudaMemcpyAsync` block until an op
+finishes and frees a slot. Such a call (far above its name's usual cost in the window, returning just
+after a GPU op launched before it ended) is replayed as its usual CPU cost plus a wait on that op, like
+a sync: a scenario that makes the GPU faster then frees the CPU too, instead of leaving a GPU-bound loop
+looking CPU-bound.
 """
 
 from __future__ import annotations
@@ -31,7 +38,8 @@ import numpy as np
 import pandas as pd
 
 from . import intervals as iv
-from gpuadvise.analyzer.model.calls import ALLOC_CALLS, COPY_CALLS, DEVICE_SYNCS, FREE_CALLS, LAUNCH_CALLS, SYNC_CALLS
+from gpuadvise.analyzer.model.calls import (ALLOC_CALLS, COPY_CALLS, DEVICE_SYNCS, FREE_CALLS, LAUNCH_CALLS, QUEUEING_CALLS,
+                                            SYNC_CALLS)
 from .metrics import Metrics
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask, names_in
 
@@ -39,6 +47,9 @@ DEVICE_WIDE = set(DEVICE_SYNCS) | set(FREE_CALLS)  # calls that wait for all GPU
 
 NODE_BUDGET = 60_000  # nodes in the replay graph; longer windows are cut to their middle steps
 WAKE_US = 5.0  # a blocked call returns about this long after the GPU op it waited for
+# A launch that took this many times its usual cost, and at least QUEUE_MIN_US more, waited for a slot
+QUEUE_X = 5.0
+QUEUE_MIN_US = 50.0
 
 
 @dataclass
@@ -141,6 +152,8 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
     pageable = name_mask(ops["name"], lambda n: "Pageable" in n)
     calls.loc[calls["correlation"].isin(ops.loc[pageable, "correlation"]), "blocking"] = True
     launches_block = _blocking_launches(calls, ops)
+    usual = _usual_cost(calls)
+    calls["queued"] = _queued(calls, ops, usual)
 
     g = nx.DiGraph()
     g.add_node("S")
@@ -192,17 +205,22 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
     if len(ops):
         order = np.argsort(ops["end"].to_numpy(), kind="stable")
         ends_sorted = ops["end"].to_numpy()[order]
-        blocking = calls[calls["blocking"]]
-        for i, ts, end in zip(blocking.index, blocking["ts"].to_numpy(), blocking["end"].to_numpy()):
+        waiting = calls[calls["blocking"] | calls["queued"]]
+        for i, ts, end, queued in zip(waiting.index, waiting["ts"].to_numpy(), waiting["end"].to_numpy(),
+                                      waiting["queued"].to_numpy()):
+            own = float(usual[i]) if queued else WAKE_US  # a queued launch still pays its usual cost
             j = np.searchsorted(ends_sorted, end + 1.0, side="right") - 1
             while j >= 0 and ends_sorted[j] > ts:
                 k = int(order[j])
-                if owner[k] == i or (owner[k] >= 0 and call_ts[owner[k]] < ts) or owner[k] < 0:
-                    g.add_edge(("ge", k), ("d", i), base=min(WAKE_US, max(0.0, end - ends_sorted[j])), kind="wait", call=i)
+                if (owner[k] == i and not queued) or (owner[k] >= 0 and call_ts[owner[k]] < ts) or owner[k] < 0:
+                    g.add_edge(("ge", k), ("d", i), base=min(own, max(0.0, end - ends_sorted[j])), kind="wait", call=i)
                     # the call's own CPU cost is what is left once the wait is taken out
-                    g.edges[("c", i), ("d", i)]["base"] = min(float(end - ts), WAKE_US)
+                    g.edges[("c", i), ("d", i)]["base"] = min(float(end - ts), own)
                     break
                 j -= 1
+            else:
+                if queued:  # it waited on work an earlier step queued, which the replay leaves out
+                    g.edges[("c", i), ("d", i)]["base"] = own
         if launches_block:
             _tie_idle_syncs(g, calls, ops, owner, call_ts)
         _device_wide_waits(g, calls, ops, owner, call_ts)
@@ -220,6 +238,25 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
     replay.compile()
     replay.baseline_us = replay.simulate(Scenario("baseline"))
     return replay
+
+
+def _usual_cost(calls: pd.DataFrame) -> np.ndarray:
+    """Per call, the median duration of the window's calls of that name (what one costs without a wait);
+    NaN-free, and infinite for calls that never wait on a queue (syncs, frees, blocking copies)."""
+    med = calls.groupby("name", sort=False)["dur"].transform("median").to_numpy(dtype=np.float64)
+    is_async = calls["name"].isin(QUEUEING_CALLS).to_numpy()
+    return np.where(is_async, med, np.inf)
+
+
+def _queued(calls: pd.DataFrame, ops: pd.DataFrame, usual: np.ndarray) -> np.ndarray:
+    """Async calls that waited for a slot in a full launch queue: far above their usual cost, and their
+    own op started well after they returned (the GPU was behind)."""
+    slow = ~calls["blocking"].to_numpy() & (calls["dur"].to_numpy() > np.maximum(QUEUE_X * usual, usual + QUEUE_MIN_US))
+    if not slow.any() or ops.empty:
+        return slow
+    first = ops.groupby("correlation")["ts"].min()
+    own_start = calls["correlation"].map(first).to_numpy(dtype=np.float64)
+    return slow & (own_start > calls["end"].to_numpy() + QUEUE_MIN_US)
 
 
 def _blocking_launches(calls: pd.DataFrame, ops: pd.DataFrame, min_launches: int = 20, share: float = 0.9) -> bool:

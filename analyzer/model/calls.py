@@ -20,6 +20,10 @@ GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "hipGraphLaunch"})
 # Calls that put a copy or a memset on a stream (the blocking ones are in SYNC_CALLS too).
 COPY_CALLS = frozenset({"cudaMemcpyAsync", "cudaMemcpy", "cudaMemsetAsync", "cudaMemset", "cudaMemcpy2DAsync",
                         "hipMemcpyAsync", "hipMemcpy", "hipMemcpyWithStream", "hipMemsetAsync", "hipMemset"})
+# Async copies: they return at once, except from or to pageable host memory (then they may wait for the stream).
+ASYNC_COPIES = frozenset({"cudaMemcpyAsync", "hipMemcpyAsync"})
+# Calls that only enqueue work and return at once, unless the launch queue is full (then they wait for a slot).
+QUEUEING_CALLS = LAUNCH_CALLS | ASYNC_COPIES | frozenset({"cudaMemsetAsync", "hipMemsetAsync"})
 # Calls that block the CPU until the GPU catches up, with what they wait for.
 SYNC_CALLS = {
     "cudaStreamSynchronize": "stream", "cudaDeviceSynchronize": "device", "cudaEventSynchronize": "event",

@@ -1,0 +1,116 @@
+"""Predictions that hold on real models (issue 19): one fixture per mechanism the replay must model, each
+written to a file, loaded with the real loader and analysed as `gpuadvise analyze` would. The expected
+savings are derived on paper in each fixture's docstring (fixtures/mechanisms.py); a prediction must land
+within ±25 % of it, or ±5 points.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuadvise.analyzer.read.loader import load_trace
+from gpuadvise.analyzer.run.single import analyze_model
+from gpuadvise.fixtures import mechanisms as mx
+
+REL_TOL, ABS_TOL = 0.25, 5.0
+
+
+def within(predicted: float, paper: float) -> bool:
+    return abs(predicted - paper) <= max(REL_TOL * abs(paper), ABS_TOL)
+
+
+@pytest.fixture(scope="module")
+def analysed(tmp_path_factory):
+    cache = {}
+
+    def get(name: str):
+        if name not in cache:
+            path = getattr(mx, name)().write(tmp_path_factory.mktemp(name) / "trace.json.gz")
+            cache[name] = analyze_model(load_trace(path, cache=False))
+        return cache[name]
+
+    return get
+
+
+def finding(report, topic: str):
+    found = [f for f in report.findings if f.topic == topic]
+    assert found, f"{topic} not reported (reported: {sorted(f.topic for f in report.findings)})"
+    return found[0]
+
+
+def test_full_launch_queue_is_a_wait_so_faster_matmuls_pay_off(analysed):
+    report = analysed("full_launch_queue")
+    assert report.figures.median_step_ms == pytest.approx(32.8, rel=0.02)  # the paper's GPU-bound step
+    f = finding(report, "no-tensor-cores")
+    assert within(f.impact.est_step_saving_pct, mx.PAPER["queue"]), (f.impact.est_step_saving_pct, f.impact.basis)
+
+
+def test_full_launch_queue_is_not_called_launch_bound(analysed):
+    # the launches take ~800 µs each only because they wait for a slot: removing launch overhead saves nothing
+    report = analysed("full_launch_queue")
+    assert not [f for f in report.findings if f.topic == "launch-bound" and f.impact.est_step_saving_pct >= 5]
+
+
+def test_sync_prediction_counts_the_work_that_feeds_the_syncs(analysed):
+    f = finding(analysed("syncs_fed_by_their_own_work"), "host-sync")
+    n = f.evidence.numbers
+    assert within(n["saving_syncs_alone_pct"], mx.PAPER["feeding_syncs_alone"]), n
+    assert within(n["saving_with_feeding_work_pct"], mx.PAPER["feeding_with_work"]), n
+    # the headline is the larger of the two, and the message gives both and says which
+    assert f.impact.est_step_saving_pct == pytest.approx(max(n["saving_syncs_alone_pct"], n["saving_with_feeding_work_pct"]), abs=0.1)
+    assert "The syncs alone:" in f.message and "aten::linalg_vector_norm" in f.message and "headline" in f.message
+
+
+def test_a_once_per_step_scalar_read_takes_no_work_with_it(analysed, tmp_path):
+    # loss.item() once per step: the loss feeds backward too, so nothing but the sync is removed
+    from gpuadvise.fixtures.builder import TraceBuilder
+
+    b = TraceBuilder()
+    for _ in range(4):
+        with b.step():
+            for _ in range(10):
+                with b.op("aten::mm"):
+                    b.kernel("ampere_tf32_s1688gemm_64x64_nn", 300)
+            with b.op("aten::mse_loss"):
+                b.kernel(mx.NORM, 30)
+            b.item()
+            b.idle(2_000)
+    b.finish()
+    report = analyze_model(load_trace(b.write(tmp_path / "t.json.gz"), cache=False))
+    n = finding(report, "host-sync").evidence.numbers
+    assert n["saving_with_feeding_work_pct"] is None
+    assert n["saving_syncs_alone_pct"] > 5
+
+
+def test_a_pageable_copy_that_waits_for_the_stream_is_a_host_sync(analysed):
+    f = finding(analysed("pageable_copy_waits"), "host-sync")
+    assert within(f.impact.est_step_saving_pct, mx.PAPER["pageable_wait"]), (f.impact.est_step_saving_pct, f.impact.basis)
+    assert "pageable host→device copy" in f.message and "aten::copy_" in f.message
+
+
+def test_reads_after_a_loop_of_norms_take_the_loop_with_them(tmp_path):
+    # norms = [p.grad.norm() for p in params]; then [n.item() for n in norms]: one burst of reads per step,
+    # fed by the loop of norms before it (and not by the GEMMs before that)
+    from gpuadvise.fixtures.builder import TraceBuilder
+
+    b = TraceBuilder()
+    for _ in range(4):
+        with b.step():
+            for _ in range(20):
+                with b.op("aten::mm"):
+                    b.kernel("ampere_tf32_s1688gemm_64x64_nn", 300)
+            for _ in range(30):
+                b.idle(100)
+                with b.op("aten::linalg_vector_norm"):
+                    b.kernel(mx.NORM, 10)
+            for _ in range(30):
+                b.item()
+                b.idle(20)
+    b.finish()
+    report = analyze_model(load_trace(b.write(tmp_path / "t.json.gz"), cache=False))
+    f = finding(report, "host-sync")
+    n = f.evidence.numbers
+    # without the reads and the loop that feeds them only the GEMMs are left: more saved than by the reads alone
+    assert n["saving_with_feeding_work_pct"] > n["saving_syncs_alone_pct"]
+    assert "120 reads" in f.message  # 30 per step, 4 steps
+    assert "aten::mm" not in f.message.split("fed by")[1]
