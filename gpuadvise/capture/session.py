@@ -40,6 +40,7 @@ import traceback
 from collections import deque
 from pathlib import Path
 
+from . import compiled  # issue 22: torch.compile recording
 from . import facts as facts_mod
 from . import quiet, runfolder, shapes
 from .steptimes import StepTimes
@@ -113,6 +114,7 @@ class Session:
         quiet.ignore_profiler_warnings()
         try:
             facts_mod.install(torch)
+            compiled.install(torch, lambda: (self.steps, self._phase(self.steps)))  # issue 22: compile facts
             self._start_profiler(torch)
         except Exception as exc:
             self._fail("profiler start failed", exc)
@@ -498,6 +500,9 @@ class Session:
                 pass
         f = facts_mod.facts()
         data.update({k: [dict((kk, vv) for kk, vv in d.items() if kk != "id") for d in v] for k, v in f.items()})
+        compile_facts = compiled.summary()  # issue 22: None unless the script called torch.compile
+        if compile_facts is not None:
+            data["compiled"] = compile_facts
         if exit_code is not None:
             data["script_exit_code"] = exit_code
         runfolder.write_json_atomic(path, data)
