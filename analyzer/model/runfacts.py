@@ -56,3 +56,18 @@ def param_devices(facts: dict) -> dict[str, int]:
 def autocast_dtypes(facts: dict) -> list[str]:
     """The dtypes of the autocast contexts the script entered ("torch.bfloat16", ...)."""
     return [str(e.get("dtype")) for e in facts.get("autocast") or [] if isinstance(e, dict) and e.get("dtype")]
+
+
+def compiled(facts: dict) -> dict:
+    """run.json's `compiled` (what torch.compile did while the script ran); {} when it never compiled."""
+    return _dict(facts.get("compiled"))
+
+
+def step_times_ms(facts: dict) -> dict[int, float]:
+    """Every timed step (run.json `steps`: number → ms), in and out of the profiled window."""
+    steps = _dict(facts.get("steps"))
+    numbers, ms = steps.get("number"), steps.get("ms")
+    if not isinstance(numbers, list) or not isinstance(ms, list):
+        return {}
+    return {n: float(v) for n, v in zip(numbers, ms)
+            if isinstance(n, int) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0}

@@ -1,0 +1,131 @@
+"""Compiled work in the trace and in run.json: how much of each step ran inside torch.compile's graphs,
+how much ran eagerly between them, and the compile events `gpuadvise profile` recorded.
+
+In the trace, dynamo's `Torch-Compiled Region: F/N` spans mark a compiled frame running (the resume
+function after a graph break nests inside the frame it broke out of); the graph itself runs inside
+AOTAutograd's `CompiledFunction` / `CompiledFunctionBackward` or Inductor's `## Call CompiledFxGraph`
+spans. Region time outside those graph spans is Python that dynamo could not put in a graph: the eager
+islands a graph break leaves (and any compilation that happened there, which is counted apart).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpuadvise.analyzer.model import runfacts
+from gpuadvise.analyzer.model.kernels import CUDA_GRAPH_LAUNCH, inductor_kind
+from gpuadvise.analyzer.model.trace import TraceModel, name_mask
+
+from . import intervals
+from .metrics import Metrics
+
+REGION = "Torch-Compiled Region"
+GRAPH_SPANS = ("CompiledFunction", "CompiledFunctionBackward")
+GRAPH_ANNOTATION = "## Call CompiledFxGraph"
+WARMUP_STEPS = 2  # steps 0 and 1 compile (and recompile once for grad mode / automatic dynamic) by design
+
+
+@dataclass
+class StepSplit:
+    number: int
+    dur_us: float  # the step's CPU span
+    compiled_us: float  # inside graphs (or inside compiled regions when the trace has no graph spans)
+    island_us: float | None  # inside compiled regions but outside their graphs; None without graph spans
+    regions: int  # compiled-frame calls (one more per graph break the step runs through)
+
+
+@dataclass
+class CompiledTrace:
+    steps: list[StepSplit]
+    graph_spans: bool  # the trace shows where graphs run, not only where compiled frames run
+    inductor_kernels: dict = field(default_factory=dict)  # kind → {"count", "us"}
+    cuda_graph_launches: int = 0
+
+    @property
+    def compiled_pct(self) -> float:
+        total = sum(s.dur_us for s in self.steps)
+        return 100.0 * sum(s.compiled_us for s in self.steps) / total if total > 0 else 0.0
+
+
+def compiled_trace(model: TraceModel, metrics: Metrics) -> CompiledTrace | None:
+    """The compiled share of each step; None when the trace shows no compiled work at all."""
+    cpu = model.cpu
+    names = cpu["name"].astype(str) if len(cpu) else None
+    regions = cpu[name_mask(cpu["name"], lambda n: n.startswith(REGION))] if names is not None else cpu
+    graphs = cpu[name_mask(cpu["name"], lambda n: n in GRAPH_SPANS or n.startswith(GRAPH_ANNOTATION))] \
+        if names is not None else cpu
+    kernels = _inductor_kernels(model)
+    launches = int(model.runtime["name"].isin(CUDA_GRAPH_LAUNCH).sum()) if len(model.runtime) else 0
+    if not len(regions) and not len(graphs) and not kernels and not launches:
+        return None
+    reg = intervals.union(regions["ts"].to_numpy(float), regions["end"].to_numpy(float))
+    gra = intervals.union(graphs["ts"].to_numpy(float), graphs["end"].to_numpy(float))
+    has_graphs = len(graphs) > 0
+    islands = intervals.subtract(reg, gra) if has_graphs else None
+    out = []
+    for s in metrics.steps:
+        inside = intervals.covered(*(gra if has_graphs else reg), s.start, s.end)
+        island = float(np.sum(intervals.covered(*islands, s.start, s.end))) if islands is not None else None
+        n = int(((regions["ts"] >= s.start) & (regions["ts"] < s.end)).sum()) if len(regions) else 0
+        out.append(StepSplit(s.number, float(s.cpu_dur), float(np.sum(inside)), island, n))
+    return CompiledTrace(out, has_graphs, kernels, launches)
+
+
+def _inductor_kernels(model: TraceModel) -> dict:
+    k = model.kernels
+    out: dict[str, dict] = {}
+    if not len(k):
+        return out
+    for name, dur in zip(k["name"].astype(str), k["dur"].to_numpy(float)):
+        kind = inductor_kind(name)
+        if kind:
+            e = out.setdefault(kind, {"count": 0, "us": 0.0})
+            e["count"] += 1
+            e["us"] = round(e["us"] + float(dur), 3)
+    return out
+
+
+# -- run.json's compile events ------------------------------------------------------------------------
+def _list(v) -> list[dict]:
+    return [e for e in v if isinstance(e, dict)] if isinstance(v, list) else []
+
+
+def _int(v, default=-1) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else default
+
+
+def seconds_of(v) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else 0.0
+
+
+def compiles(facts: dict) -> list[dict]:
+    return _list(runfacts.compiled(facts).get("compiles"))
+
+
+def recompiles_after_warmup(facts: dict) -> list[dict]:
+    """Recompilations from step WARMUP_STEPS on, each with its compile seconds when recorded."""
+    seconds = {c.get("compile_id"): seconds_of(c.get("seconds")) for c in compiles(facts)}
+    return [dict(r, seconds=seconds.get(r.get("compile_id"), 0.0))
+            for r in _list(runfacts.compiled(facts).get("recompiles")) if _int(r.get("step")) >= WARMUP_STEPS]
+
+
+def compile_seconds_by_step(facts: dict) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for k, v in (runfacts.compiled(facts).get("compile_seconds_per_step") or {}).items():
+        try:
+            out[int(k)] = out.get(int(k), 0.0) + seconds_of(v)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def graph_breaks(facts: dict) -> list[dict]:
+    return _list(runfacts.compiled(facts).get("graph_breaks"))
+
+
+def window_steps(facts: dict) -> list[int]:
+    """The step numbers (as run.json's `steps` counts them) that the profiler recorded."""
+    steps = facts.get("steps") if isinstance(facts.get("steps"), dict) else {}
+    return [n for n, p in zip(steps.get("number") or [], steps.get("phase") or []) if p == "active" and isinstance(n, int)]
