@@ -26,7 +26,7 @@ see compile-recompiles.
 
 ## Thresholds
 Any compile recorded in a step of the window (phase `active`). Severity high when compiling took at
-least 10 % of the recorded steps' time, else medium. No time saving is predicted: the capture must be
+least 10 % of the recorded steps' time (the ProfilerStep spans in the trace), else medium. No time saving is predicted: the capture must be
 fixed first.
 """
 
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 from gpuadvise.analyzer.measure import compiled
 from gpuadvise.analyzer.measure.analysis import Analysis
-from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.fixtures.compiled import WINDOW, compiled_facts, compiled_loop
@@ -58,14 +57,14 @@ class CompileInWindow(Rule):
             return []
         steps = sorted({c["step"] for c in inside if isinstance(c.get("step"), int)})
         seconds = sum(compiled.seconds_of(c.get("seconds")) for c in inside)
-        times = runfacts.step_times_ms(a.facts)
-        recorded_s = sum(times.get(n, 0.0) for n in (window or steps)) / 1e3
+        # the recorded steps' time as the trace has it (run.json does not time step 0, the script's start)
+        recorded_s = sum(s.dur for s in a.metrics.steps) / 1e6
         share = 100.0 * seconds / recorded_s if recorded_s > 0 else None
         where = sorted({str(c.get("where")) for c in inside if c.get("where")})
         recompiles = sum(1 for c in inside if c.get("recompile_reason"))
         message = (f"{len(inside)} torch.compile compile(s) ran inside the recorded step(s) {', '.join(map(str, steps))}"
                    f" ({seconds:.2f} s")
-        message += f", {share:.0f}% of those steps' time)" if share is not None else ")"
+        message += f", {share:.0f}% of the recorded steps' time)" if share is not None else ")"
         message += f"; {recompiles} of them recompile(s)." if recompiles else ": the window fell on the first compiled steps."
         last = max((c["step"] for c in compiled.compiles(a.facts) if isinstance(c.get("step"), int)), default=0)
         advice = (f"Start the window after step {last} (e.g. `gpuadvise profile --wait {last + 5}`), once the model has "

@@ -67,7 +67,7 @@ class CompileRecompiles(Rule):
         if len(late) < MIN_RECOMPILES and not limit:
             return []
         reasons = Counter(_pattern(str(r.get("reason") or "?")) for r in late)
-        sites = Counter(str(r.get("where") or "?") for r in late)
+        sites = Counter(str(r["where"]) for r in late if r.get("where"))
         steps = sorted({int(r["step"]) for r in late if isinstance(r.get("step"), int)})
         seconds = sum(r["seconds"] for r in late)
         saving, basis = self._saving(a.facts, steps, seconds)

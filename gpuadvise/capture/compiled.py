@@ -51,6 +51,9 @@ class Recorder:
 
         self.handler = _Handler(logging.DEBUG)
         trace_log.addHandler(self.handler)
+        # first in line: torch's LazyTraceHandler removes itself on the first record when TORCH_TRACE is
+        # unset, and logging then skips the handler after it for that record
+        trace_log.handlers.sort(key=lambda h: h is not self.handler)
         trace_log.setLevel(logging.DEBUG)
         self.surface = "structured_trace"
 
