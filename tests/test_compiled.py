@@ -246,3 +246,49 @@ def test_default_mode_does_not_touch_cuda_graphs(monkeypatch):
 def test_nothing_is_attached_before_torch_compile_is_called(monkeypatch):
     monkeypatch.setattr(compiled, "_REC", None)
     assert compiled.summary() is None
+
+
+# -- the trace side and compare ------------------------------------------------------------------------
+def test_compiled_share_of_each_step_from_graph_spans(load_built):
+    from gpuadvise.analyzer.measure.compiled import compiled_trace
+    from gpuadvise.analyzer.measure.metrics import compute
+    from gpuadvise.fixtures.compiled import compiled_loop
+
+    plain = load_built(compiled_loop())
+    broken = load_built(compiled_loop(breaks=1, island_us=3_000))
+    p, b = compiled_trace(plain, compute(plain)), compiled_trace(broken, compute(broken))
+    assert p.graph_spans and all(s.regions == 1 for s in p.steps)
+    assert b.steps[0].island_us - p.steps[0].island_us == pytest.approx(3_000, abs=5)  # the island the break adds
+    assert p.inductor_kernels["template GEMM"]["count"] == 3
+    assert "eager code" in b.describe()
+
+
+def test_real_compiled_trace_is_recognised():
+    import os
+
+    from gpuadvise.analyzer.measure.compiled import compiled_trace
+    from gpuadvise.analyzer.measure.metrics import compute
+    from gpuadvise.analyzer.read.loader import load_trace
+
+    root = Path(os.environ.get("GPUADVISE_TRACES") or HERE.parent.parent / "shared" / "traces")
+    path = root / "tracelens" / "tests" / "traces" / "torch_compile_triton" / "trace.json.gz"
+    if not path.is_file():
+        pytest.skip(f"{path} not found (set GPUADVISE_TRACES)")
+    model = load_trace(path)
+    ct = compiled_trace(model, compute(model))
+    assert ct.graph_spans  # its `## Call CompiledFxGraph` annotation
+    assert {k: v["count"] for k, v in ct.inductor_kernels.items()} == {"pointwise": 2, "reduction": 2}
+
+
+def test_compare_lists_compile_facts_that_differ():
+    from gpuadvise.analyzer.compare.diff import environment
+    from gpuadvise.fixtures.compiled import compiled_facts
+
+    before = compiled_facts([{"step": 0, "seconds": 4.0}] + [
+        {"step": s, "seconds": 1.0, "recompile_reason": f"0/{i}: tensor 'x' size mismatch"} for i, s in enumerate((3, 5))],
+        breaks=[{"where": "train.py:25", "reason": "print", "count": 1, "steps": [0]}])
+    after = compiled_facts([{"step": 0, "seconds": 5.0}])
+    rows = {r["key"]: r for r in environment({"facts": before, "report": {}}, {"facts": after, "report": {}})}
+    assert {"compiled.recompiles", "compiled.recompiles_after_warmup", "compiled.graph_breaks",
+            "compiled.graph_break_sites", "compiled.graphs"} <= rows.keys()
+    assert not any("seconds" in k for k in rows)  # compile time differs in every pair of runs: not a fact

@@ -49,6 +49,26 @@ class CompiledTrace:
         return 100.0 * sum(s.compiled_us for s in self.steps) / total if total > 0 else 0.0
 
 
+    def describe(self) -> str:
+        """One line for the report: the compiled share of the recorded steps and what ran between graphs."""
+        parts = []
+        if self.steps:
+            total = sum(s.dur_us for s in self.steps)
+            line = f"torch.compile: {self.compiled_pct:.0f}% of the recorded steps' CPU time ran inside compiled " + \
+                   ("graphs" if self.graph_spans else "frames")
+            if self.graph_spans and total > 0:
+                island = sum(s.island_us or 0.0 for s in self.steps)
+                line += f", {100.0 * island / total:.0f}% between graphs (eager code, and any compiling)"
+            regions = max(s.regions for s in self.steps)
+            parts.append(line + f" ({regions} compiled-frame call{'s' if regions != 1 else ''} a step)")
+        if self.inductor_kernels:
+            parts.append("Inductor kernels: " + ", ".join(f"{v['count']} {k} ({v['us'] / 1e3:.2f} ms)"
+                                                          for k, v in sorted(self.inductor_kernels.items())))
+        if self.cuda_graph_launches:
+            parts.append(f"{self.cuda_graph_launches} CUDA graph launches")
+        return "; ".join(parts) or "torch.compile: compiled work in the trace"
+
+
 def compiled_trace(model: TraceModel, metrics: Metrics) -> CompiledTrace | None:
     """The compiled share of each step; None when the trace shows no compiled work at all."""
     cpu = model.cpu
