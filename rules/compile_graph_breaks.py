@@ -34,8 +34,8 @@ upper bound, since the ops in the islands still run once compiled. A trace witho
 
 from __future__ import annotations
 
-from gpuadvise.analyzer.measure import compiled
 from gpuadvise.analyzer.measure.analysis import Analysis
+from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.fixtures.compiled import TRAIN, compiled_facts, compiled_loop
@@ -51,7 +51,7 @@ class CompileGraphBreaks(Rule):
     thresholds = {}
 
     def check(self, a: Analysis):
-        breaks = [b for b in compiled.graph_breaks(a.facts) if b.get("where")]
+        breaks = [b for b in runfacts.graph_break_sites(a.facts) if b.get("where")]
         if not breaks:
             return []
         breaks.sort(key=lambda b: -(b.get("count") if isinstance(b.get("count"), int) else 0))
@@ -80,7 +80,7 @@ class CompileGraphBreaks(Rule):
         if ct is None or not ct.steps or not ct.graph_spans:
             return 0.0, ("not predicted: the trace does not show where the graphs ran (no CompiledFunction spans; "
                          "the `eager` backend has none)"), {}
-        compile_s = compiled.compile_seconds_by_step(a.facts)
+        compile_s = runfacts.compile_seconds_by_step(a.facts)
         island = sum(max(0.0, (s.island_us or 0.0) - 1e6 * compile_s.get(s.number, 0.0)) for s in ct.steps)
         total = sum(s.dur_us for s in ct.steps)
         if total <= 0:

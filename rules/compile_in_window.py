@@ -32,8 +32,8 @@ fixed first.
 
 from __future__ import annotations
 
-from gpuadvise.analyzer.measure import compiled
 from gpuadvise.analyzer.measure.analysis import Analysis
+from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.fixtures.compiled import WINDOW, compiled_facts, compiled_loop
@@ -51,12 +51,12 @@ class CompileInWindow(Rule):
     thresholds = {"high_share_pct": HIGH_SHARE}
 
     def check(self, a: Analysis):
-        window = compiled.window_steps(a.facts)
-        inside = [c for c in compiled.compiles(a.facts) if c.get("phase") == "active" or c.get("step") in window]
+        window = runfacts.window_steps(a.facts)
+        inside = [c for c in runfacts.compile_events(a.facts) if c.get("phase") == "active" or c.get("step") in window]
         if not inside:
             return []
         steps = sorted({c["step"] for c in inside if isinstance(c.get("step"), int)})
-        seconds = sum(compiled.seconds_of(c.get("seconds")) for c in inside)
+        seconds = sum(c["seconds"] for c in inside)
         # the recorded steps' time as the trace has it (run.json does not time step 0, the script's start)
         recorded_s = sum(s.dur for s in a.metrics.steps) / 1e6
         share = 100.0 * seconds / recorded_s if recorded_s > 0 else None
@@ -66,7 +66,7 @@ class CompileInWindow(Rule):
                    f" ({seconds:.2f} s")
         message += f", {share:.0f}% of the recorded steps' time)" if share is not None else ")"
         message += f"; {recompiles} of them recompile(s)." if recompiles else ": the window fell on the first compiled steps."
-        last = max((c["step"] for c in compiled.compiles(a.facts) if isinstance(c.get("step"), int)), default=0)
+        last = max((c["step"] for c in runfacts.compile_events(a.facts) if isinstance(c.get("step"), int)), default=0)
         advice = (f"Start the window after step {last} (e.g. `gpuadvise profile --wait {last + 5}`), once the model has "
                   "compiled." if not recompiles else
                   "Compiles keep landing in the window: fix the recompiles first (compile-recompiles), then capture again.")

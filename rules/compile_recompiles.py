@@ -39,7 +39,6 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from gpuadvise.analyzer.measure import compiled
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.findings import Evidence
@@ -59,10 +58,10 @@ class CompileRecompiles(Rule):
     name = "compile-recompiles"
     topic = "compile-recompiles"
     title = "torch.compile recompiles after warm-up"
-    thresholds = {"warmup_steps": compiled.WARMUP_STEPS, "min_recompiles": MIN_RECOMPILES}
+    thresholds = {"warmup_steps": runfacts.COMPILE_WARMUP_STEPS, "min_recompiles": MIN_RECOMPILES}
 
     def check(self, a: Analysis):
-        late = compiled.recompiles_after_warmup(a.facts)
+        late = runfacts.recompiles_after_warmup(a.facts)
         limit = [h for h in runfacts.compiled(a.facts).get("limit_hit") or [] if isinstance(h, dict)]
         if len(late) < MIN_RECOMPILES and not limit:
             return []

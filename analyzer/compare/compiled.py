@@ -3,7 +3,6 @@ compile seconds (those differ between any two runs and say nothing alone)."""
 
 from __future__ import annotations
 
-from gpuadvise.analyzer.measure import compiled
 from gpuadvise.analyzer.model import runfacts
 
 
@@ -20,9 +19,9 @@ def compile_facts(facts: dict) -> dict[str, object]:
         out["compiled.graphs"] = c["graphs"]
     out["compiled.frames"] = len([f for f in c.get("frames") or [] if isinstance(f, dict)])
     out["compiled.recompiles"] = len([r for r in c.get("recompiles") or [] if isinstance(r, dict)])
-    out["compiled.recompiles_after_warmup"] = len(compiled.recompiles_after_warmup(facts))
+    out["compiled.recompiles_after_warmup"] = len(runfacts.recompiles_after_warmup(facts))
     out["compiled.recompile_limit_hit"] = len([h for h in c.get("limit_hit") or [] if isinstance(h, dict)])
-    breaks = compiled.graph_breaks(facts)
+    breaks = runfacts.graph_break_sites(facts)
     out["compiled.graph_breaks"] = len(breaks)
     out["compiled.graph_break_sites"] = ", ".join(sorted(str(b.get("where")) for b in breaks)) or "none"
     cg = c.get("cudagraphs") if isinstance(c.get("cudagraphs"), dict) else {}

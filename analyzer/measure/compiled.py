@@ -1,5 +1,5 @@
 """Compiled work in the trace and in run.json: how much of each step ran inside torch.compile's graphs,
-how much ran eagerly between them, and the compile events `gpuadvise profile` recorded.
+and how much ran eagerly between them (run.json's compile events are read in model/runfacts.py).
 
 In the trace, dynamo's `Torch-Compiled Region: F/N` spans mark a compiled frame running (the resume
 function after a graph break nests inside the frame it broke out of); the graph itself runs inside
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpuadvise.analyzer.model import runfacts
-from gpuadvise.analyzer.model.kernels import CUDA_GRAPH_LAUNCH, inductor_kind
+from gpuadvise.analyzer.model.calls import GRAPH_LAUNCHES
+from gpuadvise.analyzer.model.kernels import inductor_kind
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask
 
 from . import intervals
@@ -24,7 +24,6 @@ from .metrics import Metrics
 REGION = "Torch-Compiled Region"
 GRAPH_SPANS = ("CompiledFunction", "CompiledFunctionBackward")
 GRAPH_ANNOTATION = "## Call CompiledFxGraph"
-WARMUP_STEPS = 2  # steps 0 and 1 compile (and recompile once for grad mode / automatic dynamic) by design
 
 
 @dataclass
@@ -77,7 +76,7 @@ def compiled_trace(model: TraceModel, metrics: Metrics) -> CompiledTrace | None:
     graphs = cpu[name_mask(cpu["name"], lambda n: n in GRAPH_SPANS or n.startswith(GRAPH_ANNOTATION))] \
         if names is not None else cpu
     kernels = _inductor_kernels(model)
-    launches = int(model.runtime["name"].isin(CUDA_GRAPH_LAUNCH).sum()) if len(model.runtime) else 0
+    launches = int(model.runtime["name"].isin(GRAPH_LAUNCHES).sum()) if len(model.runtime) else 0
     if not len(regions) and not len(graphs) and not kernels and not launches:
         return None
     reg = intervals.union(regions["ts"].to_numpy(float), regions["end"].to_numpy(float))
@@ -105,47 +104,3 @@ def _inductor_kernels(model: TraceModel) -> dict:
             e["count"] += 1
             e["us"] = round(e["us"] + float(dur), 3)
     return out
-
-
-# -- run.json's compile events ------------------------------------------------------------------------
-def _list(v) -> list[dict]:
-    return [e for e in v if isinstance(e, dict)] if isinstance(v, list) else []
-
-
-def _int(v, default=-1) -> int:
-    return v if isinstance(v, int) and not isinstance(v, bool) else default
-
-
-def seconds_of(v) -> float:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else 0.0
-
-
-def compiles(facts: dict) -> list[dict]:
-    return _list(runfacts.compiled(facts).get("compiles"))
-
-
-def recompiles_after_warmup(facts: dict) -> list[dict]:
-    """Recompilations from step WARMUP_STEPS on, each with its compile seconds when recorded."""
-    seconds = {c.get("compile_id"): seconds_of(c.get("seconds")) for c in compiles(facts)}
-    return [dict(r, seconds=seconds.get(r.get("compile_id"), 0.0))
-            for r in _list(runfacts.compiled(facts).get("recompiles")) if _int(r.get("step")) >= WARMUP_STEPS]
-
-
-def compile_seconds_by_step(facts: dict) -> dict[int, float]:
-    out: dict[int, float] = {}
-    for k, v in (runfacts.compiled(facts).get("compile_seconds_per_step") or {}).items():
-        try:
-            out[int(k)] = out.get(int(k), 0.0) + seconds_of(v)
-        except (TypeError, ValueError):
-            continue
-    return out
-
-
-def graph_breaks(facts: dict) -> list[dict]:
-    return _list(runfacts.compiled(facts).get("graph_breaks"))
-
-
-def window_steps(facts: dict) -> list[int]:
-    """The step numbers (as run.json's `steps` counts them) that the profiler recorded."""
-    steps = facts.get("steps") if isinstance(facts.get("steps"), dict) else {}
-    return [n for n, p in zip(steps.get("number") or [], steps.get("phase") or []) if p == "active" and isinstance(n, int)]

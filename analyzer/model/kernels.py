@@ -208,10 +208,10 @@ def pinned_copy_gbps(device: Device | None) -> float:
 # Inductor names its generated Triton kernels by kind: pointwise, reduction, persistent reduction,
 # templated GEMM/conv (`triton_tem_…`); C++ kernels on the CPU are `cpp_fused_…`. The compiled region
 # itself is a CPU span: dynamo's `Torch-Compiled Region: 0/0`, AOTAutograd's `CompiledFunction`
-# (and `CompiledFunctionBackward`), Inductor's `## Call CompiledFxGraph <hash>` annotation.
+# (and `CompiledFunctionBackward`), Inductor's `## Call CompiledFxGraph <hash>` annotation. CUDA-graph
+# launches are `calls.GRAPH_LAUNCHES`.
 INDUCTOR_KERNEL = re.compile(r"^(triton_(poi|red|per|tem|for)_|cpp_fused_)")
 COMPILED_REGION = re.compile(r"^(Torch-Compiled Region|CompiledFunction(Backward)?$|## Call CompiledFxGraph)")
-CUDA_GRAPH_LAUNCH = {"cudaGraphLaunch", "hipGraphLaunch"}
 
 _INDUCTOR_KINDS = {"poi": "pointwise", "red": "reduction", "per": "persistent reduction", "tem": "template GEMM",
                    "for": "foreach"}
