@@ -198,9 +198,9 @@ def compile_child(example: str, mode: str, backend: str) -> None:
     # thread CPU time: on a shared machine wall time mostly measures the wait for a core
     stamps = [time.thread_time()]
     register_optimizer_step_post_hook(lambda *a: stamps.append(time.thread_time()))
-    if mode == "recorder":
-        from gpuadvise.capture import compiled
+    from gpuadvise.capture import compiled  # imported in both modes: only the install differs
 
+    if mode == "recorder":
         compiled.install(torch, lambda: (len(stamps) - 1, "wait"))
     sys.argv = [example, "--steps", "60"] + (["--backend", backend] if "compiled" in example else [])
     with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
@@ -213,9 +213,9 @@ def part3(args) -> None:
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
     modes = ("without", "recorder")
     results = {(e, m): [] for e in COMPILED_EXAMPLES for m in modes}
-    for _ in range(args.compiled):
+    for r in range(args.compiled):
         for e in COMPILED_EXAMPLES:
-            for m in modes:
+            for m in (modes if r % 2 == 0 else modes[::-1]):  # alternate which mode runs first
                 proc = subprocess.run([sys.executable, __file__, "--compile-child", e, m, "--backend", args.backend],
                                       capture_output=True, text=True, env=env)
                 if proc.returncode != 0:
