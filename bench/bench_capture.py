@@ -25,12 +25,18 @@ Part 2 (`--e2e N`): the whole `gpuadvise profile` command, old and new defaults,
 ratio it writes into run.json (`steps.overhead_x`, recorded steps over the same run's unprofiled
 ones) and the wall time of the run.
 
+Part 3 (`--compiled N`): the torch.compile recorder (gpuadvise/capture/compiled.py) on its own: an
+uncompiled loop (train_healthy.py) and a compiled one (train_compiled.py, `--backend`), each run N
+times in fresh processes with the recorder installed and without, alternating: the first step
+(compilation) and the median of steps 10+ (steady state), in thread CPU time at the optimizer hook.
+
 Prints markdown tables.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import runpy
@@ -181,6 +187,50 @@ def part2(args, examples) -> None:
     print()
 
 
+# -- part 3: the torch.compile recorder, with and without -------------------------------------------------
+COMPILED_EXAMPLES = ["train_healthy.py", "train_compiled.py"]
+
+
+def compile_child(example: str, mode: str, backend: str) -> None:
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    # thread CPU time: on a shared machine wall time mostly measures the wait for a core
+    stamps = [time.thread_time()]
+    register_optimizer_step_post_hook(lambda *a: stamps.append(time.thread_time()))
+    from gpuadvise.capture import compiled  # imported in both modes: only the install differs
+
+    if mode == "recorder":
+        compiled.install(torch, lambda: (len(stamps) - 1, "wait"))
+    sys.argv = [example, "--steps", "60"] + (["--backend", backend] if "compiled" in example else [])
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+        runpy.run_path(str(EXAMPLES / example), run_name="__main__")
+    ms = [1e3 * (b - a) for a, b in zip(stamps, stamps[1:])]
+    print(json.dumps({"first_ms": ms[0], "steady_ms": statistics.median(ms[10:])}))
+
+
+def part3(args) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    modes = ("without", "recorder")
+    results = {(e, m): [] for e in COMPILED_EXAMPLES for m in modes}
+    for r in range(args.compiled):
+        for e in COMPILED_EXAMPLES:
+            for m in (modes if r % 2 == 0 else modes[::-1]):  # alternate which mode runs first
+                proc = subprocess.run([sys.executable, __file__, "--compile-child", e, m, "--backend", args.backend],
+                                      capture_output=True, text=True, env=env)
+                if proc.returncode != 0:
+                    raise SystemExit(f"{e} ({m}) failed:\n{proc.stderr}")
+                results[(e, m)].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    print(f"## torch.compile recorder (median of {args.compiled} runs, 60 steps, backend {args.backend})\n")
+    print("| loop | first step, thread CPU ms, without → with recorder | steady step (median of 10+), thread CPU ms |")
+    print("|---|---:|---:|")
+    for e in COMPILED_EXAMPLES:
+        f = [statistics.median(r["first_ms"] for r in results[(e, m)]) for m in modes]
+        s = [statistics.median(r["steady_ms"] for r in results[(e, m)]) for m in modes]
+        print(f"| `{Path(e).stem}` | {f[0]:.1f} → {f[1]:.1f} | {s[0]:.3f} → {s[1]:.3f} ({s[1] / s[0]:.3f}×) |")
+    print()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=12)
@@ -188,8 +238,18 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="OMP/MKL threads in the examples (default 1)")
     p.add_argument("--examples", default=",".join(DEFAULT_EXAMPLES))
     p.add_argument("--e2e", type=int, default=0, metavar="N", help="also run `gpuadvise profile` N times per mode")
+    p.add_argument("--compiled", type=int, default=0, metavar="N",
+                   help="part 3 only: the torch.compile recorder on and off, N runs each")
+    p.add_argument("--backend", default="inductor", help="torch.compile backend for part 3")
     p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--compile-child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.compile_child:
+        compile_child(*args.compile_child, args.backend)
+        return
+    if args.compiled:
+        part3(args)
+        return
     if args.child:
         child(args.child, args.rounds, args.seg)
         return

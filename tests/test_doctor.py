@@ -58,7 +58,8 @@ def test_json_has_every_field(planted):
     torch = pytest.importorskip("torch")
     assert set(planted) == {"gpuadvise", "facts", "checks", "summary"}
     f = planted["facts"]
-    assert set(f) == {"python", "platform", "torch", "gpus", "settings", "env", "cpu", "shm", "driver", "triton"}
+    assert set(f) == {"python", "platform", "torch", "gpus", "settings", "env", "cpu", "shm", "driver", "triton",
+                      "compile"}
     assert f["python"]["version"] == ".".join(map(str, sys.version_info[:3]))
     t = f["torch"]
     assert t["installed"] is True and t["version"] == torch.__version__
@@ -71,12 +72,14 @@ def test_json_has_every_field(planted):
     assert f["settings"]["cudnn_benchmark"] is False and f["settings"]["anomaly_detection"] is False  # torch's defaults
     assert f["cpu"]["logical"] == os.cpu_count()
     assert set(f["triton"]) == {"installed", "version"}
+    assert f["compile"] == {"structured_trace": True}  # torch >= 2.2 ships torch._logging's structured trace
     # checks: ids unique, verdicts known, the summary counts them
     ids = [c["id"] for c in planted["checks"]]
     assert len(ids) == len(set(ids))
     assert all(c["verdict"] in checks.VERDICTS and c["label"] and isinstance(c["value"], str) for c in planted["checks"])
     assert planted["summary"] == {v: sum(c["verdict"] == v for c in planted["checks"]) for v in checks.VERDICTS}
-    for required in ("python", "torch", "cuda", "tf32", "deterministic", "anomaly", "alloc_conf", "cpu", "shm", "triton"):
+    for required in ("python", "torch", "cuda", "tf32", "deterministic", "anomaly", "alloc_conf", "cpu", "shm", "triton",
+                     "compile"):
         assert required in ids, required
 
 
@@ -391,3 +394,10 @@ def test_cudnn_version_formats():
     assert checks._cudnn_version(91900, "cuda") == "9.19.0"
     assert checks._cudnn_version(90100, "cuda") == "9.1.0"
     assert checks._cudnn_version(8902, "cuda") == "8.9.2"
+
+
+def test_compile_recording_says_what_an_older_torch_cannot_give():
+    new = by_id({"checks": checks.judge(gpu_facts(compile={"structured_trace": True}))})["compile"]
+    old = by_id({"checks": checks.judge(gpu_facts(compile={"structured_trace": False}))})["compile"]
+    assert new["verdict"] == "ok" and "file:line" in new["note"]
+    assert old["verdict"] == "info" and "without file:line" in old["note"]

@@ -125,3 +125,36 @@ def test_volta_has_fp16_tensor_cores_only_and_pascal_none():
 def test_pinned_bandwidth_follows_the_pcie_generation():
     assert pinned_copy_gbps(Device(0, "NVIDIA H100 80GB HBM3", 9, 0)) > pinned_copy_gbps(Device(0, "NVIDIA A100", 8, 0)) \
         > pinned_copy_gbps(Device(0, "Tesla V100", 7, 0))
+
+
+# -- compiled work (issue 22) -------------------------------------------------------------------------
+@pytest.mark.parametrize("name, kind", [
+    ("triton_poi_fused__unsafe_view_mul_silu_2", "pointwise"),
+    ("triton_red_fused_add_mean_mul_pow_rsqrt_0", "reduction"),
+    ("triton_per_fused_native_layer_norm_3", "persistent reduction"),
+    ("triton_tem_fused_addmm_relu_0", "template GEMM"),
+    ("cpp_fused_add_relu_0", "C++ fused"),
+    ("ampere_sgemm_64x64_nn", None),
+    ("void at::native::vectorized_elementwise_kernel<4, triton_poi_like>", None),  # a name *containing* it
+])
+def test_inductor_kernels_are_named_by_kind(name, kind):
+    from gpuadvise.analyzer.model.kernels import inductor_kind
+
+    assert inductor_kind(name) == kind
+
+
+@pytest.mark.parametrize("name, compiled", [
+    ("Torch-Compiled Region: 0/0", True), ("CompiledFunction", True), ("CompiledFunctionBackward", True),
+    ("## Call CompiledFxGraph fal4xpiah2v6", True), ("TorchDynamo Cache Lookup", False),
+    ("CompiledFunctionFoo", False), ("aten::addmm", False),
+])
+def test_compiled_region_spans(name, compiled):
+    from gpuadvise.analyzer.model.kernels import is_compiled_region
+
+    assert is_compiled_region(name) is compiled
+
+
+def test_template_gemm_is_still_a_matmul():
+    # the templated GEMM Inductor generates is matrix work; its pointwise neighbours are not
+    assert is_matmul_like("triton_tem_fused_mm_2")
+    assert not is_matmul_like("triton_poi_fused_add_relu_0")

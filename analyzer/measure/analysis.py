@@ -9,6 +9,7 @@ from __future__ import annotations
 from functools import cached_property
 
 from . import whatif
+from .compiled import CompiledTrace, compiled_trace
 from .calibration import Calibration, calibrate, scenario_on, unprofiled_step_ms
 from gpuadvise.analyzer.model.calls import TRAINING
 from gpuadvise.analyzer.model.kernels import has_matrix_units
@@ -41,6 +42,13 @@ class Analysis:
     def matrix_units(self) -> bool | None:
         names = self.metrics.kernels["name"].head(200) if len(self.metrics.kernels) else []
         return has_matrix_units(self.device, self.model.meta.platform, names)
+
+    @cached_property
+    def compiled(self) -> CompiledTrace | None:
+        """torch.compile's share of each step in the trace (compiled.py); None without compiled work."""
+        if self.model is None or self.metrics is None:
+            return None
+        return compiled_trace(self.model, self.metrics)
 
     @cached_property
     def replay(self) -> whatif.Replay | None:

@@ -202,3 +202,28 @@ def pinned_copy_gbps(device: Device | None) -> float:
         return 12.0
     cc = (device.compute_major, device.compute_minor or 0)
     return next(g for floor, g in _PINNED_GBPS if cc >= floor)
+
+
+# -- compiled work (torch.compile / Inductor) ------------------------------------------------------------
+# Inductor names its generated Triton kernels by kind: pointwise, reduction, persistent reduction,
+# templated GEMM/conv (`triton_tem_…`); C++ kernels on the CPU are `cpp_fused_…`. The compiled region
+# itself is a CPU span: dynamo's `Torch-Compiled Region: 0/0`, AOTAutograd's `CompiledFunction`
+# (and `CompiledFunctionBackward`), Inductor's `## Call CompiledFxGraph <hash>` annotation. CUDA-graph
+# launches are `calls.GRAPH_LAUNCHES`.
+INDUCTOR_KERNEL = re.compile(r"^(triton_(poi|red|per|tem|for)_|cpp_fused_)")
+COMPILED_REGION = re.compile(r"^(Torch-Compiled Region|CompiledFunction(Backward)?$|## Call CompiledFxGraph)")
+
+_INDUCTOR_KINDS = {"poi": "pointwise", "red": "reduction", "per": "persistent reduction", "tem": "template GEMM",
+                   "for": "foreach"}
+
+
+def inductor_kind(name: str) -> str | None:
+    """What an Inductor-generated kernel does, from its name; None for every other kernel."""
+    m = INDUCTOR_KERNEL.match(name)
+    if not m:
+        return None
+    return _INDUCTOR_KINDS.get(m.group(2), "C++ fused") if m.group(2) else "C++ fused"
+
+
+def is_compiled_region(name: str) -> bool:
+    return bool(COMPILED_REGION.match(name))

@@ -171,3 +171,64 @@ def optimizers(facts: dict, cls: str | None = None) -> list[OptimizerFact]:
         out.append(OptimizerFact(cls=_str(e.get("class")) or "?", foreach=_bool(e.get("foreach")),
                                  fused=_bool(e.get("fused")), params=_int(e.get("params")), param_devices=devices))
     return [o for o in out if cls is None or o.cls == cls]
+
+
+# -- torch.compile (issue 22) ------------------------------------------------------------------------
+def compiled(facts: dict) -> dict:
+    """run.json's `compiled` (what torch.compile did while the script ran); {} when it never compiled."""
+    return _dict(facts.get("compiled"))
+
+
+def step_times_ms(facts: dict) -> dict[int, float]:
+    """Every timed step (run.json `steps`: number → ms), in and out of the profiled window."""
+    steps = _dict(facts.get("steps"))
+    numbers, ms = steps.get("number"), steps.get("ms")
+    if not isinstance(numbers, list) or not isinstance(ms, list):
+        return {}
+    return {n: float(v) for n, v in zip(numbers, ms)
+            if isinstance(n, int) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0}
+
+
+COMPILE_WARMUP_STEPS = 2  # steps 0 and 1 compile (and recompile once for grad mode / automatic dynamic) by design
+
+
+def _compile_list(v) -> list[dict]:
+    return [e for e in v if isinstance(e, dict)] if isinstance(v, list) else []
+
+
+def _seconds(v) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else 0.0
+
+
+def compile_events(facts: dict) -> list[dict]:
+    """Each frame compile `gpuadvise profile` recorded, `seconds` made a float (0.0 when missing)."""
+    return [dict(c, seconds=_seconds(c.get("seconds"))) for c in _compile_list(compiled(facts).get("compiles"))]
+
+
+def recompiles_after_warmup(facts: dict) -> list[dict]:
+    """Recompilations from step COMPILE_WARMUP_STEPS on, each with its compile seconds when recorded."""
+    seconds = {c.get("compile_id"): c["seconds"] for c in compile_events(facts)}
+    return [dict(r, seconds=seconds.get(r.get("compile_id"), 0.0))
+            for r in _compile_list(compiled(facts).get("recompiles")) if (_int(r.get("step")) or -1) >= COMPILE_WARMUP_STEPS]
+
+
+def compile_seconds_by_step(facts: dict) -> dict[int, float]:
+    """Seconds spent compiling in each step (run.json step numbers)."""
+    out: dict[int, float] = {}
+    for k, v in (compiled(facts).get("compile_seconds_per_step") or {}).items():
+        try:
+            out[int(k)] = out.get(int(k), 0.0) + _seconds(v)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def graph_break_sites(facts: dict) -> list[dict]:
+    """One entry per graph-break site: `where` (user file:line or None), `reason`, `count`, `steps`."""
+    return _compile_list(compiled(facts).get("graph_breaks"))
+
+
+def window_steps(facts: dict) -> list[int]:
+    """The step numbers (as run.json's `steps` counts them) that the profiler recorded."""
+    steps = facts.get("steps") if isinstance(facts.get("steps"), dict) else {}
+    return [n for n, p in zip(steps.get("number") or [], steps.get("phase") or []) if p == "active" and isinstance(n, int)]

@@ -26,6 +26,7 @@ import time
 import traceback
 from pathlib import Path
 
+from . import compiled  # issue 22: torch.compile recording
 from . import facts as facts_mod
 from . import quiet, runfolder, writers
 from .stepsources import SOURCES, StepSources
@@ -76,6 +77,7 @@ class Session:
         quiet.ignore_profiler_warnings()
         try:
             facts_mod.install(torch)
+            compiled.install(torch, lambda: (self.steps, self._phase(self.steps)))  # issue 22: compile facts
             self.prof = self.window.profiler(torch, self.config, self._on_trace_ready)
             with quiet.quiet_fd2():
                 self.prof.start()

@@ -45,6 +45,7 @@ def judge(facts: dict, workers: int | None = None) -> list[dict]:
     _cpu_line(add, facts.get("cpu") or {}, t, len(gpus), workers)
     _shm_line(add, facts.get("shm"))
     _triton_line(add, facts.get("triton") or {}, t)
+    _compile_line(add, facts.get("compile") or {}, t)
     return out
 
 
@@ -297,6 +298,20 @@ def _triton_line(add, tr: dict, t: dict) -> None:
             "(pip install triton; CUDA wheels of torch normally bring it)")
     else:
         add("triton", "Triton (torch.compile)", value, "info", "not needed on the CPU: Inductor generates C++ there")
+
+
+def _compile_line(add, c: dict, t: dict) -> None:
+    """What `gpuadvise profile` can tell about a compiled model with this torch (issue 22)."""
+    if not t.get("installed"):
+        return
+    if c.get("structured_trace"):
+        add("compile", "torch.compile recording", "structured trace", "ok",
+            "profile records each graph break with its file:line, each recompile with its failing guard, "
+            "compile time per step")
+    else:
+        add("compile", "torch.compile recording", "counters only", "info",
+            "this torch has no structured trace (torch < 2.2): profile records graph-break reasons and graph "
+            "counts, without file:line or recompile reasons")
 
 
 def _size(n: float) -> str:

@@ -81,6 +81,12 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "torch.compile writes debug traces and the generated code of every graph it compiles"),
     EnvVar("TORCHDYNAMO_DISABLE", _when("warn", _truthy),
            "torch.compile is switched off: compiled models run eagerly"),
+    EnvVar("TORCHINDUCTOR_FORCE_DISABLE_CACHES", _when("warn", _truthy),
+           "Inductor's caches are off: every run compiles every graph from scratch"),
+    EnvVar("TORCHDYNAMO_CAPTURE_SCALAR_OUTPUTS", lambda v: "info",
+           "dynamo traces `.item()` into the graph instead of breaking it there"),
+    EnvVar("TORCH_TRACE", lambda v: "info" if v.strip() else "ok",
+           "torch.compile writes its structured trace (tlparse) to this folder"),
     EnvVar("TORCH_LOGS", lambda v: "info" if v.strip() else "ok",
            "torch.compile / distributed logging; verbose artifacts slow compilation down"),
     EnvVar("CUBLAS_WORKSPACE_CONFIG", lambda v: "info" if v.strip() else "ok",
@@ -371,6 +377,21 @@ def triton_facts() -> dict:
     return {"installed": found, "version": version if found else None}
 
 
+def compile_facts(torch=None) -> dict:
+    """What `gpuadvise profile` can record about torch.compile with this torch (found without importing
+    dynamo): the structured trace (torch >= 2.2: graph breaks with their file:line, recompiles with their
+    guard, compile time per frame) or only dynamo's counters (older torch)."""
+    import importlib.util
+
+    if torch is None:
+        return {"structured_trace": None}
+    try:
+        found = importlib.util.find_spec("torch._logging._internal") is not None
+    except (ImportError, ValueError):
+        found = False
+    return {"structured_trace": found}
+
+
 def python_facts() -> dict:
     return {"version": platform.python_version(), "implementation": platform.python_implementation(),
             "executable": sys.executable}
@@ -394,6 +415,7 @@ def collect(torch=None, torch_error: str | None = None, free_memory: bool = Fals
         facts["torch"] = torch_facts(torch)
         facts["gpus"] = gpu_facts(torch, free_memory=free_memory)
         facts["settings"] = backend_flags(torch)
+        facts["compile"] = compile_facts(torch)
     return facts
 
 
