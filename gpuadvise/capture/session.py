@@ -41,7 +41,7 @@ from collections import deque
 from pathlib import Path
 
 from . import facts as facts_mod
-from . import quiet, runfolder, shapes
+from . import loaderprobe, quiet, runfolder, shapes
 from .steptimes import StepTimes
 
 PREFIX = "gpuadvise> "
@@ -85,6 +85,7 @@ class Session:
         self._probe_events: list | None = None
         self._next_after_write = 1
         self.times = StepTimes()
+        self._loader: loaderprobe.Probe | None = None  # issue 23: DataLoader sampling (capture/loaderprobe.py)
         self.memory_steps = 0  # CUDA memory history steps after the window (set at start: GPU only)
         c = config
         self.W, self.w, self.a = c["wait"], c["warmup"], c["active"]
@@ -149,6 +150,7 @@ class Session:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         register_optimizer_step_post_hook(self._after_optimizer_step)
+        self._start_loader_probe(torch)  # issue 23: before our __next__ hook, so its timing leaves our step work out
         self._hook_dataloader(torch)
         self._hook_fallbacks(torch)
 
@@ -156,6 +158,7 @@ class Session:
         """At the end of the script: record what happened to the capture (the trace is already written)."""
         try:
             self.times.close(wait_for_gpu=exit_code == 0)
+            self._loader_window(False)  # issue 23
             self._end_probe(keep=False)
             if self.prof is not None and self.done:
                 try:
@@ -175,6 +178,8 @@ class Session:
             elif self.memory_history:  # the script ended inside the memory window: what was recorded is valid
                 self._stop_memory_history(dump=True)
             self._write_status(exit_code=exit_code)
+            if self._loader is not None:  # issue 23: its per-process files are merged into run.json now
+                self._loader.cleanup()
         except Exception:  # nothing may escape at exit either
             pass
 
@@ -277,6 +282,7 @@ class Session:
             self.status["step_error"] = repr(exc)
         finally:
             self.times.begin(k, self._phase(k), source)
+            self._loader_window(self._phase(k) == "active")  # issue 23: DataLoader sampling only in recorded steps
         if stop:
             raise StopAfterCapture(0)
 
@@ -415,6 +421,27 @@ class Session:
         return (f" (steps marked by {SOURCES[self.fallback]} calls: no optimizer.step() or DataLoader batch "
                 "was seen; call gpuadvise.step() once per iteration to mark the steps yourself)")
 
+    # -- issue 23: where the DataLoader's time goes (capture/loaderprobe.py) ---------------------------------
+    def _start_loader_probe(self, torch) -> None:
+        if not self.config.get("loader_probe", True):
+            return
+        if not loaderprobe.available():
+            self.status["loader"] = "not sampled: pyinstrument is not installed (pip install 'gpuadvise[profile]')"
+            return
+        try:
+            probe = loaderprobe.Probe(str(self.out))
+            probe.install(torch)
+            self._loader = probe
+        except Exception as exc:
+            self.status["loader"] = f"not sampled: {type(exc).__name__}: {exc}"
+
+    def _loader_window(self, on: bool) -> None:
+        if self._loader is not None:
+            try:
+                self._loader.window(on and not self.failed)
+            except Exception:
+                pass
+
     # -- CUDA memory ----------------------------------------------------------------------------------
     def _start_memory_history(self) -> None:
         try:
@@ -496,6 +523,11 @@ class Session:
                 data["settings"] = facts_mod.backend_flags(torch)
             except Exception:
                 pass
+        if self._loader is not None:  # issue 23: run.json's `loader`
+            try:
+                data["loader"] = self._loader.summary()
+            except Exception as exc:
+                data["loader"] = {"error": repr(exc)}
         f = facts_mod.facts()
         data.update({k: [dict((kk, vv) for kk, vv in d.items() if kk != "id") for d in v] for k, v in f.items()})
         if exit_code is not None:
