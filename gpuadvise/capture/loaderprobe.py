@@ -147,6 +147,7 @@ class Probe:
         self.gaps_ns: list[int] = []
         self._returned: int | None = None
         self.workers: set[int] = set()  # num_workers of the loaders iterated inside the window
+        self.recorded: list[list] = []  # [start, end] wall-clock seconds (time.time()) of each recording
 
     def install(self, torch) -> None:
         global _RECORDER
@@ -193,6 +194,10 @@ class Probe:
             return
         self.main.on = on
         self._returned = None
+        if on:
+            self.recorded.append([time.time(), None])
+        elif self.recorded:
+            self.recorded[-1][1] = time.time()
         flag = os.path.join(self.folder, FLAG)
         try:
             if on:
@@ -217,7 +222,9 @@ class Probe:
                 continue
         if not parts and not self.waits_ns:
             return None
-        return merge(parts, self.waits_ns, self.gaps_ns, sorted(self.workers))
+        out = merge(parts, self.waits_ns, self.gaps_ns, sorted(self.workers))
+        out["recorded"] = [list(r) for r in self.recorded]
+        return out
 
     def cleanup(self) -> None:
         """Remove the per-process files once run.json holds their merge."""
