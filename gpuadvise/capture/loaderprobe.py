@@ -8,7 +8,8 @@ only while the window records:
 - the fetcher (`torch.utils.data._utils.fetch`) is wrapped: per batch, the build time, the time in
   `collate_fn` (the rest is `__getitem__` / `__getitems__` / the iterable's `next`), the samples;
 - workers get the wrapper through the DataLoader's `worker_init_fn`, chained: the user's own function
-  still runs, first (`WorkerInit`, picklable, so spawned workers get it too);
+  still runs, first (`WorkerInit`, picklable, so spawned workers get it too); it is put in place only
+  while the iterator starts its workers, so the user's DataLoader object keeps its own;
 - workers learn that the window records from a flag file in the run folder (they are separate
   processes, forked or spawned) and each writes what it measured to a small JSON file beside it;
 - the training process times its wait for each batch (`__next__`) and the time between batches
@@ -157,18 +158,23 @@ class Probe:
         _RECORDER = self.main
         _patch_fetchers()
         probe = self
-        original_init = dl.DataLoader.__init__
+        original_init = dl._MultiProcessingDataLoaderIter.__init__
 
         @functools.wraps(original_init)
-        def __init__(loader, *a, **k):
-            original_init(loader, *a, **k)
+        def __init__(it, loader, *a, **k):
+            # the iterator reads loader.worker_init_fn as it starts the workers: ours, chained, for that
+            # moment only (the user's loader keeps its own; loaders built before gpuadvise started count too)
+            user_fn = loader.worker_init_fn
+            chained = not isinstance(user_fn, WorkerInit)
+            if chained:
+                object.__setattr__(loader, "worker_init_fn", WorkerInit(user_fn, probe.folder))
             try:
-                if loader.num_workers > 0 and not isinstance(loader.worker_init_fn, WorkerInit):
-                    loader.worker_init_fn = WorkerInit(loader.worker_init_fn, probe.folder)
-            except Exception:
-                pass
+                original_init(it, loader, *a, **k)
+            finally:
+                if chained:
+                    object.__setattr__(loader, "worker_init_fn", user_fn)
 
-        dl.DataLoader.__init__ = __init__
+        dl._MultiProcessingDataLoaderIter.__init__ = __init__
         original_next = dl._BaseDataLoaderIter.__next__
 
         @functools.wraps(original_next)
