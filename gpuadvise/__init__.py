@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from gpuadvise.version import __version__
 __all__ = ["analyze", "capture", "step", "Report", "Finding", "Capture", "InputError", "__version__"]
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 
-from gpuadvise import __version__
+from gpuadvise.version import __version__
 
 KEEP_TABLE_ROWS = 300  # kernels / ops per side kept for the diff (by total time)
 TOP_CHANGES = 10

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from gpuadvise import __version__
+from gpuadvise.version import __version__
 
 from gpuadvise.analyzer.model.report import TraceReport, all_findings
 
