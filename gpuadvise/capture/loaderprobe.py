@@ -50,6 +50,7 @@ class Recorder:
         self.sampled_s = 0.0
         self.fetch_kind: str | None = None
         self.functions: dict[tuple[str, str, int], float] = {}  # (function, file, line) → seconds inside it
+        self._pending: list = []  # sampled sessions not yet added to `functions`
 
     def recording(self) -> bool:
         if os.getpid() != self.pid:  # a process forked without our worker_init_fn: not ours to record
@@ -86,9 +87,11 @@ class Recorder:
         self.collate_ns += spent[0]
         self.samples += _samples(fetcher, index)
         self.fetch_kind = self.fetch_kind or _fetch_kind(fetcher)
-        self._add(session)
-        if self.flag_file:
+        if self.flag_file:  # a worker: the training process may read its file at any time
+            self._add(session)
             self.write()
+        else:  # the training process: the tree is built later, outside the recorded steps
+            self._pending.append(session)
         return batch
 
     def _add(self, session) -> None:
@@ -108,6 +111,9 @@ class Recorder:
             stack.extend((child, inner) for child in frame.children)
 
     def to_dict(self) -> dict:
+        pending, self._pending = self._pending, []
+        for session in pending:
+            self._add(session)
         return {"role": self.role, "pid": self.pid, "batches": self.batches, "samples": self.samples,
                 "build_ms": self.build_ns / 1e6, "collate_ms": self.collate_ns / 1e6, "sampled_ms": self.sampled_s * 1e3,
                 "fetch_kind": self.fetch_kind,
