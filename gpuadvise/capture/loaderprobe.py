@@ -326,7 +326,7 @@ def _fetch_kind(fetcher) -> str:
 
 def _user_code(path: str) -> bool:
     """The user's own files: not the standard library, not installed packages, not gpuadvise."""
-    if path.startswith("<") or path.startswith(_OWN_DIR):
+    if path.startswith("<") or path.startswith(_OWN_DIR + os.sep):
         return False
     if "site-packages" in path or "dist-packages" in path:
         return False
