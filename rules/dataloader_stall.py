@@ -33,6 +33,13 @@ threshold for its DataLoader recommendation). Severity follows the predicted sav
 medium from 3 %. When the fix adds worker processes, the replay also slows the training thread's own
 CPU work by 10 %: workers compete with it for cores (measured 10–25 % slower ops in the kineto
 ResNet-50 `num_workers` 0 → 4 pair).
+When `gpuadvise profile` sampled the loading (run.json `loader`), the prediction uses what it
+measured instead: k workers that each build a batch in B ms deliver one every B/k ms; a step that
+uses one every C ms (time between batches) then waits max(0, B/k − C) per batch. k is the number
+that keeps up (⌈B/C⌉), capped by the free cores (usable cores − the training process − the
+workers already running); the replay shrinks each wait to what is left. No free core: no saving is
+predicted from workers, and the advice is to make `__getitem__` cheaper. The message names the
+user's function with the largest share of the build (the dataset's own `__getitem__` left out).
 """
 
 from __future__ import annotations
