@@ -60,7 +60,6 @@ MULTI = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
 class DataloaderStall(Rule):
     code = "GA102"
     name = "dataloader-stall"
-    topic = "dataloader-stall"
     title = "Training waits on the DataLoader"
     thresholds = {"min_step_share_pct": 5.0, "worker_cpu_contention": 1.10}
 
@@ -94,7 +93,7 @@ class DataloaderStall(Rule):
             saving = share * (1 - left)
             basis = "share of step time (no GPU timeline to replay)" + (f"; {plan['scenario']}" if plan is not None else "")
         sources = sorted({s for s in in_window["source"] if s})
-        loaders = a.facts.get("dataloaders", [])
+        loaders = runfacts.dataloaders(a.facts)
         kind = "single-process (`num_workers=0`)" if single else "multi-process"
         message = (f"The {kind} DataLoader takes {share:.1f}% of step time: a median {per_step_ms:.1f} ms of each "
                    f"{step_ms:.1f} ms step is spent waiting for the next batch, with no GPU work being launched.")
@@ -103,11 +102,11 @@ class DataloaderStall(Rule):
         else:
             advice = "Workers are in use but cannot keep up: add workers, prefetch more, or make each sample cheaper."
         for d in loaders:
-            if d.get("num_workers") == 0 or not d.get("pin_memory"):
-                where = d.get("created_at", "?")
-                advice += (f"\nThe DataLoader created at {where} has num_workers={d.get('num_workers')}, "
-                           f"pin_memory={d.get('pin_memory')}, prefetch_factor={d.get('prefetch_factor')}, "
-                           f"persistent_workers={d.get('persistent_workers')}.")
+            if d.num_workers == 0 or not d.pin_memory:
+                where = d.created_at
+                advice += (f"\nThe DataLoader created at {where} has num_workers={d.num_workers}, "
+                           f"pin_memory={d.pin_memory}, prefetch_factor={d.prefetch_factor}, "
+                           f"persistent_workers={d.persistent_workers}.")
                 sources.append(where)
         if measured:
             message += " " + loading_sentence(measured, plan)
@@ -164,7 +163,7 @@ def hot_functions(measured: dict) -> list[dict]:
 
 def function_items(measured: dict) -> list[dict]:
     return [{"name": f["function"], "where": f"{f['file']}:{f['line']}", "share_of_build_pct": f["share_pct"],
-             "ms_per_batch": f["ms_per_batch"]} for f in measured["functions"]]
+             "per_batch_ms": f["ms_per_batch"]} for f in measured["functions"]]
 
 
 def more_workers(measured: dict, cpus: int | None, waits) -> dict | None:
@@ -220,9 +219,9 @@ def workers_advice(measured: dict, plan: dict | None) -> str:
 
 
 def loading_numbers(measured: dict, plan: dict | None) -> dict:
-    out = {"build_ms_per_batch": measured["build_ms_per_batch"], "fetch_ms_per_sample": measured["fetch_ms_per_sample"],
-           "collate_ms_per_batch": measured["collate_ms_per_batch"], "num_workers": measured["num_workers"],
-           "between_batches_ms": measured["between_batches_ms"], "wait_ms_per_batch": measured["wait_ms_per_batch"]}
+    out = {"build_per_batch_ms": measured["build_ms_per_batch"], "fetch_per_sample_ms": measured["fetch_ms_per_sample"],
+           "collate_per_batch_ms": measured["collate_ms_per_batch"], "num_workers": measured["num_workers"],
+           "between_batches_ms": measured["between_batches_ms"], "wait_per_batch_ms": measured["wait_ms_per_batch"]}
     if plan is not None:
         out.update(free_cores=plan["free_cores"], suggested_num_workers=plan["workers"])
     return out

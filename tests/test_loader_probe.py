@@ -116,7 +116,7 @@ def test_stall_finding_names_the_slow_function_and_the_build_time(tmp_path, work
                   if any(a <= float(start) <= b for a, b in windows)]
     assert len(per_sample) >= BATCH
     measured_ms = 1e3 * BATCH * sum(per_sample) / len(per_sample)
-    build_ms = f.evidence["numbers"]["build_ms_per_batch"]
+    build_ms = f.evidence["numbers"]["build_per_batch_ms"]
     assert abs(build_ms - measured_ms) <= 0.25 * measured_ms, (build_ms, measured_ms)
     assert f.evidence["numbers"]["num_workers"] == workers
 

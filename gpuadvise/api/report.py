@@ -1,8 +1,9 @@
 """`gpuadvise.analyze(...)`: the analysis as a `Report` object for scripts and notebooks.
 
-A `Report` is built from the JSON document the CLI writes (`--format json`), so its findings carry
-exactly the fields, numbers and predictions every other output shows; the markdown, HTML and JSON
-texts come from the same renderers as `gpuadvise analyze --format ...`.
+The analysis runs through analyzer.run's one entry point (`run.analyze`), and a `Report` is built
+from the JSON document the CLI writes (`--format json`), so its findings carry exactly the fields,
+numbers and predictions every other output shows; the markdown, HTML and JSON texts come from the
+same format registry as `gpuadvise analyze --format ...`.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ class Finding:
     severity: str  # "high", "medium", "low" or "info"
     title: str
     message: str  # what was measured
-    recommendation: str  # what to change (text, may hold a code block)
+    recommendation: str  # advice, then the rule's general fix (text, may hold a code block)
     saving_pct: float  # predicted share of today's step time the fix saves
     saving_basis: str  # how that was predicted
     saving_is_upper_bound: bool
     evidence: dict[str, Any] = field(default_factory=dict)  # steps, time ranges, items, sources, numbers
+    advice: str = ""  # what to do about this instance
+    fix: str = ""  # the rule's general fix (markdown from its docs)
     rank: int | None = None
     trace: str | None = None
 
@@ -39,7 +42,8 @@ class Finding:
         return cls(rule=d["rule"], topic=d["topic"], severity=d["severity"], title=d["title"], message=d["message"],
                    recommendation=d.get("recommendation", ""), saving_pct=float(impact.get("est_step_saving_pct", 0.0)),
                    saving_basis=impact.get("basis", ""), saving_is_upper_bound=bool(impact.get("upper_bound")),
-                   evidence=d.get("evidence") or {}, rank=d.get("rank"), trace=d.get("trace"))
+                   evidence=d.get("evidence") or {}, advice=d.get("advice", ""), fix=d.get("fix", ""),
+                   rank=d.get("rank"), trace=d.get("trace"))
 
 
 class Report:
@@ -104,12 +108,12 @@ def analyze(path_or_paths: PathLike | Sequence[PathLike]) -> Report:
 
     Raises `gpuadvise.InputError` (one line naming the file and the problem) for bad input.
     """
+    from gpuadvise.analyzer import run
     from gpuadvise.analyzer.report import render
-    from gpuadvise.analyzer.run.engine import analyze_paths
 
     if isinstance(path_or_paths, (str, os.PathLike)):
         paths = [os.fspath(path_or_paths)]
     else:
         paths = [os.fspath(p) for p in path_or_paths]
-    reports = analyze_paths(paths)
+    reports = run.analyze(run.resolve_inputs(paths))
     return Report(reports, json.loads(render(reports, "json")))

@@ -215,10 +215,10 @@ def _summary(out: Path, r) -> None:
                   file=sys.stderr)
         return
     try:
-        from gpuadvise.analyzer.run.engine import analyze_paths
+        from gpuadvise.analyzer import run as analysis
         from gpuadvise.analyzer.report.text import render
 
-        reports = analyze_paths([str(out)])
+        reports = analysis.analyze([str(out)])
         print(render(reports, top=3, prefix=PREFIX), end="", file=sys.stderr)
     except Exception as exc:  # the run folder is intact; analysis can be rerun
         print(f"{PREFIX}analysis failed ({type(exc).__name__}: {exc}); the run folder is intact", file=sys.stderr)
