@@ -33,7 +33,7 @@ threshold for its DataLoader recommendation). Severity follows the predicted sav
 medium from 3 %. When the fix adds worker processes, the replay also slows the training thread's own
 CPU work by 10 %: workers compete with it for cores (measured 10–25 % slower ops in the kineto
 ResNet-50 `num_workers` 0 → 4 pair).
-When `gpuadvise profile` sampled the loading (run.json `loader`), the prediction uses what it
+When `gpuadvise profile` sampled the loading (run.json `capture.loader`), the prediction uses what it
 measured instead: k workers that each build a batch in B ms deliver one every B/k ms; a step that
 uses one every C ms (time between batches) then waits max(0, B/k − C) per batch. k is the number
 that keeps up (⌈B/C⌉), capped by the free cores (usable cores − the training process − the
@@ -150,7 +150,7 @@ class DataloaderStall(Rule):
         return b
 
 
-# -- issue 23: what `gpuadvise profile` measured of the loading (run.json `loader`) ------------------------
+# -- issue 23: what `gpuadvise profile` measured of the loading (run.json `capture.loader`) ------------------------
 
 ENTRY_POINTS = {"__getitem__", "__getitems__", "__iter__", "__next__"}
 

@@ -92,7 +92,7 @@ def test_stall_finding_names_the_slow_function_and_the_build_time(tmp_path, work
     assert proc.returncode == 0, proc.stderr
     if workers:
         assert sorted(p.name for p in log.glob("init-*")) == ["init-0", "init-1"]  # the user's worker_init_fn ran
-    loader = json.loads((run / "run.json").read_text())["loader"]
+    loader = json.loads((run / "run.json").read_text())["capture"]["loader"]
     assert loader["num_workers"] == workers
     assert loader["processes"] == ({"main": 0, "workers": 2} if workers else {"main": 1, "workers": 0})
     assert not (run / ".gpuadvise-loader").exists()  # the per-process files were merged and removed
@@ -129,11 +129,11 @@ def _run_folder(tmp_path: Path, usable_cpus: int, workers: int = 0) -> Path:
     b.facts = {
         "environment": {"machine": {"cpu": {"logical": usable_cpus, "usable": usable_cpus, "cgroup_limit": None}}},
         "dataloaders": [{"created_at": "train.py:12", "num_workers": workers, "pin_memory": True}],
-        "loader": {"num_workers": workers, "build_ms_per_batch": 20.0, "between_batches_ms": 4.0,
+        "capture": {"loader": {"num_workers": workers, "build_ms_per_batch": 20.0, "between_batches_ms": 4.0,
                    "wait_ms_per_batch": 20.0, "fetch_ms_per_sample": 5.0, "collate_ms_per_batch": 0.1,
                    "fetch": "__getitem__",
                    "functions": [{"function": "decode_image", "file": "dataset.py", "line": 41, "share_pct": 71.0,
-                                  "ms_per_batch": 14.2}]},
+                                  "ms_per_batch": 14.2}]}},
     }
     return b.write_run_folder(tmp_path / f"run{usable_cpus}")
 

@@ -755,12 +755,12 @@ def test_stall_detail_pane_shows_where_loading_time_goes(tmp_path):
     # issue 23: a run folder whose run.json holds the DataLoader sampling (`gpuadvise profile`'s `loader`)
     b = find_rule("dataloader-stall").positive()
     b.facts = {"environment": {"machine": {"cpu": {"logical": 8, "usable": 8, "cgroup_limit": None}}},
-               "loader": {"num_workers": 0, "build_ms_per_batch": 20.0, "between_batches_ms": 4.0,
+               "capture": {"loader": {"num_workers": 0, "build_ms_per_batch": 20.0, "between_batches_ms": 4.0,
                           "fetch_ms_per_sample": 0.6, "collate_ms_per_batch": 0.4, "wait_ms_per_batch": 20.0,
                           "functions": [{"function": "__getitem__", "file": "data/ds.py", "line": 30, "share_pct": 98.0,
                                          "ms_per_batch": 19.6},
                                         {"function": "decode_image", "file": "data/ds.py", "line": 41,
-                                         "share_pct": 71.0, "ms_per_batch": 14.2}]}}
+                                         "share_pct": 71.0, "ms_per_batch": 14.2}]}}}
     reports = analyze_paths([str(b.write_run_folder(tmp_path / "run"))])
 
     async def go():

@@ -148,7 +148,7 @@ def optimizers(facts: dict, cls: str | None = None) -> list[OptimizerFact]:
     return [str(e.get("dtype")) for e in facts.get("autocast") or [] if isinstance(e, dict) and e.get("dtype")]
 
 
-# -- issue 23: where the DataLoader's time goes (run.json `loader`, written by capture/loaderprobe.py) --------
+# -- issue 23: where the DataLoader's time goes (run.json `capture.loader`, written by capture/loaderprobe.py) --------
 
 def _num(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 else None
@@ -164,8 +164,8 @@ def usable_cpus(facts: dict) -> int | None:
 
 
 def loader_profile(facts: dict) -> dict | None:
-    """run.json's `loader`, numbers checked: None without a measured batch build time."""
-    lp = _dict(facts.get("loader"))
+    """run.json's `capture.loader`, numbers checked: None without a measured batch build time."""
+    lp = _dict(_dict(facts.get("capture")).get("loader"))
     build = _num(lp.get("build_ms_per_batch"))
     if not build:
         return None

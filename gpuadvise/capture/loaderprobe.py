@@ -15,7 +15,9 @@ only while the window records:
 - the training process times its wait for each batch (`__next__`) and the time between batches
   (what one step spends on each batch when it does not wait).
 
-`summary()` merges it all into run.json's `loader` (documented in README, "run.json").
+`attach` registers it on the session's window hooks: on at the first recorded step, off when the
+window ends, when `summary()` merges it all into run.json's `capture.loader` (README, "Where the
+DataLoader's time goes") and the per-process files are removed.
 """
 
 from __future__ import annotations
@@ -122,9 +124,12 @@ class Recorder:
     def write(self) -> None:
         path = os.path.join(self.folder, f"{self.role}-{self.pid}.json")
         tmp = path + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump(self.to_dict(), fh)
-        os.replace(tmp, path)
+        try:  # a batch that began before the window closed may end after its folder is gone
+            with open(tmp, "w") as fh:
+                json.dump(self.to_dict(), fh)
+            os.replace(tmp, path)
+        except OSError:
+            pass
 
 
 class WorkerInit:
@@ -220,7 +225,7 @@ class Probe:
             pass
 
     def summary(self) -> dict | None:
-        """run.json's `loader`: None when no batch was waited for or built inside the window."""
+        """run.json's `capture.loader`: None when no batch was waited for or built inside the window."""
         parts = [self.main.to_dict()] if self.main.batches else []
         try:
             names = sorted(n for n in os.listdir(self.folder) if n.startswith("worker-") and n.endswith(".json"))
@@ -244,6 +249,33 @@ class Probe:
 
         self.window(False)
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def attach(session, torch) -> Probe | None:
+    """Install the probe for a profiling session: recording follows the session's window hooks."""
+    if not session.config.get("loader_probe", True):
+        return None
+    if not available():
+        session.status["loader"] = "not sampled: pyinstrument is not installed (pip install 'gpuadvise[profile]')"
+        return None
+    try:
+        probe = Probe(str(session.out))
+        probe.install(torch)
+    except Exception as exc:  # measuring must never break the user's script
+        session.status["loader"] = f"not sampled: {type(exc).__name__}: {exc}"
+        return None
+
+    def on_start(s, k):
+        probe.window(True)
+
+    def on_stop(s, k, captured):
+        probe.window(False)
+        s.status["loader"] = probe.summary()
+        probe.cleanup()
+
+    session.hooks.on_start.append(on_start)
+    session.hooks.on_stop.append(on_stop)
+    return probe
 
 
 def merge(parts: list[dict], waits_ns: list[int], gaps_ns: list[int], workers: list[int]) -> dict:
