@@ -165,7 +165,6 @@ class Probe:
         global _RECORDER
         from torch.utils.data import dataloader as dl
 
-        os.makedirs(self.folder, exist_ok=True)
         _RECORDER = self.main
         _patch_fetchers()
         probe = self
@@ -217,7 +216,8 @@ class Probe:
             self.recorded[-1][1] = time.time()
         flag = os.path.join(self.folder, FLAG)
         try:
-            if on:
+            if on:  # the folder exists only while the window records (and until the summary)
+                os.makedirs(self.folder, exist_ok=True)
                 open(flag, "w").close()
             elif os.path.exists(flag):
                 os.unlink(flag)
