@@ -94,7 +94,10 @@ def test_stall_finding_names_the_slow_function_and_the_build_time(tmp_path, work
         assert sorted(p.name for p in log.glob("init-*")) == ["init-0", "init-1"]  # the user's worker_init_fn ran
     loader = json.loads((run / "run.json").read_text())["capture"]["loader"]
     assert loader["num_workers"] == workers
-    assert loader["processes"] == ({"main": 0, "workers": 2} if workers else {"main": 1, "workers": 0})
+    if workers:  # a worker whose batch is still being built when the window ends is not counted yet
+        assert loader["processes"]["main"] == 0 and 1 <= loader["processes"]["workers"] <= 2
+    else:
+        assert loader["processes"] == {"main": 1, "workers": 0}
     assert not (run / ".gpuadvise-loader").exists()  # the per-process files were merged and removed
 
     report = analyze(run)

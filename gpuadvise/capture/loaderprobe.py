@@ -248,7 +248,11 @@ class Probe:
         import shutil
 
         self.window(False)
-        shutil.rmtree(self.folder, ignore_errors=True)
+        for _ in range(5):  # a worker finishing a batch may write into it while it is being removed
+            shutil.rmtree(self.folder, ignore_errors=True)
+            if not os.path.exists(self.folder):
+                return
+            time.sleep(0.02)
 
 
 def attach(session, torch) -> Probe | None:
