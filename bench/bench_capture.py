@@ -12,7 +12,11 @@ cycling through the modes for `--rounds` rounds:
 - old defaults: what `gpuadvise profile` recorded before issue 12 (shapes on; on a GPU also CUDA
   memory history, which ran through the window);
 - new defaults: the window `gpuadvise profile` records now (no shapes: the matmul shapes come from
-  a probe step outside the window; CUDA memory history runs after it).
+  a probe step outside the window; CUDA memory history runs after it);
+- new defaults + loader sampling: the same with the DataLoader sampler on (capture/loaderprobe.py:
+  pyinstrument inside each batch build, the waits timed), as `gpuadvise profile` records the window
+  since issue 23. Its cost is on the training thread only with `num_workers=0` (train_stall.py);
+  with workers it is paid in the workers.
 Each step's wall time and thread CPU time are taken at the hook, outside the profiler's start/stop;
 the first step of every segment, and a step without profiler between segments, are dropped (for
 every mode alike). On a GPU this times the CPU side of each step (no synchronize is added); part 2's
@@ -50,7 +54,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 DEFAULT_EXAMPLES = ["train_small_ops.py", "train_healthy.py", "train_stall.py"]
-MODES = ["plain", "CPU activity only", "+ shapes", "+ stacks", "+ profile_memory", "old defaults", "new defaults"]
+MODES = ["plain", "CPU activity only", "+ shapes", "+ stacks", "+ profile_memory", "old defaults", "new defaults",
+         "new defaults + loader sampling"]
 
 
 # -- part 1: the child process that runs one example with the modes interleaved ------------------------
@@ -63,7 +68,13 @@ def child(example: str, rounds: int, seg: int) -> None:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     options = {"CPU activity only": {}, "+ shapes": {"record_shapes": True}, "+ stacks": {"with_stack": True},
                "+ profile_memory": {"profile_memory": True}, "old defaults": {"record_shapes": True},
-               "new defaults": {}}
+               "new defaults": {}, "new defaults + loader sampling": {}}
+    sys.path.insert(0, str(REPO))
+    from gpuadvise.capture import loaderprobe
+
+    probe_dir = tempfile.mkdtemp(prefix="bench-loader-")
+    probe = loaderprobe.Probe(probe_dir)
+    probe.install(torch)  # off until a segment switches it on: the other modes pay one flag check per batch
     try:  # what gpuadvise profile passes on torch >= 2.10: no Python event objects built at stop
         from torch.profiler import _ExperimentalConfig
         trace_only = {"experimental_config": _ExperimentalConfig(trace_only=True)}
@@ -79,6 +90,7 @@ def child(example: str, rounds: int, seg: int) -> None:
         if state["prof"] is not None:
             state["prof"].stop()
             state["prof"] = None
+        probe.window(False)
         if state["mem"]:
             torch.cuda.memory._record_memory_history(enabled=None)
             state["mem"] = False
@@ -86,10 +98,12 @@ def child(example: str, rounds: int, seg: int) -> None:
     def start(mode):
         if mode in options:
             kw = dict(options[mode])
-            if mode == "new defaults":
+            if mode.startswith("new defaults"):
                 kw.update(trace_only)
             state["prof"] = profile(activities=activities, **kw)
             state["prof"].start()
+        if mode == "new defaults + loader sampling":
+            probe.window(True)
         if mode == "old defaults" and cuda:
             torch.cuda.memory._record_memory_history(max_entries=100_000, stacks="python")
             state["mem"] = True

@@ -1,6 +1,44 @@
-"""gpuadvise: explains why PyTorch training leaves the GPU idle, and what to change."""
+"""gpuadvise: explains why PyTorch training leaves the GPU idle, and what to change.
 
-__version__ = "0.1.0"
+The public Python API (README, "From Python and notebooks"):
+- `analyze(path_or_paths) -> Report`: the findings for a run folder, trace or snapshot;
+- `capture(out) -> Capture`: `with gpuadvise.capture("runs/exp1") as cap:` profiles a block of code;
+- `step()`: marks the end of an iteration under `gpuadvise profile`;
+- `Report`, `Finding`, `Capture`, `InputError`: the types those return or raise.
+Everything else is internal.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from gpuadvise.version import __version__
+__all__ = ["analyze", "capture", "step", "Report", "Finding", "Capture", "InputError", "__version__"]
+
+if TYPE_CHECKING:
+    from gpuadvise.analyzer.errors import InputError
+    from gpuadvise.api.capture import Capture
+    from gpuadvise.api.report import Finding, PathLike, Report
+    from collections.abc import Sequence
+
+
+def analyze(path_or_paths: PathLike | Sequence[PathLike]) -> Report:
+    """Analyse a run folder, trace or memory snapshot (or several ranks): a `Report` with `.findings`,
+    `.summary`, `.to_markdown()`, `.to_json()`, `.to_html()` and rich display in Jupyter.
+    Raises `InputError` for bad input."""
+    from gpuadvise.api.report import analyze as run
+
+    return run(path_or_paths)
+
+
+def capture(out: str, **options: Any) -> Capture:
+    """`with gpuadvise.capture("runs/exp1") as cap:` around a training loop: writes the run folder
+    `gpuadvise profile` writes; `cap.step()` marks steps by hand, `cap.report()` analyses it.
+    Options: wait, warmup, active (the window, as `profile`), force, record_shapes, with_stack,
+    memory_history, loader_probe."""
+    from gpuadvise.api.capture import Capture
+
+    return Capture(out, **options)
 
 
 def step() -> None:
@@ -14,3 +52,19 @@ def step() -> None:
     session = active()
     if session is not None:
         session.manual_step()
+
+
+def __getattr__(name: str):  # the types, imported only when asked for (`import gpuadvise` stays light)
+    if name in ("Report", "Finding"):
+        from gpuadvise.api import report
+
+        return getattr(report, name)
+    if name == "Capture":
+        from gpuadvise.api.capture import Capture
+
+        return Capture
+    if name == "InputError":
+        from gpuadvise.analyzer.errors import InputError
+
+        return InputError
+    raise AttributeError(f"module 'gpuadvise' has no attribute {name!r}")

@@ -19,7 +19,7 @@ import importlib
 import os
 import sys
 
-from gpuadvise import __version__
+from gpuadvise.version import __version__
 from gpuadvise.analyzer.errors import EXIT_INPUT, EXIT_INTERNAL, EXIT_OK, InputError
 
 # name → (module, function, one-line help); modules are imported only when their command runs.

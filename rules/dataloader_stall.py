@@ -36,6 +36,13 @@ never enough to fire. Severity follows the predicted saving: high from 10 %,
 medium from 3 %. When the fix adds worker processes, the replay also slows the training thread's own
 CPU work by 10 %: workers compete with it for cores (measured 10–25 % slower ops in the kineto
 ResNet-50 `num_workers` 0 → 4 pair).
+When `gpuadvise profile` sampled the loading (run.json `capture.loader`), the prediction uses what it
+measured instead: k workers that each build a batch in B ms deliver one every B/k ms; a step that
+uses one every C ms (time between batches) then waits max(0, B/k − C) per batch. k is the number
+that keeps up (⌈B/C⌉), capped by the free cores (usable cores − the training process − the
+workers already running); the replay shrinks each wait to what is left. No free core: no saving is
+predicted from workers, and the advice is to make `__getitem__` cheaper. The message names the
+user's function with the largest share of the build (the dataset's own `__getitem__` left out).
 """
 
 from __future__ import annotations
@@ -87,13 +94,21 @@ class DataloaderStall(Rule):
         # Worker processes compete with the training thread for CPU: in the kineto ResNet-50 pair, ops on
         # the training thread ran 10-25 % slower with 4 workers than with none. Count the low end.
         contention = self.thresholds["worker_cpu_contention"] if single else 1.0
-        saving, basis = a.predicted_saving(Scenario(
-            "DataLoader waits removed" + (f", training-thread CPU work {contention - 1:.0%} slower with workers" if single else "")
-            + (f" (outlier step{'s' if len(outlier_steps) > 1 else ''} {', '.join(map(str, outlier_steps))} left as "
-               "they are)" if outlier_steps else ""),
-            cpu_removed=iv.union(counted["ts"], counted["end"]), cpu_scale=contention))
-        if saving is None:  # no GPU in the trace: the step shrinks by the wait itself
-            saving, basis = share, "share of step time (no GPU timeline to replay)"
+        waits = iv.union(counted["ts"], counted["end"])
+        left_out = (f" (outlier step{'s' if len(outlier_steps) > 1 else ''} {', '.join(map(str, outlier_steps))} left as "
+                    "they are)" if outlier_steps else "")
+        measured = runfacts.loader_profile(a.facts)  # gpuadvise profile sampled the loading (issue 23)
+        plan = more_workers(measured, runfacts.usable_cpus(a.facts), counted) if measured else None
+        if plan is not None:  # the measured build time and free cores say what more workers leave of the wait
+            saving, basis = a.predicted_saving(Scenario(plan["scenario"] + left_out, cpu_shrink=(waits, plan["wait_left"])))
+        else:
+            saving, basis = a.predicted_saving(Scenario(
+                "DataLoader waits removed" + (f", training-thread CPU work {contention - 1:.0%} slower with workers" if single else "")
+                + left_out, cpu_removed=waits, cpu_scale=contention))
+        if saving is None:  # no GPU in the trace: the step shrinks by the wait itself (what the fix leaves of it)
+            left = plan["wait_left"] if plan is not None else 0.0
+            saving = share * (1 - left)
+            basis = "share of step time (no GPU timeline to replay)" + (f"; {plan['scenario']}" if plan is not None else "")
         sources = sorted({s for s in in_window["source"] if s})
         loaders = runfacts.dataloaders(a.facts)
         kind = "single-process (`num_workers=0`)" if single else "multi-process"
@@ -114,16 +129,22 @@ class DataloaderStall(Rule):
                            f"pin_memory={d.pin_memory}, prefetch_factor={d.prefetch_factor}, "
                            f"persistent_workers={d.persistent_workers}.")
                 sources.append(where)
+        if measured:
+            message += " " + loading_sentence(measured, plan)
+            rest = advice.split("\n", 1)  # the measured advice replaces the generic first line
+            advice = workers_advice(measured, plan) + ("\n" + rest[1] if len(rest) > 1 else "")
+            sources[:0] = [f"{f['file']}:{f['line']}: {f['function']}" for f in hot_functions(measured)[:3]]
         worst = in_window.nlargest(5, "dur")
         evidence = Evidence(
             steps=[int(s.number) for s in m.steps],
             time_ranges_ms=[(a.rel_ms(t), a.rel_ms(e)) for t, e in zip(worst["ts"], worst["end"])],
-            items=[{"name": n, "count": int(len(g)), "total_ms": a.ms(g["dur"].sum()), "mean_ms": a.ms(g["dur"].mean())}
-                   for n, g in in_window.groupby("name")],
+            items=function_items(measured) if measured else
+            [{"name": n, "count": int(len(g)), "total_ms": a.ms(g["dur"].sum()), "mean_ms": a.ms(g["dur"].mean())}
+             for n, g in in_window.groupby("name")],
             sources=sources,
             numbers={"dataloader_share_pct": round(share, 1), "median_dataloader_ms_per_step": round(per_step_ms, 2),
                      "median_step_ms": round(step_ms, 2), "single_process": single, "statistic": "median step",
-                     "outlier_steps": outlier_steps},
+                     "outlier_steps": outlier_steps, **(loading_numbers(measured, plan) if measured else {})},
         )
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice)]
 
@@ -148,6 +169,83 @@ class DataloaderStall(Rule):
                 b.sync()
         b.finish()
         return b
+
+
+# -- issue 23: what `gpuadvise profile` measured of the loading (run.json `capture.loader`) ------------------------
+
+ENTRY_POINTS = {"__getitem__", "__getitems__", "__iter__", "__next__"}
+
+
+def hot_functions(measured: dict) -> list[dict]:
+    """The user's functions the batch build spends its time in, the dataset's entry points left out
+    (they hold all of it by definition), biggest share first."""
+    return [f for f in measured["functions"] if f["function"] not in ENTRY_POINTS]
+
+
+def function_items(measured: dict) -> list[dict]:
+    return [{"name": f["function"], "where": f"{f['file']}:{f['line']}", "share_of_build_pct": f["share_pct"],
+             "per_batch_ms": f["ms_per_batch"]} for f in measured["functions"]]
+
+
+def more_workers(measured: dict, cpus: int | None, waits) -> dict | None:
+    """How much of each wait is left with more workers, in steady state: k workers building a batch in
+    B ms each deliver one every B/k ms; a step that uses one every C ms (its time between batches)
+    then waits max(0, B/k − C). Workers added = what keeps up, capped by the free cores (usable cores
+    minus the training process and the workers already there). None when a number is missing."""
+    build, between = measured["build_ms_per_batch"], measured["between_batches_ms"]
+    workers = measured["num_workers"]
+    if between is None or workers is None or not len(waits):
+        return None
+    wait_now = float(waits["dur"].mean()) / 1e3  # the trace's own wait: the intervals the replay shrinks
+    free = max(0, cpus - 1 - workers) if cpus else 0
+    keeps_up = max(1, -(-build // max(between, 1e-3)))  # ceil(B / C)
+    target = int(max(workers, min(workers + free, keeps_up)))
+    if target == workers:
+        left = 1.0
+    else:
+        left = min(1.0, max(0.0, build / target - between) / max(wait_now, 1e-9))
+    return {"free_cores": free, "workers_now": workers, "workers": target, "keeps_up": int(keeps_up),
+            "wait_left": left, "wait_now_ms": wait_now,
+            "scenario": (f"num_workers {workers} → {target}: one batch every {build / target:.1f} ms "
+                         f"(measured {build:.1f} ms per batch), the step uses one every {between:.1f} ms; "
+                         f"{free} free core(s)") if target != workers else
+            f"no free core for another worker ({cpus} usable, {workers} workers + the training process)"}
+
+
+def loading_sentence(measured: dict, plan: dict | None) -> str:
+    build, workers = measured["build_ms_per_batch"], measured["num_workers"]
+    where = f"in each of {workers} workers (one batch every {build / workers:.1f} ms)" if workers else "in the training process"
+    text = f"Each batch takes {build:.1f} ms to build {where}"
+    if measured["between_batches_ms"] is not None:
+        text += f"; the step uses one every {measured['between_batches_ms']:.1f} ms"
+    text += "."
+    hot = hot_functions(measured)
+    if hot:
+        f = hot[0]
+        text += f" {f['share_pct']:.0f}% of the build is in `{f['function']}` ({f['file']}:{f['line']})."
+    return text
+
+
+def workers_advice(measured: dict, plan: dict | None) -> str:
+    if plan is None:
+        return "Make each sample cheaper: start with the functions listed in the evidence."
+    if plan["workers"] == plan["workers_now"]:
+        return (f"No free core for another worker ({plan['workers_now']} workers + the training process use them): "
+                f"make `{measured['fetch']}` cheaper, starting with the functions listed in the evidence.")
+    text = f"Use num_workers={plan['workers']} ({plan['free_cores']} free core(s) measured)"
+    if plan["workers"] < plan["keeps_up"]:
+        text += (f"; {plan['keeps_up']} would keep up, so also make `{measured['fetch']}` cheaper, "
+                 "starting with the functions listed in the evidence")
+    return text + "."
+
+
+def loading_numbers(measured: dict, plan: dict | None) -> dict:
+    out = {"build_per_batch_ms": measured["build_ms_per_batch"], "fetch_per_sample_ms": measured["fetch_ms_per_sample"],
+           "collate_per_batch_ms": measured["collate_ms_per_batch"], "num_workers": measured["num_workers"],
+           "between_batches_ms": measured["between_batches_ms"], "wait_per_batch_ms": measured["wait_ms_per_batch"]}
+    if plan is not None:
+        out.update(free_cores=plan["free_cores"], suggested_num_workers=plan["workers"])
+    return out
 
 
 RULE = DataloaderStall()

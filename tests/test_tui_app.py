@@ -749,3 +749,32 @@ def test_memory_buckets_keep_peaks_and_hold_levels():
     assert np.isnan(out[0])  # before the first sample
     assert out[1] == 10 and out[2] == 50  # the peak inside a bucket survives
     assert list(out[3:7]) == [50] * 4 and list(out[7:]) == [5] * 3  # a level holds until the next sample
+
+
+def test_stall_detail_pane_shows_where_loading_time_goes(tmp_path):
+    # issue 23: a run folder whose run.json holds the DataLoader sampling (`gpuadvise profile`'s `loader`)
+    b = find_rule("dataloader-stall").positive()
+    b.facts = {"environment": {"machine": {"cpu": {"logical": 8, "usable": 8, "cgroup_limit": None}}},
+               "capture": {"loader": {"num_workers": 0, "build_ms_per_batch": 20.0, "between_batches_ms": 4.0,
+                          "fetch_ms_per_sample": 0.6, "collate_ms_per_batch": 0.4, "wait_ms_per_batch": 20.0,
+                          "functions": [{"function": "__getitem__", "file": "data/ds.py", "line": 30, "share_pct": 98.0,
+                                         "ms_per_batch": 19.6},
+                                        {"function": "decode_image", "file": "data/ds.py", "line": 41,
+                                         "share_pct": 71.0, "ms_per_batch": 14.2}]}}}
+    reports = analyze_paths([str(b.write_run_folder(tmp_path / "run"))])
+
+    async def go():
+        app = make_app(reports)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            screen = app.screen
+            i = next(i for i, f in enumerate(app.data.findings) if f.topic == "dataloader-stall")
+            while screen.selected != i:
+                await pilot.press("down")
+                await pilot.pause()
+            md = screen.query_one("#finding-detail").source.replace("\\", "")
+            assert "decode_image" in md and "data/ds.py:41" in md  # the hot function, in the evidence table
+            assert "build per batch ms: 20" in md
+            assert "suggested num workers: 5" in md  # 20 ms per batch, one used every 4 ms, 7 free cores
+
+    run(go())

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from gpuadvise import __version__
+from gpuadvise.version import __version__
 from .compiled import compile_facts  # issue 22: torch.compile facts
 
 KEEP_TABLE_ROWS = 300  # kernels / ops per side kept for the diff (by total time)

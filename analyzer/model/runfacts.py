@@ -232,3 +232,39 @@ def window_steps(facts: dict) -> list[int]:
     """The step numbers (as run.json's `steps` counts them) that the profiler recorded."""
     steps = facts.get("steps") if isinstance(facts.get("steps"), dict) else {}
     return [n for n, p in zip(steps.get("number") or [], steps.get("phase") or []) if p == "active" and isinstance(n, int)]
+
+
+# -- issue 23: where the DataLoader's time goes (run.json `capture.loader`, written by capture/loaderprobe.py) --------
+
+def _num(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 else None
+
+
+def usable_cpus(facts: dict) -> int | None:
+    """CPU cores the profiled process could use (its affinity, capped by a cgroup quota)."""
+    cpu = _dict(machine(facts).get("cpu"))
+    usable, limit = _num(cpu.get("usable")), _num(cpu.get("cgroup_limit"))
+    if usable is None:
+        return None
+    return int(min(usable, limit)) if limit else int(usable)
+
+
+def loader_profile(facts: dict) -> dict | None:
+    """run.json's `capture.loader`, numbers checked: None without a measured batch build time."""
+    lp = _dict(_dict(facts.get("capture")).get("loader"))
+    build = _num(lp.get("build_ms_per_batch"))
+    if not build:
+        return None
+    out = {k: _num(lp.get(k)) for k in ("build_ms_per_batch", "fetch_ms_per_batch", "fetch_ms_per_sample",
+                                         "collate_ms_per_batch", "wait_ms_per_batch", "between_batches_ms",
+                                         "batches_built", "samples")}
+    workers = lp.get("num_workers")
+    out["num_workers"] = workers if isinstance(workers, int) and not isinstance(workers, bool) and workers >= 0 else None
+    out["fetch"] = lp.get("fetch") if isinstance(lp.get("fetch"), str) else "__getitem__"
+    out["functions"] = [
+        {"function": f["function"], "file": f["file"], "line": int(f["line"]), "share_pct": float(f["share_pct"]),
+         "ms_per_batch": _num(f.get("ms_per_batch"))}
+        for f in lp.get("functions") or []
+        if isinstance(f, dict) and isinstance(f.get("function"), str) and isinstance(f.get("file"), str)
+        and _num(f.get("line")) is not None and _num(f.get("share_pct")) is not None]
+    return out

@@ -7,7 +7,7 @@ import json
 import math
 from dataclasses import asdict
 
-from gpuadvise import __version__
+from gpuadvise.version import __version__
 
 from gpuadvise.analyzer.model.report import TraceReport, all_findings
 

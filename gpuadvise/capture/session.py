@@ -28,7 +28,7 @@ from pathlib import Path
 
 from . import compiled  # issue 22: torch.compile recording
 from . import facts as facts_mod
-from . import quiet, runfolder, writers
+from . import loaderprobe, quiet, runfolder, writers
 from .stepsources import SOURCES, StepSources
 from .steptimes import StepTimes
 from .window import ShapeProbe, Window, WindowHooks, cuda
@@ -83,6 +83,9 @@ class Session:
                 self.prof.start()
         except Exception as exc:
             self._fail("profiler start failed", exc)
+        # issue 23: DataLoader sampling while the window records (window hooks); installed before the
+        # step sources' DataLoader hook, so its wait timing leaves our step work out
+        loaderprobe.attach(self, torch)
         try:  # the step hooks also time an unprofiled run (profiler failed to start)
             self.sources.install(torch)
         except Exception as exc:

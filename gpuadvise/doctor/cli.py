@@ -12,7 +12,7 @@ import os
 import sys
 import textwrap
 
-from gpuadvise import __version__
+from gpuadvise.version import __version__
 from gpuadvise.analyzer.errors import EXIT_INPUT, EXIT_INTERNAL, EXIT_OK
 from gpuadvise.analyzer.report.safe import terminal
 

@@ -1,0 +1,159 @@
+"""Issue 23, part 1: where the DataLoader's time goes.
+
+End to end (real `gpuadvise profile` runs on the CPU): a dataset whose `__getitem__` spends its time
+in one named function, loaded in the training process and in two workers (forked, and spawned); the
+dataloader-stall finding must name that function with its file:line and a share, and its per-batch
+build time must agree with what the dataset measures of itself.
+
+Rule level: the "more workers" prediction follows the measured build time and the free cores.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("pyinstrument")
+
+from gpuadvise import analyze  # noqa: E402  (public API only)
+from gpuadvise.fixtures.builder import TraceBuilder  # noqa: E402
+
+BATCH = 4
+SLEEP_S = 0.006  # per sample: 24 ms of work per batch, far above the training step's own time
+
+DATASET = f'''
+import os, sys, time
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+LOG = os.environ["DS_LOG"]
+
+
+def decode_record(i):
+    time.sleep({SLEEP_S})
+    return torch.full((16,), float(i))
+
+
+class Records(Dataset):
+    def __len__(self):
+        return 100_000
+
+    def __getitem__(self, i):
+        start, t = time.time(), time.perf_counter()
+        x = decode_record(i)
+        with open(os.path.join(LOG, f"{{os.getpid()}}.log"), "a") as fh:  # the dataset's own timing
+            fh.write(f"{{start}} {{time.perf_counter() - t}}\\n")
+        return x, torch.tensor(i % 2)
+
+
+def user_init(worker_id):  # the user's own worker_init_fn: must still run
+    open(os.path.join(LOG, f"init-{{worker_id}}"), "w").close()
+
+
+if __name__ == "__main__":
+    workers, context = int(sys.argv[1]), sys.argv[2]
+    kw = dict(num_workers=workers, worker_init_fn=user_init if workers else None)
+    if workers and context != "default":
+        kw["multiprocessing_context"] = context
+    model = torch.nn.Linear(16, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for n, (x, y) in enumerate(DataLoader(Records(), batch_size={BATCH}, **kw)):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if n == 40:
+            break
+'''
+
+
+def _def_line(source: str, name: str) -> int:
+    return next(i for i, line in enumerate(source.splitlines(), 1) if line.startswith(f"def {name}("))
+
+
+@pytest.mark.parametrize("workers,context", [(0, "default"), (2, "fork"), (2, "spawn")])
+def test_stall_finding_names_the_slow_function_and_the_build_time(tmp_path, workers, context):
+    script = tmp_path / "ds.py"
+    script.write_text(DATASET)
+    log = tmp_path / "log"
+    log.mkdir()
+    run = tmp_path / "run"
+    env = dict(__import__("os").environ, DS_LOG=str(log))
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        env.pop(var, None)
+    proc = subprocess.run([sys.executable, "-m", "gpuadvise", "profile", "-q", "-o", str(run), "--wait", "3",
+                           "--warmup", "1", "--active", "5", str(script), str(workers), context],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr
+    if workers:
+        assert sorted(p.name for p in log.glob("init-*")) == ["init-0", "init-1"]  # the user's worker_init_fn ran
+    loader = json.loads((run / "run.json").read_text())["capture"]["loader"]
+    assert loader["num_workers"] == workers
+    if workers:  # a worker whose batch is still being built when the window ends is not counted yet
+        assert loader["processes"]["main"] == 0 and 1 <= loader["processes"]["workers"] <= 2
+    else:
+        assert loader["processes"] == {"main": 1, "workers": 0}
+    assert not (run / ".gpuadvise-loader").exists()  # the per-process files were merged and removed
+
+    report = analyze(run)
+    stall = [f for f in report.findings if f.topic == "dataloader-stall"]
+    assert stall, [f.topic for f in report.findings]
+    f = stall[0]
+    where = f"ds.py:{_def_line(DATASET, 'decode_record')}"
+    item = next(i for i in f.evidence["items"] if i["name"] == "decode_record")
+    assert item["where"] == where
+    assert item["share_of_build_pct"] >= 80  # sleeping in it is nearly all of the build
+    assert f"`decode_record` ({where})" in f.message
+    assert any(s.startswith(where) for s in f.evidence["sources"])
+
+    # the dataset's own timing of __getitem__ for the samples built while the window recorded, per
+    # batch, against the finding's build time (the machine's load varies: compare the same batches)
+    windows = loader["recorded"]
+    assert windows and all(end is not None for _, end in windows)
+    per_sample = [float(dur) for p in log.glob("*.log") for start, dur in (ln.split() for ln in p.read_text().splitlines())
+                  if any(a <= float(start) <= b for a, b in windows)]
+    assert len(per_sample) >= BATCH
+    measured_ms = 1e3 * BATCH * sum(per_sample) / len(per_sample)
+    build_ms = f.evidence["numbers"]["build_per_batch_ms"]
+    assert abs(build_ms - measured_ms) <= 0.25 * measured_ms, (build_ms, measured_ms)
+    assert f.evidence["numbers"]["num_workers"] == workers
+
+
+# -- the "more workers" prediction ---------------------------------------------------------------------
+def _run_folder(tmp_path: Path, usable_cpus: int, workers: int = 0) -> Path:
+    from gpuadvise.rules import find_rule
+
+    b: TraceBuilder = find_rule("dataloader-stall").positive()  # 20 ms waits per step, num_workers=0
+    b.facts = {
+        "environment": {"machine": {"cpu": {"logical": usable_cpus, "usable": usable_cpus, "cgroup_limit": None}}},
+        "dataloaders": [{"created_at": "train.py:12", "num_workers": workers, "pin_memory": True}],
+        "capture": {"loader": {"num_workers": workers, "build_ms_per_batch": 20.0, "between_batches_ms": 4.0,
+                   "wait_ms_per_batch": 20.0, "fetch_ms_per_sample": 5.0, "collate_ms_per_batch": 0.1,
+                   "fetch": "__getitem__",
+                   "functions": [{"function": "decode_image", "file": "dataset.py", "line": 41, "share_pct": 71.0,
+                                  "ms_per_batch": 14.2}]}},
+    }
+    return b.write_run_folder(tmp_path / f"run{usable_cpus}")
+
+
+def _stall(folder: Path):
+    return next(f for f in analyze(folder).findings if f.topic == "dataloader-stall")
+
+
+def test_more_workers_prediction_follows_the_free_cores(tmp_path):
+    # 20 ms per batch, one used every 4 ms: 5 workers keep up; 3 free cores allow 3 (20/3 - 4 = 2.7 ms left)
+    few, many, none = _stall(_run_folder(tmp_path, 4)), _stall(_run_folder(tmp_path, 16)), _stall(_run_folder(tmp_path, 1))
+    assert few.evidence["numbers"]["suggested_num_workers"] == 3 and few.evidence["numbers"]["free_cores"] == 3
+    assert many.evidence["numbers"]["suggested_num_workers"] == 5
+    assert "num_workers=3" in few.recommendation and "num_workers=5" in many.recommendation
+    assert many.saving_pct > few.saving_pct > 0
+    # no free core: adding workers is not recommended, and nothing is predicted from it
+    assert "num_workers=" not in none.recommendation.split("\n")[0]
+    assert "no free core" in none.recommendation.lower()
+    assert none.saving_pct < few.saving_pct
+    assert "71% of the build is in `decode_image` (dataset.py:41)" in few.message
