@@ -115,13 +115,13 @@ def main(argv: list[str]) -> int:
             return 2
     out = Path(args.output) if args.output else runfolder.new_run_dir(args.module or target[0])
     r = runfolder.rank()
-    mine = [out / runfolder.trace_name(r), out / runfolder.run_json_name(r)]
+    mine = [out / runfolder.trace_name(r), out / runfolder.old_trace_name(r), out / runfolder.run_json_name(r)]
     if any(p.exists() for p in mine) and not args.force:
         print(f"gpuadvise: error: {out}: run folder already holds a capture; use --force to replace it or -o for another",
               file=sys.stderr)
         return 2
     if args.force:
-        for p in mine + [out / runfolder.snapshot_name(r)]:
+        for p in mine + [out / runfolder.snapshot_name(r), out / runfolder.log_name(r)]:
             if p.exists():
                 p.unlink()
     try:

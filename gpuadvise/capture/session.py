@@ -111,6 +111,7 @@ class Session:
         self.times = StepTimes(torch, keep_head=self.window_end + self.config.get("keep_after", 100))
         self.memory_steps = self.config.get("memory_steps", 2) if self.config["memory_history"] and _cuda(torch) else 0
         quiet.ignore_profiler_warnings()
+        quiet.set_log(self.out / runfolder.log_name(self.rank))
         try:
             facts_mod.install(torch)
             self._start_profiler(torch)
@@ -140,7 +141,7 @@ class Session:
             record_shapes=self.window_shapes,
             with_stack=c["with_stack"],
             profile_memory=c["profile_memory"],
-            **_trace_only(torch),
+            **_trace_only(torch, c["with_stack"]),
         )
         with quiet.quiet_fd2():
             self.prof.start()
@@ -510,9 +511,12 @@ def _cuda(torch) -> bool:
         return False
 
 
-def _trace_only(torch) -> dict:
+def _trace_only(torch, with_stack: bool) -> dict:
     """`trace_only` (torch >= 2.10) skips building Python event objects when the profiler stops: we
-    only export the trace, and on a big window that build takes seconds. Older torch: nothing."""
+    only export the trace, and on a big window that build takes seconds. Older torch: nothing.
+    Stacks need those objects (torch warns and turns trace_only off): not asked for with_stack."""
+    if with_stack:
+        return {}
     try:
         from torch.profiler import _ExperimentalConfig
 
