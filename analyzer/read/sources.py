@@ -78,8 +78,7 @@ def _folder(d: Path, notes: list[str] | None = None) -> list[Source]:
             notes.append(f"skipped {p}: {why}")
     snaps = [p for p in files if p.name.endswith(SNAPSHOT_SUFFIXES)]
     if not traces and not snaps:
-        what = "run folder has no trace" if facts_by_file else "folder holds no .json/.json.gz trace"
-        raise InputError(d, what)
+        raise InputError(d, _why_empty(facts_by_file))
 
     def facts(rank):
         # gpuadvise profile writes run.json for rank 0 (or no rank) and run.rankN.json for the others
@@ -90,6 +89,16 @@ def _folder(d: Path, notes: list[str] | None = None) -> list[Source]:
     loose = [p for p in snaps if not _attach(p, out)]
     out += [Source(p, "snapshot", rank=rank_from_name(p.name), facts=facts(rank_from_name(p.name))) for p in loose]
     return out
+
+
+def _why_empty(facts_by_file: dict) -> str:
+    if not facts_by_file:
+        return "folder holds no .json/.json.gz trace"
+    capture = next(iter(facts_by_file.values())).get("capture")
+    capture = capture if isinstance(capture, dict) else {}
+    # what `gpuadvise profile` recorded about the missing trace, in the words it printed then
+    reason = capture.get("reason") or capture.get("state")
+    return f"run folder has no trace: {reason}" if isinstance(reason, str) and reason else "run folder has no trace"
 
 
 SNIFF_BYTES = 256 << 10  # enough to see a trace's "traceEvents" key or a report's header

@@ -26,6 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--format", "-f", choices=FORMATS, help="report format (default: from -o's extension, else text)")
     a.add_argument("-o", "--output", metavar="FILE",
                    help="write the report here instead of stdout (markdown: with its charts beside it, FILE-*.svg)")
+    a.add_argument("--perfetto", metavar="OUT.json",
+                   help="also write the trace with a 'gpuadvise' track: one slice per finding over its evidence "
+                        "(open it in https://ui.perfetto.dev or chrome://tracing)")
     a.add_argument("--fail-on", metavar="SEVERITY|TOPIC[,…]",
                    help="exit 1 when a finding of this severity or worse (high, medium, low, info), or of this "
                         "topic or rule, is reported (for CI)")
@@ -60,9 +63,10 @@ def main(argv: list[str]) -> int:
         fmt = EXTENSIONS.get(Path(args.output).suffix.lower())
     fmt = fmt or "text"
     fail_on = parse_fail_on(args.fail_on)  # a wrong value fails before minutes of analysis
-    if args.output:
-        check_writable(Path(args.output))
-        refuse_overwriting_inputs(Path(args.output), args.paths)
+    for target in (args.output, args.perfetto):
+        if target:
+            check_writable(Path(target))
+            refuse_overwriting_inputs(Path(target), args.paths)
     show = not args.quiet and sys.stderr.isatty()
 
     bar = _ProgressLine() if show else None
@@ -86,6 +90,12 @@ def main(argv: list[str]) -> int:
             print(f"gpuadvise: wrote {args.output}", file=sys.stderr)
     else:
         sys.stdout.write(render(reports, fmt, top=args.top))
+    if args.perfetto:
+        from .perfetto import write_perfetto
+
+        write_perfetto(reports, Path(args.perfetto))
+        if show:
+            print(f"gpuadvise: wrote {args.perfetto}", file=sys.stderr)
     if fail_on:
         hits = matching([f.to_dict() for f in all_findings(reports)], fail_on)
         if hits:
