@@ -317,3 +317,26 @@ def test_old_run_folders_with_trace_json_gz_still_analyse(tmp_path, capsys):
     (run / "run.json").write_text("{}")
     rc, out, _ = call_main(capsys, "analyze", run, "--format", "json")
     assert rc == 0 and json.loads(out)["findings"]
+
+
+# -- install hints ---------------------------------------------------------------------------------------
+def test_view_without_textual_names_the_install_that_fits_a_checkout(tmp_path, stall_trace):
+    blocker = tmp_path / "blocked"
+    (blocker / "textual").mkdir(parents=True)
+    (blocker / "textual" / "__init__.py").write_text("raise ImportError('No module named textual')\n")
+    env = {**_env(), "PYTHONPATH": str(blocker)}
+    proc = subprocess.run([sys.executable, "-m", "gpuadvise", "view", str(stall_trace)], cwd=ROOT, text=True,
+                          capture_output=True, env=env, timeout=120)
+    assert proc.returncode == 2
+    # from the checkout itself: the editable install with the extra, not a name that is not published
+    assert proc.stderr.rstrip().endswith("pip install -e '.[tui]'"), proc.stderr
+    elsewhere = subprocess.run([sys.executable, "-m", "gpuadvise", "view", str(stall_trace)], cwd=tmp_path,
+                               text=True, capture_output=True, env=env, timeout=120)
+    assert elsewhere.stderr.rstrip().endswith(f"pip install -e '{ROOT}[tui]'"), elsewhere.stderr
+
+
+def test_installed_dist_hint_uses_the_dist_name(monkeypatch):
+    from gpuadvise.analyzer import install
+
+    monkeypatch.setattr(install, "_checkout", lambda: None)  # as from a wheel in site-packages
+    assert install.install_command("dask") == "pip install 'gpuadvise[dask]'"

@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "1: one after the other in this process)")
     a.add_argument("--scheduler", metavar="ADDRESS",
                    help="analyse the ranks on this dask.distributed scheduler (tcp://host:8786); its workers must "
-                        "see the traces at the same paths (pip install 'gpuadvise[dask]')")
+                        "see the traces at the same paths (needs the dask extra)")
     return a
 
 
