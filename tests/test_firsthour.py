@@ -340,3 +340,15 @@ def test_installed_dist_hint_uses_the_dist_name(monkeypatch):
 
     monkeypatch.setattr(install, "_checkout", lambda: None)  # as from a wheel in site-packages
     assert install.install_command("dask") == "pip install 'gpuadvise[dask]'"
+
+
+def test_timeline_written_into_a_run_folder_is_not_a_second_rank(tmp_path, capsys):
+    from _cli_support import write_run_folder
+
+    run = write_run_folder(tmp_path / "run")
+    rc, _, _ = call_main(capsys, "analyze", run, "--perfetto", run / "timeline.json")
+    assert rc == 0 and (run / "timeline.json").is_file()
+    rc, out, _ = call_main(capsys, "analyze", run, "--format", "json")
+    doc = json.loads(out)
+    assert rc == 0 and len(doc["traces"]) == 1 and not doc.get("job")
+    assert any("timeline.json" in n and "--perfetto timeline" in n for t in doc["traces"] for n in t.get("notes", []))

@@ -190,6 +190,8 @@ def not_a_trace(p: Path) -> str | None:
     except (OSError, EOFError, ValueError):
         return None  # unreadable or damaged: the loader gives the precise error
     text = head.lstrip()
+    if re.match(rb'\{\s*"gpuadvise"\s*:\s*\{\s*"timeline_of"', text):
+        return "a gpuadvise --perfetto timeline (a copy of a trace with the findings added)"
     if text.startswith(b"[") or b'"traceEvents"' in head:
         return None
     if re.match(rb'\{\s*"tool"\s*:\s*"gpuadvise"', text):

@@ -37,6 +37,8 @@ def write_perfetto(reports, out: Path) -> None:
     pids = [e.get("pid") for e in events if isinstance(e, dict)]
     pid = max([p for p in pids if isinstance(p, int)], default=0) + 1  # a process id no event uses
     events.extend(finding_events(report, pid))
+    # first key, so a folder scan sees at once that this file is a copy of a trace, not another rank
+    doc = {"gpuadvise": {"timeline_of": str(src)}, **{k: v for k, v in doc.items() if k != "gpuadvise"}}
     try:
         text = msgspec.json.encode(doc).decode("utf-8")
     except (msgspec.EncodeError, ValueError):  # NaN read back by json: written back as json writes it
