@@ -166,10 +166,9 @@ def main(argv: list[str]) -> int:
             print(f"{PREFIX}the script did not start (exit code {code}); no run folder written", file=sys.stderr)
         return code
     _finish_run_json(out, r, code, started)
-    if not args.quiet:
-        _summary(out, r)
+    reports = None if args.quiet else _summary(out, r)
     if (args.report or args.perfetto) and (out / runfolder.trace_name(r)).exists():
-        _write_extras(out, args, report_fmt)
+        _write_extras(out, args, report_fmt, reports)
     if code < 0:  # the script died by a signal: die the same way, as the unwrapped script would
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
@@ -222,14 +221,16 @@ def report_format(path: Path) -> str:
     return fmt
 
 
-def _write_extras(out: Path, args, fmt: str | None) -> None:
-    """--report and --perfetto: the same analysis as `gpuadvise analyze RUN -o FILE [--perfetto FILE]`."""
+def _write_extras(out: Path, args, fmt: str | None, reports=None) -> None:
+    """--report and --perfetto: the same analysis as `gpuadvise analyze RUN -o FILE [--perfetto FILE]`
+    (the summary's own analysis when there was one: a big trace is not analysed twice)."""
     from gpuadvise.analyzer.errors import InputError
 
     try:
-        from gpuadvise.analyzer.run.engine import analyze_paths
+        if reports is None:
+            from gpuadvise.analyzer.run.engine import analyze_paths
 
-        reports = analyze_paths([str(out)])
+            reports = analyze_paths([str(out)])
         if args.report:
             from gpuadvise.analyzer.report import render
             from gpuadvise.analyzer.report.charts import markdown_files
@@ -307,14 +308,16 @@ def _finish_run_json(out: Path, r, code: int, started: float) -> None:
         print(f"{PREFIX}could not write {path}: {exc}", file=sys.stderr)
 
 
-def _summary(out: Path, r) -> None:
+def _summary(out: Path, r):
+    """Print the top findings; returns the analysis (None when there was none)."""
     trace = out / runfolder.trace_name(r)
     run = runfolder.read_json(out / runfolder.run_json_name(r))
     status = run.get("capture", {})
     _step_times_line(run.get("steps") or {})
     if not trace.exists():
         print(f"{PREFIX}no trace captured: {status.get('reason') or status.get('state', 'unknown')}", file=sys.stderr)
-        return
+        return None
+    reports = None
     try:
         from gpuadvise.analyzer.run.engine import analyze_paths
         from gpuadvise.analyzer.report.text import render
@@ -325,6 +328,7 @@ def _summary(out: Path, r) -> None:
         print(f"{PREFIX}analysis failed ({type(exc).__name__}: {exc}); the run folder is intact", file=sys.stderr)
     print(f"{PREFIX}full report: gpuadvise analyze {shlex.quote(str(out))} --format md", file=sys.stderr)
     print(f"{PREFIX}browse it:   gpuadvise view {shlex.quote(str(out))}", file=sys.stderr)
+    return reports
 
 
 def _step_times_line(steps: dict) -> None:
