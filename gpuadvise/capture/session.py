@@ -511,7 +511,7 @@ def _cuda(torch) -> bool:
         return False
 
 
-def _trace_only(torch, with_stack: bool) -> dict:
+def _trace_only(torch, with_stack: bool = False) -> dict:
     """`trace_only` (torch >= 2.10) skips building Python event objects when the profiler stops: we
     only export the trace, and on a big window that build takes seconds. Older torch: nothing.
     Stacks need those objects (torch warns and turns trace_only off): not asked for with_stack."""
