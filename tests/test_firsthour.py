@@ -298,16 +298,22 @@ def test_profiler_log_lines_go_to_the_run_folder_log(tmp_path, capfd):
     from gpuadvise.capture import quiet
 
     log = tmp_path / "profiler.log"
-    quiet.set_log(log)
+    noise = b"ERROR:2026-01-01 10:00:00 123:456 DeviceProperties.cpp:47] gpuGetDeviceCount failed with code 35\n"
+    quiet.set_log(log, errors_to_stderr=False)  # no usable GPU: kineto's failed GPU enumeration is expected
     try:
         with quiet.quiet_fd2():
-            os.write(2, b"ERROR:2026-01-01 10:00:00 123:456 DeviceProperties.cpp:47] gpuGetDeviceCount failed with code 35\n"
-                        b"the user's own line\n")
+            os.write(2, noise + b"the user's own line\n")
     finally:
         quiet.set_log(None)
-    err = capfd.readouterr().err
-    assert err == "the user's own line\n"
+    assert capfd.readouterr().err == "the user's own line\n"
     assert "gpuGetDeviceCount failed with code 35" in log.read_text()
+    quiet.set_log(log, errors_to_stderr=True)  # with a GPU, a profiler error matters: it stays on stderr too
+    try:
+        with quiet.quiet_fd2():
+            os.write(2, noise)
+    finally:
+        quiet.set_log(None)
+    assert "gpuGetDeviceCount failed with code 35" in capfd.readouterr().err
 
 
 def test_old_run_folders_with_trace_json_gz_still_analyse(tmp_path, capsys):

@@ -30,14 +30,21 @@ def ignore_profiler_warnings() -> None:
 
 
 _LOG: str | None = None  # where the lines kept off stderr go (the run folder's profiler.log)
+_ERRORS_TO_STDERR = True
 
 
-def set_log(path) -> None:
-    global _LOG
+def set_log(path, errors_to_stderr: bool = True) -> None:
+    """Keep the profiler's log lines in `path`. Its ERROR/WARNING lines also stay on stderr where they
+    matter: with a usable GPU (a CUPTI error means a trace without kernels). Without one, kineto's
+    failed GPU enumeration (`gpuGetDeviceCount failed with code 35`) is expected and only logged."""
+    global _LOG, _ERRORS_TO_STDERR
     _LOG = str(path) if path is not None else None
+    _ERRORS_TO_STDERR = errors_to_stderr
 
 
-def strip_kineto(data: bytes) -> bytes:
+def strip_kineto(data: bytes, keep_errors: bool = True) -> bytes:
+    if keep_errors:
+        return KINETO_LINE.sub(lambda m: m.group(0) if m.group(1) in (b"ERROR", b"WARNING") else b"", data)
     return KINETO_LINE.sub(b"", data)
 
 
@@ -83,7 +90,7 @@ def quiet_fd2():
             tmp.seek(0)
             data = tmp.read()
             _keep(data)
-            rest = strip_kineto(data)
+            rest = strip_kineto(data, keep_errors=_ERRORS_TO_STDERR)
             while rest:
                 rest = rest[os.write(2, rest):]
         except OSError:
