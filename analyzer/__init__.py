@@ -3,7 +3,8 @@
     read/     files → events: trace loader (streamed, two processes), sources, snapshots, model cache
     model/    the data: TraceModel tables, kernel classes, findings, the reports rules and renderers share
     measure/  numbers from the model: metrics, memory summary, critical-path replay (whatif), job view
-    run/      orchestration: one input (single), many ranks (ranks), `analyze_paths` (engine), the CLI
+    run/      orchestration: one input (single), many ranks (ranks), `analyze_paths` (engine), the CLI;
+              its package API (`run.analyze`, `run.resolve_inputs`) is the one way in for every consumer
     report/   renderers: text, markdown, JSON; atomic output
 
 The rules (gpuadvise.rules) sit between measure/ and report/: they read `measure.analysis.Analysis`

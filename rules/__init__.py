@@ -1,4 +1,8 @@
-"""The rule catalog. Every module here that defines `RULE` is a rule; nothing else needs editing."""
+"""The rule catalog. Every module here that defines `RULE` is a rule; nothing else needs editing.
+
+`base` holds the contract (`Rule`, `JobRule`), `catalog` the catalog as data (README table, JSON),
+`cli` the `rules` and `explain` commands; docs/rule-api.md is the guide for writing a rule.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ def all_rules() -> tuple:
 
     found = []
     for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_") or info.name in ("base", "cli"):
+        if info.name.startswith("_") or info.name in ("base", "catalog", "cli"):
             continue
         module = importlib.import_module(f"{__name__}.{info.name}")
         rule = getattr(module, "RULE", None)

@@ -53,7 +53,8 @@ from __future__ import annotations
 
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
-from gpuadvise.analyzer.measure.memory import ALLOC_CALLS, FREE_CALLS, allocator_calls, iterations
+from gpuadvise.analyzer.measure.memory import allocator_calls, iterations
+from gpuadvise.analyzer.model.calls import ALLOC_CALLS, FREE_CALLS
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
@@ -66,7 +67,6 @@ GEMM = "ampere_tf32_s1688gemm_64x64_nn"
 class AllocatorChurn(Rule):
     code = "GA121"
     name = "allocator-churn"
-    topic = "allocator-churn"
     title = "GPU memory is freed and re-allocated in the loop"
     requires = ("memory",)
     # the most `gpuadvise profile`'s capture (shapes + memory history) slowed a loop's CPU side on the H100

@@ -1,16 +1,20 @@
 """The rule contract. A rule is one module in this package that defines `RULE = SomeRule()`.
 
+docs/rule-api.md is the guide for writing one: what `check(a)` may read, with columns and units.
+
 The module docstring is the rule's documentation, with these headings (a test enforces them):
 `## What it detects`, `## Why it matters`, `## Fix`, `## Thresholds`. `gpuadvise explain CODE`
 prints it. `positive()` and `negative()` build the rule's own fixtures: a trace (or, for a rule that
 reads allocator snapshots, a snapshot) that must trigger it and a near miss that must not.
 
-`requires` names the inputs the rule reads: "trace" (the model and its metrics) and/or "memory"
-(`Analysis.memory`). The engine runs a rule only when all of them exist, so a snapshot on its own
-never gets a trace verdict. A job-level rule requires "ranks": it runs once per multi-rank analysis,
-after every rank was analysed, on a `job.JobAnalysis` (the job view of ≥2 ranks, `a.job`) instead of
-an `Analysis`; its fixtures are `RankFolder`s (one trace per rank, written as a folder), and it sets
-`Finding.rank` / `Finding.trace` itself when a finding is about one rank.
+Two kinds of rule:
+- `Rule`, on one trace or snapshot: `check(a)` gets an `Analysis`. `requires` names the inputs it
+  reads: "trace" (the model and its metrics) and/or "memory" (`Analysis.memory`). The engine runs a
+  rule only when all of them exist, so a snapshot on its own never gets a trace verdict.
+- `JobRule`, on the job view of ≥2 ranks: it runs once per multi-rank analysis, after every rank was
+  analysed, and `check(a)` gets a `job.JobAnalysis` (`a.job`, `a.rank_findings`). Its fixtures are
+  `RankFolder`s (one trace per rank, written as a folder), and it sets `Finding.rank` /
+  `Finding.trace` itself when a finding is about one rank.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ import re
 import sys
 
 from gpuadvise.analyzer.measure.analysis import Analysis
+from gpuadvise.analyzer.measure.job import JobAnalysis
 from gpuadvise.analyzer.model.findings import Evidence, Finding, Impact, severity_for
-from gpuadvise.fixtures.builder import TraceBuilder
+from gpuadvise.fixtures.builder import RankFolder, TraceBuilder
 
 DOC_HEADINGS = ("## What it detects", "## Why it matters", "## Fix", "## Thresholds")
 
@@ -29,10 +34,32 @@ DOC_HEADINGS = ("## What it detects", "## Why it matters", "## Fix", "## Thresho
 class Rule:
     code: str = ""  # stable id, e.g. GA101
     name: str = ""  # kebab-case name of the pattern
-    topic: str = ""  # one of the topics findings are grouped by
+    topic: str = ""  # what findings are grouped by; a rule that leaves it empty gets its `name`
     title: str = ""  # one line
     thresholds: dict = {}
     requires: tuple = ("trace",)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if not cls.topic and cls.name:
+            cls.topic = cls.name
+
+    @property
+    def job_level(self) -> bool:
+        """Whether the rule runs on the job view of ≥2 ranks rather than on one trace."""
+        return isinstance(self, JobRule)
+
+    @property
+    def sections(self) -> dict[str, str]:
+        """The docs' sections by heading ("What it detects", ...), text without the heading line."""
+        parts = re.split(r"^## (.+)$", self.docs, flags=re.M)
+        return {head.strip(): body.strip() for head, body in zip(parts[1::2], parts[2::2])}
+
+    @property
+    def summary(self) -> str:
+        """The docs' first line without the "name: " prefix: one sentence on what the rule finds."""
+        first = self.docs.split("\n", 1)[0]
+        return first.split(":", 1)[1].strip() if first.startswith(f"{self.name}:") else first.strip()
 
     def check(self, a: Analysis) -> list[Finding]:
         raise NotImplementedError
@@ -70,5 +97,27 @@ class Rule:
             message=message,
             evidence=evidence,
             impact=Impact(est_step_saving_pct=saving, basis=basis, range_pct=span, after=after),
-            recommendation=(advice + "\n\n" + self.fix).strip(),
+            advice=advice.strip(),
+            fix=self.fix.strip(),
         )
+
+
+class JobRule(Rule):
+    """A rule on the job view of ≥2 ranks (see the module docstring). The engine runs it once, after
+    every rank, only when the analysis has at least two ranks; its fixtures are `RankFolder`s."""
+
+    requires: tuple = ("ranks",)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.requires != ("ranks",):
+            raise TypeError(f"{cls.__name__}: a job rule reads the job view only (requires = ('ranks',))")
+
+    def check(self, a: JobAnalysis) -> list[Finding]:
+        raise NotImplementedError
+
+    def positive(self) -> RankFolder:
+        raise NotImplementedError
+
+    def negative(self) -> RankFolder:
+        raise NotImplementedError

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
-from gpuadvise.analyzer.measure.metrics import LAUNCH_CALLS
+from gpuadvise.analyzer.model.calls import LAUNCH_CALLS
 from gpuadvise.fixtures.builder import TraceBuilder
 
 from .base import Rule
@@ -47,7 +47,6 @@ from .base import Rule
 class CaptureProblem(Rule):
     code = "GA100"
     name = "capture-problem"
-    topic = "capture-problem"
     title = "The trace cannot support a GPU verdict"
     thresholds = {}
 

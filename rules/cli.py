@@ -1,18 +1,42 @@
-"""`gpuadvise rules` (the catalog, one line a rule) and `gpuadvise explain RULE` (one rule's docs)."""
+"""`gpuadvise rules` (the catalog: text, markdown or JSON) and `gpuadvise explain RULE` (one rule's docs)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 
 from gpuadvise.analyzer.errors import EXIT_OK, InputError
 
-from . import all_rules, find_rule
+from . import all_rules, catalog, find_rule
+
 
 def rules_main(argv: list[str]) -> int:
-    argparse.ArgumentParser(prog="gpuadvise rules", description="List every rule: code, name, title.").parse_args(argv)
-    for r in all_rules():
-        print(f"{r.code}  {r.name:<24} {r.title}")
-    print("\n`gpuadvise explain CODE` shows what a rule detects, why it matters, the fix and its thresholds.")
+    p = argparse.ArgumentParser(prog="gpuadvise rules", description="List every rule: code, name, title.")
+    p.add_argument("--format", choices=("text", "markdown", "json"), default="text",
+                   help="text (one line a rule), markdown (the README's rule table) or json (everything a "
+                        "script needs: code, name, topic, title, requires, thresholds, docs sections)")
+    p.add_argument("--update", metavar="FILE",
+                   help="with --format markdown: write the table into FILE between its rule-table markers")
+    args = p.parse_args(argv)
+    if args.update:
+        if args.format != "markdown":
+            raise InputError(None, "--update writes the markdown table: use it with --format markdown")
+        try:
+            changed = catalog.update_file(args.update)
+        except FileNotFoundError:
+            raise InputError(args.update, "no such file") from None
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise InputError(args.update, str(exc).removeprefix(f"{args.update}: ")) from None
+        print(f"{args.update}: rule table {'updated' if changed else 'already up to date'}")
+        return EXIT_OK
+    if args.format == "json":
+        print(json.dumps(catalog.catalog(), indent=2, ensure_ascii=False))
+    elif args.format == "markdown":
+        print(catalog.markdown_table())
+    else:
+        for r in all_rules():
+            print(f"{r.code}  {r.name:<24} {r.title}")
+        print("\n`gpuadvise explain CODE` shows what a rule detects, why it matters, the fix and its thresholds.")
     return EXIT_OK
 
 
@@ -25,6 +49,7 @@ def explain_main(argv: list[str]) -> int:
     if rule is None:
         known = ", ".join(r.name for r in all_rules())
         raise InputError(None, f"unknown rule {key!r}; known rules: {known}")
-    print(f"{rule.code} {rule.name} (topic: {rule.topic})\n")
+    kind = "job rule, on ≥2 ranks" if rule.job_level else f"reads: {', '.join(rule.requires)}"
+    print(f"{rule.code} {rule.name} (topic: {rule.topic}; {kind})\n")
     print(rule.docs)
     return EXIT_OK

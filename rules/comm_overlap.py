@@ -48,16 +48,14 @@ import numpy as np
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.fixtures.builder import RankFolder, job_folder
 
-from .base import Rule
+from .base import JobRule
 
 
-class CommOverlap(Rule):
+class CommOverlap(JobRule):
     code = "GA131"
     name = "comm-overlap"
-    topic = "comm-overlap"
     title = "Communication is not overlapped with compute"
     thresholds = {"max_overlap_pct": 50.0, "min_exposed_share_pct": 5.0, "min_exposed_ms": 0.1}
-    requires = ("ranks",)
 
     def check(self, a):
         job = a.job

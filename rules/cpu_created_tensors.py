@@ -30,6 +30,9 @@ at least half of the profiled steps, and a predicted saving of at least 0.5 %
 (a copy that does not make the CPU wait costs next to nothing). The saving is predicted by replaying the
 steps with those copy calls no longer blocking (the tensor created on the device instead). A CPU-only
 trace has no copies: the rule needs a GPU trace.
+A copy counts as CPU-created when one of the (up to) 4 top-level CPU ops before its copy op on the
+same thread, each ending at most 1000 µs (1 ms) before the next one starts, created a tensor on the
+CPU and issued no GPU work itself.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ import numpy as np
 
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
-from gpuadvise.analyzer.measure.metrics import COPY_CALLS, DATALOADER, LAUNCH_CALLS, ops_inside, python_source, user_frame_from_stack
+from gpuadvise.analyzer.measure.metrics import ops_inside, python_source, user_frame_from_stack
+from gpuadvise.analyzer.model.calls import COPY_CALLS, DATALOADER, LAUNCH_CALLS
 from gpuadvise.analyzer.model.trace import name_mask, names_in
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import GEMM, TraceBuilder
@@ -65,7 +69,6 @@ PASS_THROUGH = {
 class CpuCreatedTensors(Rule):
     code = "GA143"
     name = "cpu-created-tensors"
-    topic = "cpu-created-tensors"
     title = "Small tensors are created on the CPU and copied to the GPU every step"
     thresholds = {"max_bytes": 1 << 20, "max_unsized_copy_us": 100.0, "window_us": 1_000.0, "max_chain": 4, "min_step_share": 0.5,
                   "min_saving_pct": 0.5}

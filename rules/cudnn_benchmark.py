@@ -62,7 +62,6 @@ def _is_conv_op(name: str) -> bool:
 class CudnnBenchmark(Rule):
     code = "GA141"
     name = "cudnn-benchmark"
-    topic = "cudnn-benchmark"
     title = "cudnn.benchmark is off while fixed-shape convolutions take a real share of the step"
     thresholds = {"min_conv_pct_of_step": 10.0, "generic_kernel_speedup": 2.0}
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from gpuadvise.analyzer.measure import intervals as iv
 from gpuadvise.analyzer.measure.analysis import Analysis
+from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
@@ -52,7 +53,6 @@ MULTI = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
 class DataloaderStall(Rule):
     code = "GA102"
     name = "dataloader-stall"
-    topic = "dataloader-stall"
     title = "Training waits on the DataLoader"
     thresholds = {"min_step_share_pct": 5.0, "worker_cpu_contention": 1.10}
 
@@ -78,7 +78,7 @@ class DataloaderStall(Rule):
         if saving is None:  # no GPU in the trace: the step shrinks by the wait itself
             saving, basis = share, "share of step time (no GPU timeline to replay)"
         sources = sorted({s for s in in_window["source"] if s})
-        loaders = a.facts.get("dataloaders", [])
+        loaders = runfacts.dataloaders(a.facts)
         kind = "single-process (`num_workers=0`)" if single else "multi-process"
         message = (f"The {kind} DataLoader takes {share:.1f}% of step time: a median {per_step_ms:.1f} ms of each "
                    f"{step_ms:.1f} ms step is spent waiting for the next batch, with no GPU work being launched.")
@@ -87,11 +87,11 @@ class DataloaderStall(Rule):
         else:
             advice = "Workers are in use but cannot keep up: add workers, prefetch more, or make each sample cheaper."
         for d in loaders:
-            if d.get("num_workers") == 0 or not d.get("pin_memory"):
-                where = d.get("created_at", "?")
-                advice += (f"\nThe DataLoader created at {where} has num_workers={d.get('num_workers')}, "
-                           f"pin_memory={d.get('pin_memory')}, prefetch_factor={d.get('prefetch_factor')}, "
-                           f"persistent_workers={d.get('persistent_workers')}.")
+            if d.num_workers == 0 or not d.pin_memory:
+                where = d.created_at
+                advice += (f"\nThe DataLoader created at {where} has num_workers={d.num_workers}, "
+                           f"pin_memory={d.pin_memory}, prefetch_factor={d.prefetch_factor}, "
+                           f"persistent_workers={d.persistent_workers}.")
                 sources.append(where)
         worst = in_window.nlargest(5, "dur")
         evidence = Evidence(

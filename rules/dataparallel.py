@@ -34,6 +34,7 @@ import re
 
 from gpuadvise.analyzer.measure import intervals as iv
 from gpuadvise.analyzer.measure.analysis import Analysis
+from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.model.trace import name_mask
 from gpuadvise.analyzer.measure.whatif import Scenario
@@ -51,7 +52,6 @@ DP_PATTERN = re.compile("|".join(DP_WORK))
 class DataParallelRule(Rule):
     code = "GA107"
     name = "dataparallel"
-    topic = "dataparallel"
     title = "nn.DataParallel drives all GPUs from one process"
     thresholds = {}
 
@@ -60,7 +60,7 @@ class DataParallelRule(Rule):
         marker = cpu[name_mask(cpu["name"], lambda n: n.startswith("DataParallel.forward"))]
         py = a.model.python
         py_marker = py[name_mask(py["name"], lambda n: "nn.Module: DataParallel" in n)] if len(py) else py
-        wrappers = [w for w in a.facts.get("wrappers", []) if w.get("kind") == "DataParallel"]
+        wrappers = runfacts.wrappers(a.facts, kind="DataParallel")
         if marker.empty and py_marker.empty and not wrappers:
             return []
         work = cpu[name_mask(cpu["name"], DP_PATTERN.search)]
@@ -77,7 +77,7 @@ class DataParallelRule(Rule):
             steps=[s.number for s in m.steps],
             items=[{"name": n, "count": int(len(g)), "total_ms": round(g["dur"].sum() / 1e3, 2)}
                    for n, g in work.assign(name=work["name"].astype(str)).groupby("name")][:8],
-            sources=[w["created_at"] for w in wrappers],
+            sources=[w.created_at for w in wrappers],
             numbers={"devices_with_gpu_work": devices},
         )
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis,

@@ -41,7 +41,8 @@ traces: their share of the step time), a lower bound since the traceback recordi
 the trace. Determinism and the environment variables: not predicted (the trace shows no alternative to
 compare with). Severity follows the prediction, and is at least medium for anomaly detection (its
 prediction is a lower bound) and for the variables `doctor` rates bad; a blocking-launch variable in a run
-that launched no kernels costs nothing there and alone gives low.
+that launched no kernels costs nothing there and alone gives low. The evidence's wait per step
+counts each blocked launch's CPU time beyond 5 µs (what a non-blocking launch costs).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ from gpuadvise.analyzer.measure import intervals as iv
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence, severity_for
-from gpuadvise.analyzer.measure.metrics import LAUNCH_CALLS, ops_inside
+from gpuadvise.analyzer.measure.metrics import ops_inside
+from gpuadvise.analyzer.model.calls import LAUNCH_CALLS
 from gpuadvise.analyzer.model.trace import name_mask, names_in
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.doctor import probe
@@ -69,7 +71,6 @@ BLOCKING_ENV = ("CUDA_LAUNCH_BLOCKING", "HIP_LAUNCH_BLOCKING", "AMD_SERIALIZE_KE
 class DebugSettings(Rule):
     code = "GA140"
     name = "debug-settings"
-    topic = "debug-settings"
     title = "Debug settings were on in the profiled run"
     thresholds = {"blocking_launch_share": 0.9, "min_launches": 20, "nan_check_share": 0.5, "launch_cost_us": 5.0}
 
@@ -144,7 +145,7 @@ class DebugSettings(Rule):
         evidence = Evidence(steps=[s.number for s in a.metrics.steps], items=items,
                             numbers={"blocking_launches": {k: v for k, v in blocked.items() if k != "basis"},
                                      "nan_checks": {k: v for k, v in checks.items() if k != "basis"},
-                                     "settings_read_at": runfacts.settings(a.facts).get("read_at")})
+                                     "settings_read_at": runfacts.settings_read_at(a.facts)})
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, severity=severity,
                              advice="Run without these switches unless you are debugging.")]
 

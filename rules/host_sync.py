@@ -41,8 +41,7 @@ import numpy as np
 
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
-from gpuadvise.analyzer.measure.memory import FREE_CALLS
-from gpuadvise.analyzer.measure.metrics import SCALAR_OPS
+from gpuadvise.analyzer.model.calls import FREE_CALLS, SCALAR_OPS
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
@@ -52,7 +51,6 @@ from .base import Rule
 class HostSync(Rule):
     code = "GA104"
     name = "host-sync"
-    topic = "host-sync"
     title = "The CPU waits for the GPU inside the steps"
     thresholds = {"min_saving_pct": 1.0, "min_share_pct": 1.0}
 

@@ -61,7 +61,6 @@ GEMM = "ampere_sgemm_128x64_tn"
 class InferenceWithGrad(Rule):
     code = "GA142"
     name = "inference-with-grad"
-    topic = "inference-with-grad"
     title = "Forward passes record autograd but no backward runs (evaluation without no_grad)"
     thresholds = {"min_nodes_per_step": 3, "min_step_share": 0.5}
 

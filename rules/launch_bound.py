@@ -36,7 +36,7 @@ from __future__ import annotations
 from gpuadvise.analyzer.measure import intervals as iv
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
-from gpuadvise.analyzer.measure.metrics import GRAPH_LAUNCHES
+from gpuadvise.analyzer.model.calls import GRAPH_LAUNCHES
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
@@ -46,7 +46,6 @@ from .base import Rule
 class LaunchBound(Rule):
     code = "GA105"
     name = "launch-bound"
-    topic = "launch-bound"
     title = "Many tiny kernels: the GPU waits for launches"
     thresholds = {"short_kernel_us": 10.0, "min_short_share_pct": 50.0, "max_busy_pct": 60.0,
                   "min_host_wait_pct": 50.0, "min_direct_launch_pct": 50.0, "cpu_overhead_cut": 0.75,

@@ -47,7 +47,6 @@ from .base import Rule
 class LowGpuUtilization(Rule):
     code = "GA101"
     name = "low-gpu-utilization"
-    topic = "low-gpu-utilization"
     title = "The GPU is idle for much of each step"
     thresholds = {"max_busy_pct": 50.0}
 

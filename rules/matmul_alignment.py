@@ -51,7 +51,6 @@ MULTIPLE = 8
 class MatmulAlignment(Rule):
     code = "GA110"
     name = "matmul-alignment"
-    topic = "matmul-alignment"
     title = "fp16/bf16 matmuls with dimensions not multiple of 8"
     thresholds = {"multiple": MULTIPLE, "min_kernel_share_pct": 1.0, "min_saving_pct": 0.5,
                   "peak_fraction": 0.75, "peak_fraction_range": (0.5, 0.85), "min_reference_ops": 3,

@@ -70,7 +70,6 @@ from .base import Rule
 class MemoryFragmentation(Rule):
     code = "GA120"
     name = "memory-fragmentation"
-    topic = "memory-fragmentation"
     title = "GPU memory is fragmented: reserved far above allocated"
     requires = ("memory",)
     thresholds = {"min_unallocated_pct": 20.0, "min_stranded_gib": 1.0, "min_stranded_pct": 5.0,

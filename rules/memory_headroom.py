@@ -45,7 +45,6 @@ GEMM = "ampere_tf32_s1688gemm_64x64_nn"
 class MemoryHeadroom(Rule):
     code = "GA123"
     name = "memory-headroom"
-    topic = "memory-headroom"
     title = "Most of the GPU's memory is unused while the GPU waits"
     requires = ("trace", "memory")
     thresholds = {"max_peak_pct_of_capacity": 40.0, "max_busy_pct": 50.0, "max_dataloader_pct": 5.0}

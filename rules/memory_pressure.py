@@ -69,7 +69,6 @@ from .base import Rule
 class MemoryPressure(Rule):
     code = "GA122"
     name = "memory-pressure"
-    topic = "memory-pressure"
     title = "GPU memory is at its limit"
     requires = ("memory",)
     thresholds = {"peak_pct_of_capacity": 90.0}

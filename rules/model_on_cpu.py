@@ -40,7 +40,6 @@ from .base import Rule
 class ModelOnCpu(Rule):
     code = "GA144"
     name = "model-on-cpu"
-    topic = "model-on-cpu"
     title = "The model's parameters are on the CPU while a GPU is present"
     thresholds = {}
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpuadvise.analyzer.measure.analysis import Analysis
+from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.model.kernels import matrix_speedup
 from gpuadvise.analyzer.model.trace import names_in
@@ -54,7 +55,6 @@ from .base import Rule
 class NoTensorCores(Rule):
     code = "GA106"
     name = "no-tensor-cores"
-    topic = "no-tensor-cores"
     title = "Matmuls and convolutions run without Tensor Cores"
     thresholds = {"min_simt_share_pct": 50.0, "min_matmul_share_pct": 10.0, "fallback_speedup": 2.0,
                   "min_kernel_us": 5.0, "min_saving_pct": 1.0}
@@ -104,7 +104,6 @@ class NoTensorCores(Rule):
                       f"no faster than {floor:g} µs: " + ", ".join(parts))
         values = [v for v, _ in savings.values() if v is not None]
         span = (min(values), max(values)) if len(values) > 1 else None
-        settings = a.facts.get("settings") or {}
         if dev and dev.vendor == "amd":
             advice = f"{dev_name} has matrix cores: run matmuls in bf16 with `torch.autocast`."
         elif amp == "bf16":
@@ -115,7 +114,8 @@ class NoTensorCores(Rule):
         else:
             advice = (f"{dev_name}{f' ({arch})' if cc else ''} has fp16 Tensor Cores but no TF32: "
                       "use AMP with fp16 (`torch.autocast('cuda', dtype=torch.float16)` and a GradScaler).")
-        if settings.get("matmul_allow_tf32") is False and "tf32" in ratios:
+        recorded = runfacts.settings(a.facts)
+        if runfacts.flag(a.facts, "matmul_allow_tf32") is False and "tf32" in ratios:
             advice += " The run had TF32 off (`torch.backends.cuda.matmul.allow_tf32 = False`)."
         message = (f"{100 * simt_us / mm_us:.0f}% of matmul/convolution time ({simt_us / 1e3:.1f} ms, "
                    f"{100 * simt_us / all_us:.0f}% of all kernel time) runs in fp32 SIMT kernels that do not use "
@@ -128,8 +128,8 @@ class NoTensorCores(Rule):
                      "tensor_core_matmul_ms": a.ms(mm_us - simt_us), "simt_matmul_ms": a.ms(simt_us),
                      "speedups": {k: r for k, r in options},
                      "saving_by_fix_pct": {k: round(v, 1) for k, (v, _) in savings.items() if v is not None},
-                     "recorded_settings": {k: settings[k] for k in ("matmul_allow_tf32", "cudnn_allow_tf32",
-                                                                    "float32_matmul_precision") if k in settings}},
+                     "recorded_settings": {k: recorded[k] for k in ("matmul_allow_tf32", "cudnn_allow_tf32",
+                                                                    "float32_matmul_precision") if k in recorded}},
         )
         severity = None
         if saving < t["min_saving_pct"]:

@@ -53,7 +53,6 @@ MIN_REFERENCE_BYTES = 1 << 20  # smaller pinned copies are latency-bound: they d
 class PageableMemcpy(Rule):
     code = "GA103"
     name = "pageable-memcpy"
-    topic = "pageable-memcpy"
     title = "Host↔device copies use pageable memory"
     thresholds = {"min_copies": 1}
 

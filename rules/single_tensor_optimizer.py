@@ -32,6 +32,7 @@ from __future__ import annotations
 import re
 
 from gpuadvise.analyzer.measure.analysis import Analysis
+from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.measure.metrics import annotation_spans, gpu_ops_launched_in, ops_inside
 from gpuadvise.analyzer.measure import intervals as iv
@@ -47,7 +48,6 @@ MULTI_TENSOR = re.compile(r"_foreach_|multi_tensor_apply|fused|_fused_", re.I)
 class SingleTensorOptimizer(Rule):
     code = "GA109"
     name = "single-tensor-optimizer"
-    topic = "single-tensor-optimizer"
     title = "The optimizer launches kernels one parameter at a time"
     thresholds = {"min_kernels_per_step": 20, "cpu_factor": 0.2, "min_saving_pct": 0.5}
 
@@ -69,7 +69,7 @@ class SingleTensorOptimizer(Rule):
         if saving is None or saving < self.thresholds["min_saving_pct"]:
             return []  # the optimizer's launches hide behind GPU work: nothing to win here
         opt = spans["name"].iloc[0].split("#", 1)[-1].split(".")[0]
-        facts = [o for o in a.facts.get("optimizers", []) if o.get("class") == opt]
+        recorded = [o.as_dict() for o in runfacts.optimizers(a.facts, cls=opt)]
         message = (f"Each `{opt}` step launches {per_step:.0f} kernels (median {kernels['gpu_us'].median():.1f} µs each) "
                    f"and takes {spans['dur'].median() / 1e3:.2f} ms on the CPU; none of them is a foreach or fused kernel.")
         evidence = Evidence(
@@ -77,7 +77,7 @@ class SingleTensorOptimizer(Rule):
             time_ranges_ms=[(a.rel_ms(s), a.rel_ms(e)) for s, e in zip(spans["ts"].head(5), spans["end"].head(5))],
             items=[{"name": str(n), "count": int(c)} for n, c in kernels["gpu_name"].value_counts().head(6).items()],
             numbers={"kernels_per_step": round(per_step, 1), "optimizer_cpu_ms": round(float(spans["dur"].median()) / 1e3, 3),
-                     "optimizer": opt, "recorded_settings": facts[:1]},
+                     "optimizer": opt, "recorded_settings": recorded[:1]},
         )
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis,
                              advice=f"Construct `{opt}` with `foreach=True` or, where available, `fused=True`.")]

@@ -46,16 +46,14 @@ import numpy as np
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.fixtures.builder import RankFolder, job_folder
 
-from .base import Rule
+from .base import JobRule
 
 
-class Straggler(Rule):
+class Straggler(JobRule):
     code = "GA130"
     name = "straggler"
-    topic = "straggler"
     title = "One rank is slower than the others and the job waits for it"
     thresholds = {"min_slowest_share": 0.5, "min_slower_pct": 10.0}
-    requires = ("ranks",)
 
     def check(self, a):
         job = a.job

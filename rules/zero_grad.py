@@ -41,7 +41,6 @@ from .base import Rule
 class ZeroGrad(Rule):
     code = "GA108"
     name = "zero-grad"
-    topic = "zero-grad"
     title = "zero_grad() writes zeros instead of setting gradients to None"
     thresholds = {"min_zero_ops_per_step": 1}
 

@@ -145,3 +145,38 @@ def test_each_subcommand_module_exists_and_has_main():
 
     for name, (module, func, _) in COMMANDS.items():
         assert callable(getattr(importlib.import_module(module), func)), name
+
+
+def test_renderers_never_import_the_rule_catalog():
+    """A finding carries its advice and its rule's fix: the renderers need nothing from the rules."""
+    bad = [f"{mod} → {dep}" for mod in MODULES if mod.startswith("gpuadvise.analyzer.report")
+           for dep in GRAPH.successors(mod) if dep == "gpuadvise.rules" or dep.startswith("gpuadvise.rules.")]
+    assert not bad, "renderers importing rules:\n" + "\n".join(bad)
+
+
+# The consumers of an analysis get it from run/'s package API (`run.analyze`, `run.resolve_inputs`) and
+# read the model's types; they never read traces, measure or run rules themselves. run.gate (the CI
+# gate's argument parsing) and run.cli (the analyze subcommand) are not analysis.
+CONSUMERS = ("gpuadvise.tui", "gpuadvise.analyzer.compare", "gpuadvise.capture")
+PAST_RUN = ("gpuadvise.analyzer.read", "gpuadvise.analyzer.measure", "gpuadvise.analyzer.run")
+RUN_ALLOWED = ("gpuadvise.analyzer.run", "gpuadvise.analyzer.run.gate")
+# What the timeline draws with, not analysis: interval arithmetic (the call-name lists that lanes are
+# coloured by live in model/calls.py, which any consumer may read).
+DRAWING_HELPERS = {"gpuadvise.tui.timeline_index": ("gpuadvise.analyzer.measure.intervals",)}
+
+
+def _inside(mod: str, package: str) -> bool:
+    return mod == package or mod.startswith(package + ".")
+
+
+@pytest.mark.parametrize("consumer", CONSUMERS)
+def test_consumers_analyse_only_through_run(consumer):
+    bad = [f"{mod} → {dep}" for mod in MODULES if _inside(mod, consumer) for dep in GRAPH.successors(mod)
+           if any(_inside(dep, p) for p in PAST_RUN) and dep not in RUN_ALLOWED
+           and dep not in DRAWING_HELPERS.get(mod, ())]
+    assert not bad, "analysis reached past run/'s API:\n" + "\n".join(bad)
+
+
+def test_the_consumer_rule_sees_imports():
+    # guards the test above: the TUI's load goes through run/, so the scan must see that edge
+    assert "gpuadvise.analyzer.run" in set(GRAPH.successors("gpuadvise.tui.app"))

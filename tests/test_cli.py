@@ -92,6 +92,21 @@ def test_output_extension_chooses_format(capsys, tmp_path, stall_trace, name, fm
         assert others == [], "temp files left beside the report"
 
 
+@pytest.mark.parametrize("command", ["analyze", "compare"])
+def test_an_unknown_output_extension_is_refused_not_guessed(capsys, tmp_path, stall_trace, command):
+    out_path = tmp_path / "report.pdf"
+    inputs = [stall_trace] if command == "analyze" else [stall_trace, stall_trace]
+    rc, out, err = call_main(capsys, command, *inputs, "-o", out_path)
+    assert rc == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "report.pdf" in lines[0] and "'.pdf'" in lines[0]
+    assert all(ext in lines[0] for ext in (".md", ".json", ".html", ".txt"))  # it says what would work
+    assert list(tmp_path.iterdir()) == [], "nothing written"
+    rc, _, err = call_main(capsys, command, *inputs, "-o", out_path, "--format", "json")
+    assert rc == 0, err  # a named format writes any file name
+    looks_like("json", out_path.read_text(encoding="utf-8"))
+
+
 def test_explicit_format_beats_the_extension(capsys, tmp_path, stall_trace):
     out_path = tmp_path / "out.md"
     rc, _, err = call_main(capsys, "analyze", stall_trace, "--format", "json", "--output", out_path)
@@ -458,3 +473,32 @@ def test_run_json_alone_is_not_a_trace(tmp_path):
     run = run_cli("analyze", d)
     assert run.returncode == 2
     single_error_line(run.stderr, "run")
+
+
+@pytest.mark.parametrize("command", ["analyze", "compare"])
+def test_no_cache_is_passed_down_not_set_in_the_environment(capsys, tmp_path, monkeypatch, command):
+    """--no-cache reaches the loader as cache=False: no model cache is written, and the process
+    environment is left as it was (a later analysis in the same process still caches)."""
+    import os
+
+    from gpuadvise.analyzer.read import cache
+    from gpuadvise.rules import find_rule
+
+    monkeypatch.delenv("GPUADVISE_NO_CACHE", raising=False)
+    monkeypatch.setattr(cache, "MIN_BYTES", 0)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    (tmp_path / "in").mkdir()
+    trace = find_rule("dataloader-stall").positive().write(tmp_path / "in" / "t.json")
+
+    def files():
+        return sorted(str(p) for p in tmp_path.rglob("*") if p.is_file())
+
+    before = files()
+    inputs = [trace] if command == "analyze" else [trace, trace]
+    rc, _, err = call_main(capsys, command, *inputs, "--no-cache", "-q")
+    assert rc == 0, err
+    assert files() == before, "--no-cache wrote a model cache"
+    assert "GPUADVISE_NO_CACHE" not in os.environ
+    rc, _, err = call_main(capsys, command, *inputs, "-q")
+    assert rc == 0, err
+    assert len(files()) > len(before), "without --no-cache the model is cached (the test can see a cache)"

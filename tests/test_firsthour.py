@@ -123,7 +123,8 @@ def test_perfetto_track_holds_one_slice_per_finding_over_its_evidence(tmp_path, 
     base = min(e["ts"] for e in original if "ts" in e and e.get("ph") != "M")
     for f, s in zip(report["findings"], slices):
         assert s["name"] == f["title"] and s["args"]["rule"] == f["rule"]
-        assert s["args"]["message"] == f["message"] and s["args"]["fix"] == f["recommendation"]
+        assert s["args"]["message"] == f["message"]
+        assert s["args"]["advice"] == f["advice"] and s["args"]["fix"] == f["fix"]
         ranges = f["evidence"]["time_ranges_ms"]
         if ranges:  # the slice spans the finding's evidence, on the trace's own clock
             assert s["ts"] == pytest.approx(base + min(a for a, _ in ranges) * 1e3, abs=1)

@@ -419,9 +419,9 @@ def test_parse_trace_bytes_directly():
 
 def test_many_events_across_chunks(load_built, monkeypatch):
     """Chunked decoding must neither drop nor duplicate events at chunk borders."""
-    import gpuadvise.analyzer.read.loader as loader
+    from gpuadvise.analyzer.read import chunks
 
-    monkeypatch.setattr(loader, "CHUNK_EVENTS", 7)
+    monkeypatch.setattr(chunks, "CHUNK_EVENTS", 7)
     b = small_builder(steps=4, kernels=9)
     d = b.to_dict()
     d["traceEvents"].insert(20, {"ph": "X", "cat": "kernel", "name": "bad", "pid": 0, "tid": 7, "dur": 1.0})

@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from gpuadvise.analyzer.read import loader
+from gpuadvise.analyzer.read import chunks, loader, parallel
 from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.rules import find_rule
 
@@ -27,11 +27,11 @@ def _legacy_threads(path):
 
 def _load(path, workers, monkeypatch):
     monkeypatch.setenv("GPUADVISE_LOAD_WORKERS", str(workers))
-    monkeypatch.setattr(loader, "PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setattr(loader, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(parallel, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", 4096)
     used = []
-    real = loader._build_parallel
-    monkeypatch.setattr(loader, "_build_parallel", lambda *a: used.append(real(*a)) or used[-1])
+    real = parallel.build_parallel
+    monkeypatch.setattr(parallel, "build_parallel", lambda *a: used.append(real(*a)) or used[-1])
     model = loader.load_trace(path)
     assert used == ([True] if workers > 1 else []), "the forked worker did not deliver its half"
     return model

@@ -175,8 +175,8 @@ def test_a_failed_worker_becomes_a_note(job8, monkeypatch):
     """A rank whose worker died (not bad input) is reported as a note; the other ranks still count."""
     real = ranks.map_local
 
-    def one_dies(sources, codes, workers, progress=None):
-        out = real(sources, codes, workers, progress)
+    def one_dies(sources, codes, workers, progress=None, cache=None):
+        out = real(sources, codes, workers, progress, cache=cache)
         out[3] = ranks.Failure(str(sources[3].path), "its worker process died (out of memory? try fewer workers: -j)")
         return out
 

@@ -18,8 +18,9 @@ from gpuadvise.analyzer.run.single import analyze_model, analyze_snapshot
 from gpuadvise.analyzer.model.findings import Evidence, Impact
 from gpuadvise.analyzer.read.loader import load_trace
 from gpuadvise.analyzer.read.snapshot import load_snapshot
-from gpuadvise.fixtures.builder import TraceBuilder
+from gpuadvise.fixtures.builder import RankFolder, TraceBuilder
 from gpuadvise.rules import all_rules, find_rule
+from gpuadvise.rules.base import JobRule, Rule
 
 RULES = all_rules()
 IDS = [r.name for r in RULES]
@@ -105,6 +106,35 @@ def test_rule_identity(rule):
     assert find_rule(rule.code) is rule
     assert find_rule(rule.name.upper()) is rule
     assert find_rule(f" {rule.code.lower()} ") is rule
+
+
+def test_job_rules_have_their_own_type():
+    """Rules on the job view are JobRules: they require the ranks and build rank folders as fixtures;
+    every other rule reads one trace or snapshot and never asks for ranks."""
+    job = [r for r in RULES if r.job_level]
+    assert {r.name for r in job} >= {"straggler", "comm-overlap"}
+    for r in RULES:
+        assert isinstance(r, JobRule) == r.job_level
+        assert ("ranks" in r.requires) == r.job_level, r.name
+    for r in job:
+        assert isinstance(r.positive(), RankFolder) and isinstance(r.negative(), RankFolder)
+
+
+def test_job_rule_cannot_ask_for_a_single_trace():
+    with pytest.raises(TypeError, match="job rule"):
+        type("Broken", (JobRule,), {"code": "GA999", "name": "broken", "requires": ("trace",)})
+
+
+def test_topic_defaults_to_name():
+    plain = type("Plain", (Rule,), {"code": "GA998", "name": "plain-rule"})()
+    grouped = type("Grouped", (Rule,), {"code": "GA997", "name": "grouped-rule", "topic": "memory"})()
+    assert plain.topic == "plain-rule" and grouped.topic == "memory"
+
+
+def test_job_rules_run_through_the_engine(fixture_reports):
+    """The engine finds JobRules in the catalog and runs them on a rank folder (no explicit rule list)."""
+    for r in (r for r in RULES if r.job_level):
+        assert r.topic in topics(fixture_reports(r, "positive"))
 
 
 def test_codes_and_names_unique():

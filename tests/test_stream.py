@@ -12,7 +12,7 @@ import pytest
 
 from _cli_support import is_corpus_trace
 from gpuadvise.analyzer.read import forked
-from gpuadvise.analyzer.read import loader
+from gpuadvise.analyzer.read import filebytes, loader, parallel
 from gpuadvise.analyzer.read import stream
 from gpuadvise.analyzer.errors import InputError
 from gpuadvise.fixtures.builder import TraceBuilder
@@ -33,7 +33,7 @@ def _streamed(path, monkeypatch, workers=1, window=4096):
     monkeypatch.setattr(stream, "STREAM_MIN_BYTES", 0)
     monkeypatch.setattr(stream, "WINDOW", window)
     monkeypatch.setattr(stream, "TAIL_RESERVE", max(window, 1024))
-    monkeypatch.setattr(loader, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(parallel, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setenv("GPUADVISE_LOAD_WORKERS", str(workers))
     # The loader never forks a process that runs threads; idle ones left by earlier tests (a Dask
     # client's) must not turn this test into a one-process one.
@@ -158,7 +158,7 @@ def test_broken_files_fall_back_to_the_careful_path(tmp_path, monkeypatch, damag
 
 def test_gzip_bomb_is_refused_while_streaming(tmp_path, monkeypatch):
     path = _write(tmp_path / "t.json", _trace(), gz=True)
-    monkeypatch.setattr(loader, "MAX_TRACE_BYTES", 20_000)
+    monkeypatch.setattr(filebytes, "MAX_TRACE_BYTES", 20_000)
     monkeypatch.setattr(stream, "STREAM_MIN_BYTES", 0)
     with pytest.raises(InputError, match="gzip inflates to more than"):
         loader.load_trace(path, cache=False)

@@ -227,7 +227,7 @@ def test_every_rule_renders_in_the_detail_pane(rule):
 
     f = Finding(rule=rule.code, topic=rule.topic, severity="high", title=rule.title, message="42 ms lost [x](y)",
                 evidence=Evidence(items=[{"name": "k|[a]", "count": 3}]), impact=Impact(12.5, "replay"),
-                recommendation=rule.fix)
+                advice="", fix=rule.fix)
     md = finding_markdown(f, rule)
     assert md.count("## Fix") == 1  # the docs' own Fix section is not repeated under "About"
     assert "### What it detects" in md and "### Thresholds" in md
@@ -532,18 +532,46 @@ def test_loads_paths_in_a_worker_with_progress(tmp_path):
     run(go())
 
 
+def test_view_shows_the_same_findings_as_analyze_on_a_rank_folder(tmp_path, capsys):
+    """Job-level findings (a straggler: GA130) come with the reports in `view` as in `analyze`."""
+    import json
+
+    from gpuadvise.analyzer.run.cli import main as analyze_main
+    from gpuadvise.fixtures.builder import job_folder
+
+    folder = job_folder(ranks=2, straggler=1, slowdown=1.5).write(tmp_path / "job")
+    assert analyze_main([str(folder), "--format", "json", "-q"]) == 0
+    expected = [(f["rule"], f["rank"], f["title"]) for f in json.loads(capsys.readouterr().out)["findings"]]
+    assert ("GA130", 1) in [(rule, rank) for rule, rank, _ in expected]
+
+    async def go():
+        app = GpuadviseApp(paths=[str(folder)], cursor_blink=False)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            screen = app.screen
+            assert isinstance(screen, FindingsScreen)
+            shown = [app.data.findings[i] for i in screen.shown]
+            assert [(f.rule, f.rank, f.title) for f in shown] == expected
+            await pilot.press("slash", *"130", "enter")
+            await pilot.pause()
+            assert [app.data.findings[i].rule for i in screen.shown] == ["GA130"]
+            assert "rank 1" in screen.query_one("#finding-detail").source
+
+    run(go())
+
+
 def test_progress_follows_the_bytes_when_the_engine_reports_them(tmp_path, monkeypatch):
-    """When analyze_source takes a `progress(done, total)` callback, the bar follows it."""
-    import gpuadvise.analyzer.run.single as engine
+    """The decode's `progress(done, total)` callback of the analysis moves the bar."""
+    import gpuadvise.analyzer.run.engine as engine
 
     real = engine.analyze_source
     seen = []
 
-    def reporting(src, rules=None, progress=None):
+    def reporting(src, rules=None, progress=None, cache=None):
         for done in (25, 50, 100):
             progress(done, 100)
             seen.append(done)
-        return real(src, rules=rules)
+        return real(src, rules=rules, cache=cache)
 
     monkeypatch.setattr(engine, "analyze_source", reporting)
     path = find_rule("dataloader-stall").positive().write(tmp_path / "stall.json.gz")

@@ -7,13 +7,12 @@ Exit codes: 0 the comparison was made (and the gate, if any, passed); 1 the gate
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 from gpuadvise.analyzer.errors import EXIT_GATE, EXIT_OK, InputError
 
-FORMATS = ("text", "md", "json", "html")
+from gpuadvise.analyzer.report.formats import NAMES as FORMATS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,9 +43,8 @@ def main(argv: list[str]) -> int:
 
 
 def run(args) -> int:
-    from gpuadvise.analyzer.read.sources import refuse_overwriting_inputs, resolve
-    from gpuadvise.analyzer.report import EXTENSIONS
-    from gpuadvise.analyzer.report import compare as render_compare
+    from gpuadvise.analyzer import run as analysis
+    from gpuadvise.analyzer.report import formats
     from gpuadvise.analyzer.report.output import check_writable, write_atomic
     from gpuadvise.analyzer.run.gate import parse_fail_on, parse_regression
 
@@ -57,35 +55,31 @@ def run(args) -> int:
     # wrong gate values fail before minutes of analysis
     fail_on = parse_fail_on(args.fail_on)
     regression = parse_regression(args.fail_on_regression)
-    fmt = args.format
-    if fmt is None and args.output:
-        fmt = EXTENSIONS.get(Path(args.output).suffix.lower())
-    fmt = fmt or "text"
+    fmt = formats.choose(args.format, args.output).name  # an unknown -o extension fails before the analysis
     if args.output:
         check_writable(Path(args.output))
-        refuse_overwriting_inputs(Path(args.output), [args.before, args.after])
-    for path in (args.before, args.after):
-        resolve([path])  # a missing or empty path fails before the other side is analysed
-    if args.no_cache:
-        os.environ["GPUADVISE_NO_CACHE"] = "1"
+        analysis.refuse_overwriting_inputs(Path(args.output), [args.before, args.after])
+    # each path resolved (and its run.json read) once: a missing or empty one fails before either side
+    # is analysed, and the analysis takes the sources as they are
+    inputs = [analysis.resolve_inputs([path]) for path in (args.before, args.after)]
+    cache = False if args.no_cache else None
     show = not args.quiet and sys.stderr.isatty()
     sides = []
-    for name, path in (("BEFORE", args.before), ("AFTER", args.after)):
+    for name, path, sources in zip(("BEFORE", "AFTER"), (args.before, args.after), inputs):
         if show:
             print(f"gpuadvise: analysing {name} {path}", file=sys.stderr)
-        sides.append(cmp_mod.load_side(path, jobs=args.jobs))
+        sides.append(cmp_mod.load_side(sources, jobs=args.jobs, cache=cache, label=path))
     result = cmp_mod.compare(*sides)
     if fail_on or regression is not None:
         cmp_mod.apply_gate(result, fail_on, regression)
     if args.output:
         out = Path(args.output)
-        files = render_compare.markdown_files(result, out) if fmt == "md" else [(out, render_compare.render(result, fmt))]
-        for path, text in files:  # a markdown report's charts first, the report last
+        for path, text in formats.compare_files(result, fmt, out):  # charts first, the report last
             write_atomic(path, text)
         if show:
             print(f"gpuadvise: wrote {args.output}", file=sys.stderr)
     else:
-        sys.stdout.write(render_compare.render(result, fmt))
+        sys.stdout.write(formats.render_compare(result, fmt))
     gate = result.get("gate")
     if gate and gate["failed"]:
         print("gpuadvise: " + "; ".join(gate["reasons"]), file=sys.stderr)  # one line, for the CI log

@@ -13,7 +13,6 @@ data there): a finding that vanished because nothing looked for it is not a fix.
 
 from __future__ import annotations
 
-import json
 import math
 
 from gpuadvise import __version__
@@ -37,18 +36,22 @@ BREAKDOWN = (  # summary.step_breakdown_ms keys, in the order they are shown
 # Sides
 
 
-def load_side(path: str, jobs: int | None = None) -> dict:
-    """Analyse one run (a run folder, a trace, or a folder of rank traces) into a side."""
-    from gpuadvise.analyzer.run.engine import analyze_paths
-    from gpuadvise.analyzer.read.sources import resolve
+def load_side(path, jobs: int | None = None, cache: bool | None = None, label: str | None = None) -> dict:
+    """Analyse one run (a run folder, a trace, or a folder of rank traces; or the sources
+    `run.resolve_inputs` made of one) into a side. The run.json facts come with the reports."""
+    from gpuadvise.analyzer import run
 
-    facts = {str(s.path): s.facts for s in resolve([path])}
-    reports = analyze_paths([path], jobs=jobs)
-    return side_from_reports(reports, label=path, facts=facts)
+    reports = run.analyze(path if not isinstance(path, str) else [path], jobs=jobs, cache=cache)
+    if label is None:
+        label = path if isinstance(path, str) else " ".join(str(s.path) for s in path)
+    return side_from_reports(reports, label=label)
 
 
 def side_from_reports(reports, label: str, facts: dict | None = None) -> dict:
-    """A side from ready reports (`analyze_paths`); `facts` maps a trace path to its run.json facts."""
+    """A side from ready reports (`run.analyze`); `facts` maps a trace path to its run.json facts
+    (default: the facts the reports were read with)."""
+    if facts is None:
+        facts = getattr(reports, "facts", None)
     from gpuadvise.analyzer.report.json import document
 
     doc = document(reports)
@@ -68,8 +71,8 @@ def side_from_reports(reports, label: str, facts: dict | None = None) -> dict:
             side["steps_ms"] = [round(float(v) / 1e3, 3) for v in m.per_step["dur_us"]]
         side["kernels"] = _table(m.kernels)
         side["ops"] = _table(m.ops)
-    side["facts"] = (facts or {}).get(r.source) or {}
-    return json.loads(json.dumps(side, default=_plain))  # plain data from here on (numpy scalars gone)
+    side["facts"] = dict((facts or {}).get(r.source) or {})
+    return side  # plain data already: the document has no numpy scalars, the tables are built of Python numbers
 
 
 def _table(frame) -> list[dict]:
@@ -78,13 +81,6 @@ def _table(frame) -> list[dict]:
     rows = frame.head(KEEP_TABLE_ROWS)
     return [{"name": str(n), "count": int(c), "total_ms": round(float(t) / 1e3, 4)}
             for n, c, t in zip(rows["name"], rows["count"], rows["total_us"])]
-
-
-def _plain(o):
-    try:
-        return o.item()  # numpy scalar
-    except AttributeError:
-        return str(o)
 
 
 def trace_summary(side: dict) -> dict:

@@ -1,6 +1,7 @@
 """What a rule sees: the model, its metrics, run facts, memory, and the replay that predicts savings.
 
 A snapshot-only analysis has no model or metrics; a rule says what it needs in `Rule.requires`.
+docs/rule-api.md documents every field here and the tables behind them.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 
 from . import intervals as iv
-from .memory import ALLOC_CALLS, FREE_CALLS
-from .metrics import LAUNCH_CALLS, Metrics, step_windows
+from gpuadvise.analyzer.model.calls import ALLOC_CALLS, FREE_CALLS, LAUNCH_CALLS
+from .metrics import Metrics, step_windows
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask, names_in
 
 OUTSIDE_OPS = "Python / CPU work outside any recorded op"

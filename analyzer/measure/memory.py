@@ -20,12 +20,11 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from . import intervals as iv
+from gpuadvise.analyzer.model.calls import ALLOC_CALLS, FREE_CALLS
 
 GiB = 2**30
 MiB = 2**20
 
-ALLOC_CALLS = ("cudaMalloc", "hipMalloc")
-FREE_CALLS = ("cudaFree", "hipFree")
 GPU_DEVICE_TYPES = (1, 6)  # `[memory]` "Device Type" (c10::DeviceType): 0 CPU, 1 CUDA, 6 HIP (some ROCm builds)
 TIMELINE_POINTS = 64
 TOP_SITES = 5

@@ -1,5 +1,9 @@
 """Metrics computed once per trace from the model; the rules and every renderer read these.
 
+Every table's columns, with types and units, are listed in docs/rule-api.md (a test holds the two
+together: a column added here without a line there fails tests/test_rule_api.py). The call-name lists
+the tables are built from live in analyzer/model/calls.py.
+
 Definitions follow Holistic Trace Analysis (HTA) where HTA has one:
 - temporal breakdown: `kernel_time` = first GPU op start → last GPU op end (all streams); idle =
   kernel_time − |∪ GPU ops|; compute = |∪ non-communication kernels|; non-compute = the rest.
@@ -29,31 +33,11 @@ import numpy as np
 import pandas as pd
 
 from . import intervals as iv
+from gpuadvise.analyzer.model.calls import COPY_CALLS, COPY_NAME, DATALOADER, DEVICE_SYNCS, LAUNCH_CALLS, STEP, SYNC_CALLS
 from gpuadvise.analyzer.model.kernels import is_comm, is_matmul_like, precision_class
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask, names_in
 
 KERNEL_WAIT_US = 30.0
-
-LAUNCH_CALLS = {
-    "cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchCooperativeKernel",
-    "cudaGraphLaunch", "hipLaunchKernel", "hipExtModuleLaunchKernel", "hipModuleLaunchKernel", "hipExtLaunchKernel",
-    "hipGraphLaunch", "hipLaunchCooperativeKernel",
-}
-COPY_CALLS = {"cudaMemcpyAsync", "cudaMemcpy", "cudaMemsetAsync", "cudaMemset", "cudaMemcpy2DAsync",
-              "hipMemcpyAsync", "hipMemcpy", "hipMemcpyWithStream", "hipMemsetAsync", "hipMemset"}
-GRAPH_LAUNCHES = {"cudaGraphLaunch", "hipGraphLaunch"}
-# Calls that block the CPU until the GPU catches up.
-SYNC_CALLS = {
-    "cudaStreamSynchronize": "stream", "cudaDeviceSynchronize": "device", "cudaEventSynchronize": "event",
-    "hipStreamSynchronize": "stream", "hipDeviceSynchronize": "device", "hipEventSynchronize": "event",
-    "cudaMemcpy": "blocking copy", "hipMemcpy": "blocking copy", "hipMemcpyWithStream": "blocking copy",
-    "cudaMemset": "blocking memset", "hipMemset": "blocking memset",
-}
-DEVICE_SYNCS = {"cudaDeviceSynchronize", "hipDeviceSynchronize"}
-SCALAR_OPS = {"aten::_local_scalar_dense", "aten::item"}
-DATALOADER = re.compile(r"^enumerate\((DataLoader|DataPipe)\)#")
-STEP = re.compile(r"^ProfilerStep#(\d+)$")
-COPY_NAME = re.compile(r"^Memcpy (\w+) \(([\w ]+?) -> ([\w ]+?)\)")
 
 
 @dataclass

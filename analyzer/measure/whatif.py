@@ -31,8 +31,8 @@ import numpy as np
 import pandas as pd
 
 from . import intervals as iv
-from .memory import ALLOC_CALLS, FREE_CALLS
-from .metrics import COPY_CALLS, DEVICE_SYNCS, LAUNCH_CALLS, SYNC_CALLS, Metrics
+from gpuadvise.analyzer.model.calls import ALLOC_CALLS, COPY_CALLS, DEVICE_SYNCS, FREE_CALLS, LAUNCH_CALLS, SYNC_CALLS
+from .metrics import Metrics
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask, names_in
 
 DEVICE_WIDE = set(DEVICE_SYNCS) | set(FREE_CALLS)  # calls that wait for all GPU work launched before them
@@ -43,7 +43,15 @@ WAKE_US = 5.0  # a blocked call returns about this long after the GPU op it wait
 
 @dataclass
 class Scenario:
-    """How a fix changes the steps. Every field defaults to 'no change'."""
+    """How a fix changes the steps. Every field defaults to 'no change'.
+
+    Intervals are (starts, ends) arrays in µs on the trace clock (`intervals.union` of spans). The
+    callables receive one of the replay's frames and return a numpy array with one value per row, in
+    row order: `unscaled`, `unblock` and `remove` get `Replay.calls` (the runtime calls that talk to the
+    GPU: `model.runtime`'s columns plus `blocking`) and return bools; `gpu_scale` and `gpu_time` get
+    `Replay.ops` (the GPU ops: `model.gpu`'s columns plus `prev_end_traced`) and return floats.
+    docs/rule-api.md lists both frames' columns.
+    """
 
     name: str
     cpu_removed: tuple[np.ndarray, np.ndarray] | None = None  # CPU intervals that disappear

@@ -37,14 +37,24 @@ class Finding:
     message: str
     evidence: Evidence
     impact: Impact
-    recommendation: str
+    advice: str  # what to do about this instance (may quote trace or run.json values)
+    fix: str = ""  # the rule's general Fix text (markdown from its docs), the same for every instance
     rank: int | None = None
     trace: str | None = None
+
+    @property
+    def recommendation(self) -> str:
+        """Advice then the general fix, as one text (the JSON's `recommendation`, kept for scripts)."""
+        return (self.advice + "\n\n" + self.fix).strip()
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["evidence"]["time_ranges_ms"] = [list(r) for r in self.evidence.time_ranges_ms]
-        return d
+        # the JSON keeps its field order: recommendation where it always was, advice and fix after
+        out = {k: d[k] for k in ("rule", "topic", "severity", "title", "message", "evidence", "impact")}
+        out["recommendation"] = self.recommendation
+        out.update((k, d[k]) for k in ("rank", "trace", "advice", "fix"))
+        return out
 
 
 def order(findings: list) -> list:

@@ -14,8 +14,7 @@ from urllib.parse import quote
 
 from . import svg
 from gpuadvise.analyzer.model.report import TraceReport, all_findings
-from .html import CHART_PREFIX, page
-from .markdown import _saving
+from .finding import saving
 
 MAX_TRACE_CHARTS = 8  # a job of 64 ranks gets the first 8 ranks' step charts; the tables list every rank
 MAX_STEPS = 50
@@ -27,7 +26,7 @@ class Chart:
     name: str  # file suffix and HTML id: "steps", "steps-2", "savings"
     alt: str
     svg: str
-    anchor: object  # where the markdown shows it: "findings" or the report index
+    anchor: str | int  # where the markdown shows it: "findings" or the report index
 
 
 def charts(reports: list[TraceReport]) -> list[Chart]:
@@ -36,7 +35,7 @@ def charts(reports: list[TraceReport]) -> list[Chart]:
     if findings:
         multi = len(reports) > 1
         rows = [{"label": f"{f.rule} {f.topic}" + (f" rank {f.rank}" if multi and f.rank is not None else ""),
-                 "value": f.impact.est_step_saving_pct, "text": _saving(f),
+                 "value": f.impact.est_step_saving_pct, "text": saving(f),
                  "colour": "#cf222e" if f.severity == "high" else "#d4a72c" if f.severity == "medium" else "#0969da"}
                 for f in findings]
         note = "Each fix's prediction on its own: predictions of different findings do not add up."
@@ -60,7 +59,7 @@ def charts(reports: list[TraceReport]) -> list[Chart]:
     return out
 
 
-def _chart_lines(cs: list[Chart], link) -> dict:
+def chart_lines(cs: list[Chart], link) -> dict:
     lines: dict = {}
     for c in cs:
         lines.setdefault(c.anchor, []).extend([f"![{c.alt}]({link(c)})", ""])
@@ -75,18 +74,10 @@ def markdown_files(reports: list[TraceReport], out: Path) -> list[tuple[Path, st
     cs = charts(reports) if charts_beside(out) else []
     stem = out.name[: -len(out.suffix)] if out.suffix else out.name
     files = {c.name: out.with_name(f"{stem}-{c.name}.svg") for c in cs}
-    text = render(reports, charts=_chart_lines(cs, lambda c: quote(files[c.name].name)))
+    text = render(reports, charts=chart_lines(cs, lambda c: quote(files[c.name].name)))
     return [(files[c.name], c.svg) for c in cs] + [(out, text)]
 
 
 def charts_beside(out: Path) -> bool:
     """Charts go beside a report file; a device (/dev/null, /dev/stdout) or a pipe has no "beside"."""
     return not (out.exists() and not out.is_file())
-
-
-def html(reports: list[TraceReport]) -> str:
-    from .markdown import render
-
-    cs = charts(reports)
-    text = render(reports, charts=_chart_lines(cs, lambda c: CHART_PREFIX + c.name))
-    return page("gpuadvise report", text, {c.name: c.svg for c in cs})

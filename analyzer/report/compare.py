@@ -372,13 +372,3 @@ def render_html(cmp: dict) -> str:
     cs = charts(cmp)
     text = render_markdown(cmp, _links(cs, lambda c: CHART_PREFIX + c.name))
     return page("gpuadvise compare", text, {c.name: c.svg for c in cs})
-
-
-def render(cmp: dict, fmt: str) -> str:
-    if fmt == "json":
-        return render_json(cmp)
-    if fmt == "md":
-        return render_markdown(cmp)
-    if fmt == "html":
-        return render_html(cmp)
-    return render_text(cmp)

@@ -5,15 +5,28 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 
 from gpuadvise import __version__
 
 from gpuadvise.analyzer.model.report import TraceReport, all_findings
 
 
+def trace_summary(r: TraceReport) -> dict:
+    """One trace's entry under `traces`: where it came from, its memory summary, its figures."""
+    s: dict = {"trace": r.source, "rank": r.rank, "kind": r.kind}
+    if r.snapshot:
+        s["snapshot"] = r.snapshot
+    s["memory"] = r.memory.to_dict() if r.memory is not None else None
+    if r.figures is not None:
+        s.update(asdict(r.figures))
+    return s
+
+
 def summary(reports: list[TraceReport]) -> dict:
-    """The first trace's summary at the top (the usual single-trace case), every trace under `traces`."""
-    traces = [r.summary() for r in reports]
+    """The slowest trace's summary at the top (the usual single-trace case: that one), every trace under
+    `traces`."""
+    traces = [trace_summary(r) for r in reports]
     timed = [t for t in traces if t.get("kind") == "trace" and "steps" in t]
     # several ranks: the slowest one sets the pace of the job, so it heads the summary
     main = max(timed, key=lambda t: t.get("median_step_ms") or 0.0) if timed else (traces[0] if traces else {})
@@ -38,7 +51,7 @@ def document(reports: list[TraceReport]) -> dict:
         "version": __version__,
         "summary": summary(reports),
         "findings": [f.to_dict() for f in all_findings(reports)],
-        "traces": [dict(r.summary(), notes=r.notes) for r in reports],
+        "traces": [dict(trace_summary(r), notes=r.notes) for r in reports],
     }
     job = getattr(reports, "job", None)
     if job is not None:  # two or more ranks: the job-level view (per-rank table, straggler per step)

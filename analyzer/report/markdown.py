@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from gpuadvise.analyzer.model.report import TraceReport, all_findings
 from gpuadvise.analyzer.model.findings import Finding
+from .finding import finding_lines, fmt, saving
+from .json import trace_summary
 from .safe import md, md_cell, md_code, md_text, short
 
 
@@ -22,7 +24,7 @@ def render(reports: list[TraceReport], charts: dict | None = None) -> str:
         out += ["| # | Finding | Topic | Severity | Est. saving" + (" | Rank |" if multi else " |"),
                 "|---|---|---|---|---" + ("|---|" if multi else "|")]
         for i, f in enumerate(findings, 1):
-            row = f"| {i} | {md(f.title)} | `{f.topic}` | {f.severity} | {_saving(f)}"
+            row = f"| {i} | {md(f.title)} | `{f.topic}` | {f.severity} | {saving(f)}"
             out.append(row + (f" | {f.rank if f.rank is not None else '–'} |" if multi else " |"))
         out.append("")
         out += charts.get("findings", [])
@@ -82,7 +84,7 @@ def _opt(v, spec: str, unit: str = "") -> str:
 
 
 def _trace_header(r: TraceReport) -> list[str]:
-    s = r.summary()
+    s = trace_summary(r)
     what = "Snapshot" if r.kind == "snapshot" else "Trace"
     lines = [f"- **{what}:** {md_code(r.source)}" + (f" (rank {r.rank})" if r.rank is not None else "")]
     if r.snapshot:
@@ -186,7 +188,7 @@ def _memory_section(r: TraceReport, multi: bool) -> list[str]:
         keys = list(sites[0].keys())
         out += ["Top allocation sites" + (" (by memory live at the allocation peak)" if h is not None and h.top_sites else "")
                 + ":", "", "| " + " | ".join(md(k) for k in keys) + " |", "|" + "---|" * len(keys)]
-        out += ["| " + " | ".join(md_cell(short(str(v), 80)) if k == "name" else md(_fmt(v)) for k, v in row.items()) + " |"
+        out += ["| " + " | ".join(md_cell(short(str(v), 80)) if k == "name" else md(fmt(v)) for k, v in row.items()) + " |"
                 for row in sites]
         out.append("")
     return out
@@ -205,56 +207,7 @@ def _num(v) -> str:
 
 
 def _finding(i: int, f: Finding) -> list[str]:
-    e = f.evidence
-    where = f" · rank {f.rank}" if f.rank is not None else ""
-    out = [f"### {i}. {md(f.title)}", "",
-           f"`{f.rule}` · `{f.topic}` · **{f.severity}** · est. saving **{_saving(f)}** of step time{where}", "",
-           md_text(f.message), ""]
-    ev = []
-    if e.steps:
-        ev.append(f"- Steps: {', '.join('#' + str(s) for s in e.steps[:12])}{' …' if len(e.steps) > 12 else ''}")
-    if e.time_ranges_ms:
-        ev.append("- Where (ms from trace start): " + ", ".join(f"{a:.2f}–{b:.2f}" for a, b in e.time_ranges_ms[:6]))
-    if e.sources:
-        ev.append("- Source: " + ", ".join(md_code(s) for s in e.sources[:5]))
-    if ev:
-        out += ["**Evidence**", ""] + ev + [""]
-    if e.items:
-        keys = [k for k in e.items[0].keys()]
-        out += ["| " + " | ".join(md(k) for k in keys) + " |", "|" + "---|" * len(keys)]
-        for item in e.items[:10]:
-            cells = [md_cell(short(str(v), 80)) if k == "name" else md(_fmt(v)) for k, v in item.items()]
-            out.append("| " + " | ".join(cells) + " |")
-        out.append("")
-    out += [f"**Impact:** {md_text(f.impact.basis)}", "", "**Fix**", "", _recommendation(f), ""]
-    return out
-
-
-def _recommendation(f: Finding) -> str:
-    """The rule's own Fix section stays markdown; the advice before it may quote trace or run.json
-    values (a device name, a file:line), so it is escaped like any prose."""
-    from gpuadvise.rules import find_rule
-
-    rule = find_rule(f.rule)
-    fix = rule.fix if rule is not None else ""
-    rec = f.recommendation
-    if fix and rec.endswith(fix):
-        return (md_text(rec[: -len(fix)].strip()) + "\n\n" + fix).strip()
-    return md_text(rec)
-
-
-def _saving(f: Finding) -> str:
-    pct = f"{f.impact.est_step_saving_pct:.1f} %"
-    r = f.impact.range_pct
-    if r and r[1] - r[0] >= 1:
-        pct += f" ({r[0]:.0f}–{r[1]:.0f} %)"
-    return f"up to {pct}" if f.impact.upper_bound else pct
-
-
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
-    return str(v)
+    return finding_lines(f, f"{i}. ", level=3)
 
 
 def _kernels_table(r: TraceReport, multi: bool) -> list[str]:

@@ -5,7 +5,7 @@ One process, "gpuadvise", sorted first; one lane (thread) per finding, in report
 complete ("X") slice from the start of the finding's first evidence range to the end of its last.
 Where a finding's evidence has no time ranges, its steps' spans stand in; a finding with neither
 (a setting read from run.json, say) spans the analysed window. The slice's args carry the message,
-the fix, the predicted saving and each evidence range, in the trace's own microseconds.
+the advice and the rule's fix, the predicted saving and each evidence range, in the trace's own microseconds.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def finding_events(report, pid: int) -> list[dict]:
             "ph": "X", "cat": CATEGORY, "name": f.title, "pid": pid, "tid": lane,
             "ts": base + start, "dur": max(end - start, 0.0),
             "args": {
-                "rule": f.rule, "severity": f.severity, "message": f.message, "fix": f.recommendation,
+                "rule": f.rule, "severity": f.severity, "message": f.message, "advice": f.advice, "fix": f.fix,
                 "predicted_step_saving_pct": f.impact.est_step_saving_pct,
                 "evidence": basis, "evidence_steps": list(f.evidence.steps),
                 "evidence_ranges_us": [[base + a, base + b] for a, b in ranges],

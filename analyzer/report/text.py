@@ -5,13 +5,14 @@ from __future__ import annotations
 import textwrap
 
 from gpuadvise.analyzer.model.report import TraceReport, all_findings
+from .json import trace_summary
 from .safe import short, terminal
 
 
 def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
     out = []
     for r in reports:
-        s = r.summary()
+        s = trace_summary(r)
         head = f"{terminal(r.source)}" + (f" (rank {r.rank})" if r.rank is not None else "")
         if r.metrics is None:
             out.append(head)

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 from gpuadvise.analyzer.errors import EXIT_GATE, EXIT_OK
 from gpuadvise.analyzer.model.report import all_findings
-from gpuadvise.analyzer.report import EXTENSIONS, FORMATS, render
-from gpuadvise.analyzer.report.charts import markdown_files
+from gpuadvise.analyzer.report import formats
 from gpuadvise.analyzer.read.sources import refuse_overwriting_inputs
 from gpuadvise.analyzer.report.output import check_writable, write_atomic
 
@@ -23,7 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gpuadvise analyze",
         description="Analyse torch.profiler traces (.json/.json.gz), folders of them, or a `gpuadvise profile` run folder.")
     a.add_argument("paths", nargs="+", metavar="PATH")
-    a.add_argument("--format", "-f", choices=FORMATS, help="report format (default: from -o's extension, else text)")
+    a.add_argument("--format", "-f", choices=formats.NAMES,
+                   help="report format (default: from -o's extension, else text)")
     a.add_argument("-o", "--output", metavar="FILE",
                    help="write the report here instead of stdout (markdown: with its charts beside it, FILE-*.svg)")
     a.add_argument("--perfetto", metavar="OUT.json",
@@ -56,12 +55,7 @@ def _positive_int(text: str) -> int:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    if args.no_cache:
-        os.environ["GPUADVISE_NO_CACHE"] = "1"
-    fmt = args.format
-    if fmt is None and args.output:
-        fmt = EXTENSIONS.get(Path(args.output).suffix.lower())
-    fmt = fmt or "text"
+    fmt = formats.choose(args.format, args.output).name  # an unknown -o extension fails before the analysis
     fail_on = parse_fail_on(args.fail_on)  # a wrong value fails before minutes of analysis
     for target in (args.output, args.perfetto):
         if target:
@@ -77,19 +71,19 @@ def main(argv: list[str]) -> int:
 
     try:
         reports = analyze_paths(args.paths, progress=progress, bytes_progress=bar.update if bar else None,
-                                jobs=args.jobs, scheduler=args.scheduler, rank_progress=bar.ranks if bar else None)
+                                jobs=args.jobs, scheduler=args.scheduler, rank_progress=bar.ranks if bar else None,
+                                cache=False if args.no_cache else None)
     finally:
         if bar:
             bar.clear()
     if args.output:
         out = Path(args.output)
-        files = markdown_files(reports, out) if fmt == "md" else [(out, render(reports, fmt, top=args.top))]
-        for path, text in files:  # a markdown report's charts first, the report last
+        for path, text in formats.files(reports, fmt, out, top=args.top):  # charts first, the report last
             write_atomic(path, text)
         if show:
             print(f"gpuadvise: wrote {args.output}", file=sys.stderr)
     else:
-        sys.stdout.write(render(reports, fmt, top=args.top))
+        sys.stdout.write(formats.render(reports, fmt, top=args.top))
     if args.perfetto:
         from .perfetto import write_perfetto
 

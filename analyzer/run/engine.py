@@ -1,4 +1,5 @@
-"""`analyze_paths`: what the command line (and scripts) call. The paths become sources (read/sources);
+"""`analyze_paths`: the one way in for analysis (the analyze CLI, `view`, `compare`, `profile`'s summary
+and scripts call it, through `gpuadvise.analyzer.run`). The paths become sources (read/sources);
 each is analysed on its own (run/single: in this process, in worker processes or on a Dask cluster,
 see run/ranks); with two or more ranks the job view is reduced (measure/job) and the job-level rules
 (`requires = ("ranks",)`) run once on it.
@@ -8,15 +9,18 @@ from __future__ import annotations
 
 from gpuadvise.analyzer.measure.job import JobAnalysis, JobReport, build_view, rank_stats
 from gpuadvise.analyzer.model.report import Reports, TraceReport
-from gpuadvise.analyzer.read.sources import resolve
+from gpuadvise.analyzer.read.sources import Sources, resolve
 
 from . import captures, ranks
 from .single import analyze_source, run_rules
 
 
-def analyze_paths(paths: list[str], progress=None, rules=None, bytes_progress=None, jobs: int | None = None,
-                  scheduler=None, rank_progress=None) -> Reports:
-    """Analyse every source, then the job when there are ≥2 ranks.
+def analyze_paths(paths: list[str] | Sources, progress=None, rules=None, bytes_progress=None, jobs: int | None = None,
+                  scheduler=None, rank_progress=None, cache: bool | None = None) -> Reports:
+    """Analyse every source, then the job when there are ≥2 ranks. `paths` are what the user named, or
+    the `Sources` that `resolve` already made of them (so a caller that checked them reads them once).
+    `cache`: use the parsed-model cache beside big traces (None: yes unless GPUADVISE_NO_CACHE is set).
+    The reports carry each trace's run.json facts (`Reports.facts`, by trace path).
 
     - one trace, or `jobs=1`: in this process, one source after the other; `progress(i, n, source)`
       before each source and `bytes_progress(done, total)` during each decode;
@@ -24,7 +28,7 @@ def analyze_paths(paths: list[str], progress=None, rules=None, bytes_progress=No
       `scheduler` (a `dask.distributed.Client` or a scheduler address); `rank_progress(done, n, nbytes)`
       as ranks finish.
     """
-    sources = resolve(paths)
+    sources = paths if isinstance(paths, Sources) else resolve(paths)
     traces = sum(1 for s in sources if s.kind == "trace")
     try:
         codes = ranks.rule_codes(rules)
@@ -34,15 +38,15 @@ def analyze_paths(paths: list[str], progress=None, rules=None, bytes_progress=No
     if traces >= 2 and scheduler is None:
         workers = min(jobs if jobs is not None else ranks.default_jobs(sources), len(sources))
     if scheduler is not None:
-        results = ranks.map_dask(sources, codes, scheduler, progress=rank_progress)
+        results = ranks.map_dask(sources, codes, scheduler, progress=rank_progress, cache=cache)
     elif workers > 1:
-        results = ranks.map_local(sources, codes, workers, progress=rank_progress)
+        results = ranks.map_local(sources, codes, workers, progress=rank_progress, cache=cache)
     else:
         results = []
         for i, src in enumerate(sources):
             if progress:
                 progress(i, len(sources), src)
-            results.append(analyze_source(src, rules=rules, progress=bytes_progress))
+            results.append(analyze_source(src, rules=rules, progress=bytes_progress, cache=cache))
         if traces >= 2:
             for r in results:
                 r.rank_stats = rank_stats(r)
@@ -52,7 +56,8 @@ def analyze_paths(paths: list[str], progress=None, rules=None, bytes_progress=No
     repeated = captures.apply(sources, reports)  # one worker captured N times: no job across them
     if reports and getattr(sources, "notes", None):
         reports[0].notes[:0] = sources.notes  # files of the folder(s) that are not traces
-    return Reports(reports, job=None if repeated else analyze_job(reports, rules))
+    facts = {str(s.path): s.facts for s in sources}
+    return Reports(reports, job=None if repeated else analyze_job(reports, rules), facts=facts)
 
 
 def _failed(failure) -> TraceReport:

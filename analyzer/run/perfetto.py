@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 
 from gpuadvise.analyzer.errors import InputError
-from gpuadvise.analyzer.read.loader import read_trace_bytes
+from gpuadvise.analyzer.read.filebytes import read_trace_bytes
 from gpuadvise.analyzer.report.output import write_atomic
 from gpuadvise.analyzer.report.perfetto import finding_events
 

@@ -46,7 +46,7 @@ class Failure:
 # The map function (runs in the worker)
 
 
-def map_one(src: Source, shown: str | None = None, codes: tuple | None = None):
+def map_one(src: Source, shown: str | None = None, codes: tuple | None = None, cache: bool | None = None):
     """Analyse one source; `shown` is the path as the user wrote it (the worker may get an absolute
     one), `codes` the rules to run (None: the whole catalog). Returns the compact report, or a Failure:
     nothing raised here has to cross a process boundary."""
@@ -56,13 +56,13 @@ def map_one(src: Source, shown: str | None = None, codes: tuple | None = None):
     shown = shown or str(src.path)
     try:
         rules = _rules(codes)
-        report = analyze_source(src, rules=rules)
+        report = analyze_source(src, rules=rules, cache=cache)
         if report.source != shown:
             report.source = shown
             for f in report.findings:
                 f.trace = shown
         report.rank_stats = rank_stats(report)
-        report.compact()
+        report = report.compact()
         del rules
         _release_memory()
         return report
@@ -174,7 +174,7 @@ def _init_worker(env: dict, decode_alone: bool) -> None:
         os.environ["GPUADVISE_LOAD_WORKERS"] = "1"  # the ranks already keep the CPUs busy
 
 
-def map_local(sources: list[Source], codes, workers: int, progress=None) -> list:
+def map_local(sources: list[Source], codes, workers: int, progress=None, cache: bool | None = None) -> list:
     """Each source in a worker process; results in source order. `progress(done, total, nbytes)`."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
@@ -187,7 +187,7 @@ def map_local(sources: list[Source], codes, workers: int, progress=None) -> list
     tracker = _Tracker(sources, progress)
     try:
         with _sigint_held():  # a Ctrl-C while workers start is taken once they are all known
-            futures = {pool.submit(map_one, src, str(src.path), codes): i for i, src in enumerate(sources)}
+            futures = {pool.submit(map_one, src, str(src.path), codes, cache): i for i, src in enumerate(sources)}
         for fut in as_completed(futures):
             i = futures[fut]
             try:
@@ -258,7 +258,7 @@ def _stop_workers(procs) -> None:
 # Dask
 
 
-def map_dask(sources: list[Source], codes, scheduler, progress=None) -> list:
+def map_dask(sources: list[Source], codes, scheduler, progress=None, cache: bool | None = None) -> list:
     """The same map on a dask.distributed cluster: `scheduler` is a Client or a scheduler address."""
     try:
         from dask.distributed import Client, as_completed
@@ -282,7 +282,7 @@ def map_dask(sources: list[Source], codes, scheduler, progress=None) -> list:
         # workers read the paths themselves: send absolute ones, report the ones the user wrote
         absolute = [replace(s, path=s.path.resolve(), snapshot=s.snapshot.resolve() if s.snapshot else None)
                     for s in sources]
-        futures = client.map(map_one, absolute, [str(s.path) for s in sources], codes=codes, pure=False)
+        futures = client.map(map_one, absolute, [str(s.path) for s in sources], codes=codes, cache=cache, pure=False)
         index = {f.key: i for i, f in enumerate(futures)}
         for fut in as_completed(futures, loop=client.loop):  # this client's loop: it need not be the default one
             i = index[fut.key]

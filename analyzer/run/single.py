@@ -15,6 +15,8 @@ from gpuadvise.analyzer.read.loader import load_trace
 from gpuadvise.analyzer.read.snapshot import load_snapshot
 from gpuadvise.analyzer.read.sources import Source
 
+from .figures import trace_figures
+
 
 def analyze_model(model: TraceModel, facts: dict | None = None, source: str = "", rank: int | None = None,
                   rules=None, snapshot: dict | None = None) -> TraceReport:
@@ -37,7 +39,7 @@ def analyze_model(model: TraceModel, facts: dict | None = None, source: str = ""
     if calibration is not None and calibration.unprofiled_step_us is None and metrics.has_gpu:
         notes.append(calibration.describe())
     return TraceReport(source=source, rank=rank, model=model, metrics=metrics, findings=findings, notes=notes,
-                       memory=memory, calibration=calibration)
+                       memory=memory, calibration=calibration, figures=trace_figures(model, metrics, calibration))
 
 
 def analyze_snapshot(snapshot: dict, facts: dict | None = None, source: str = "", rank: int | None = None,
@@ -75,12 +77,13 @@ def run_rules(analysis, rules, source: str | None, rank: int | None, notes: list
     return order(findings)
 
 
-def analyze_source(src: Source, rules=None, progress=None) -> TraceReport:
-    """Analyse one source; `progress(done_bytes, total_bytes)` follows the trace decode when given."""
+def analyze_source(src: Source, rules=None, progress=None, cache: bool | None = None) -> TraceReport:
+    """Analyse one source; `progress(done_bytes, total_bytes)` follows the trace decode when given;
+    `cache` as in `read.loader.load_trace`."""
     if src.kind == "snapshot":
         return analyze_snapshot(load_snapshot(src.path), src.facts, source=str(src.path), rank=src.rank, rules=rules)
     snapshot = load_snapshot(src.snapshot) if src.snapshot is not None else None
-    model = load_trace(src.path, progress=progress)
+    model = load_trace(src.path, progress=progress, cache=cache)
     report = analyze_model(model, src.facts, source=str(src.path), rank=src.rank, rules=rules, snapshot=snapshot)
     if src.snapshot is not None:
         report.snapshot = str(src.snapshot)

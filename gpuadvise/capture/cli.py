@@ -210,15 +210,17 @@ def _check_outputs(args) -> str | None:
 
 
 def report_format(path: Path) -> str:
-    """The report format a file name asks for; an unknown extension is refused, listing the known ones."""
+    """The report format a file name asks for (the format registry's extensions); an unknown or missing
+    extension is refused, listing the known ones."""
     from gpuadvise.analyzer.errors import InputError
-    from gpuadvise.analyzer.report import EXTENSIONS
+    from gpuadvise.analyzer.report import formats
 
-    fmt = EXTENSIONS.get(path.suffix.lower())
-    if fmt is None:
-        raise InputError(path, f"unknown report extension {path.suffix or '(none)'!r} "
-                               f"(known: {', '.join(sorted(EXTENSIONS))})")
-    return fmt
+    suffix = path.suffix.lower()
+    for f in formats.REGISTRY.values():
+        if suffix and suffix in f.extensions:
+            return f.name
+    known = ", ".join(e for f in formats.REGISTRY.values() for e in f.extensions)
+    raise InputError(path, f"unknown report extension {suffix or '(none)'!r} (known: {known})")
 
 
 def _write_extras(out: Path, args, fmt: str | None, reports=None) -> None:
@@ -228,24 +230,22 @@ def _write_extras(out: Path, args, fmt: str | None, reports=None) -> None:
 
     try:
         if reports is None:
-            from gpuadvise.analyzer.run.engine import analyze_paths
+            from gpuadvise.analyzer import run as analysis
 
-            reports = analyze_paths([str(out)])
+            reports = analysis.analyze([str(out)])
         if args.report:
-            from gpuadvise.analyzer.report import render
-            from gpuadvise.analyzer.report.charts import markdown_files
+            from gpuadvise.analyzer.report import formats
             from gpuadvise.analyzer.report.output import write_atomic
 
             path = Path(args.report)
-            files = markdown_files(reports, path) if fmt == "md" else [(path, render(reports, fmt))]
-            for p, text in files:
+            for p, text in formats.files(reports, fmt, path):  # a markdown report's charts first
                 write_atomic(p, text)
             if not args.quiet:
                 print(f"{PREFIX}report:      {path}", file=sys.stderr)
         if args.perfetto:
-            from gpuadvise.analyzer.run.perfetto import write_perfetto
+            from gpuadvise.analyzer import run as analysis
 
-            write_perfetto(reports, Path(args.perfetto))
+            analysis.write_perfetto(reports, Path(args.perfetto))
             if not args.quiet:
                 print(f"{PREFIX}timeline:    {args.perfetto} (open in https://ui.perfetto.dev or chrome://tracing)",
                       file=sys.stderr)
@@ -319,10 +319,10 @@ def _summary(out: Path, r):
         return None
     reports = None
     try:
-        from gpuadvise.analyzer.run.engine import analyze_paths
+        from gpuadvise.analyzer import run as analysis
         from gpuadvise.analyzer.report.text import render
 
-        reports = analyze_paths([str(out)])
+        reports = analysis.analyze([str(out)])
         print(render(reports, top=3, prefix=PREFIX), end="", file=sys.stderr)
     except Exception as exc:  # the run folder is intact; analysis can be rerun
         print(f"{PREFIX}analysis failed ({type(exc).__name__}: {exc}); the run folder is intact", file=sys.stderr)

@@ -47,6 +47,10 @@ def screen_classes() -> dict:
 FIRST_SCREEN = "findings"  # the answer first; the overview is one key away
 
 
+class _Cancelled(Exception):
+    """The app closed while the load ran: the analysis stops at its next progress callback."""
+
+
 class LoadProgress(Message):
     """What the worker is doing; `done` of `total` files (fractional when bytes progress is known)."""
 
@@ -88,11 +92,13 @@ class GpuadviseApp(App[int]):
     ]
 
     def __init__(self, paths: list[str] | None = None, reports: list["TraceReport"] | None = None, *,
-                 export_dir: str | os.PathLike | None = None, cursor_blink: bool = True, first_screen: str = FIRST_SCREEN):
+                 export_dir: str | os.PathLike | None = None, cursor_blink: bool = True, first_screen: str = FIRST_SCREEN,
+                 sources=None):
         super().__init__()
         if paths is None and reports is None:
             raise ValueError("give paths to load or ready reports")
         self.paths = list(paths or [])
+        self.sources = sources  # the paths as `run.resolve_inputs` made them, when the caller checked them
         self.ready_reports = reports
         self.export_dir = Path(export_dir) if export_dir is not None else Path.cwd()
         self.cursor_blink = cursor_blink
@@ -121,22 +127,20 @@ class GpuadviseApp(App[int]):
 
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
     def load(self) -> None:
-        """Read and analyse every input, then index the timelines; runs off the UI thread."""
-        from gpuadvise.analyzer.run.single import analyze_source
-        from gpuadvise.analyzer.read.sources import resolve
+        """Read and analyse every input through the one analysis entry point (run/), then index the
+        timelines; runs off the UI thread. The ranks stay in this process (`jobs=1`): the timeline
+        needs their events. The job-level findings (straggler, comm overlap) come with the reports."""
+        from gpuadvise.analyzer import run as analysis
 
         from .data import ViewData
 
         worker = get_current_worker()
         try:
-            sources = resolve(self.paths)
-            reports = []
-            for i, src in enumerate(sources):
-                label = f"{short_source(str(src.path))}{_size(src.path)} ({i + 1} of {len(sources)})"
-                self.post_message(LoadProgress(f"Reading and analysing {label}", i, len(sources)))
-                reports.append(analyze_source(src, **self._progress_hook(label, i, len(sources))))
-                if worker.is_cancelled:
-                    return
+            sources = self.sources if self.sources is not None else analysis.resolve_inputs(self.paths)
+            progress, on_bytes = self._progress_hooks(worker)
+            reports = analysis.analyze(sources, jobs=1, progress=progress, bytes_progress=on_bytes)
+            if worker.is_cancelled:
+                return
             data = ViewData(reports)
             self.post_message(Loaded(data))
             for i in range(len(reports)):  # the timeline index: in the background, after the findings show
@@ -144,6 +148,8 @@ class GpuadviseApp(App[int]):
                     return
                 data.timeline(i)
                 self.post_message(TimelineIndexed(i))
+        except _Cancelled:
+            return
         except InputError as exc:
             self.post_message(LoadFailed(f"gpuadvise: error: {exc}", EXIT_INPUT))
         except Exception as exc:  # our bug: show it, don't crash the terminal
@@ -151,25 +157,30 @@ class GpuadviseApp(App[int]):
         finally:
             self.loading = False
 
-    def _progress_hook(self, label: str, i: int, n: int) -> dict:
-        """A bytes-decoded callback for analyze_source, when the engine accepts one: the bar then
-        moves with the parse of each file (at most every 2 %) instead of pulsing."""
-        import inspect
-
-        from gpuadvise.analyzer.run.single import analyze_source
-
-        if "progress" not in inspect.signature(analyze_source).parameters:
-            return {}
+    def _progress_hooks(self, worker):
+        """The analysis' callbacks: a step of the bar per file, and within a file the bytes decoded (at
+        most every 2 %) so that the bar moves with the parse instead of pulsing. A cancelled load stops
+        at the next callback."""
+        current = {"label": "", "i": 0, "n": 1}
         last = [-1.0]
+
+        def progress(i, n, src) -> None:
+            if worker.is_cancelled:
+                raise _Cancelled
+            label = f"{short_source(str(src.path))}{_size(src.path)} ({i + 1} of {n})"
+            current.update(label=label, i=i, n=n)
+            last[0] = -1.0
+            self.post_message(LoadProgress(f"Reading and analysing {label}", i, n))
 
         def on_bytes(done: int, total: int) -> None:
             frac = done / total if total else 0.0
             if frac - last[0] >= 0.02 or done >= total:
                 last[0] = frac
                 stage = "Analysing" if done >= total else "Reading"
-                self.post_message(LoadProgress(f"{stage} {label}", i + frac, n, fraction=True))
+                self.post_message(LoadProgress(f"{stage} {current['label']}", current["i"] + frac, current["n"],
+                                               fraction=True))
 
-        return {"progress": on_bytes}
+        return progress, on_bytes
 
     @work(thread=True, exclusive=True, group="index", exit_on_error=False)
     def index_timelines(self) -> None:

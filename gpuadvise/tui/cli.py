@@ -25,12 +25,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        from gpuadvise.analyzer.read.sources import resolve
+        from gpuadvise.analyzer import run as analysis
 
         if args.compare and len(args.paths) != 2:
             raise InputError(None, f"--compare takes two runs, BEFORE and AFTER; got {len(args.paths)} path"
                                    f"{'s' if len(args.paths) != 1 else ''}")
-        resolve(args.paths)  # missing files fail here, in one line, before the screen is taken over
+        sources = analysis.resolve_inputs(args.paths)  # missing files fail here, in one line, before the screen is taken over
     except InputError as exc:
         print(f"gpuadvise: error: {exc}", file=sys.stderr)
         return EXIT_INPUT
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
         app = CompareApp(paths=args.paths)
     else:
-        app = GpuadviseApp(paths=args.paths)
+        app = GpuadviseApp(paths=args.paths, sources=sources)
     # Our own loop: asyncio.run() would join the worker thread on the way out, so quitting while a
     # 1 GB trace loads would hang until the analysis finished.
     loop = asyncio.new_event_loop()

@@ -63,16 +63,15 @@ class CompareApp(App[int]):
 
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
     def load(self) -> None:
+        from gpuadvise.analyzer import run as analysis
         from gpuadvise.analyzer.compare.diff import compare, load_side
-        from gpuadvise.analyzer.read.sources import resolve
 
         try:
-            for p in self.paths:
-                resolve([p])
+            inputs = [analysis.resolve_inputs([p]) for p in self.paths]  # both checked before either is analysed
             sides = []
-            for i, (name, path) in enumerate(zip(("BEFORE", "AFTER"), self.paths)):
+            for i, (name, path, sources) in enumerate(zip(("BEFORE", "AFTER"), self.paths, inputs)):
                 self.post_message(LoadProgress(f"Reading and analysing {name}: {Path(path).name or path}", i, 2))
-                sides.append(load_side(path, jobs=1))
+                sides.append(load_side(sources, jobs=1, label=path))
             self.post_message(Compared(compare(*sides)))
         except InputError as exc:
             self.post_message(LoadFailed(f"gpuadvise: error: {exc}", EXIT_INPUT))

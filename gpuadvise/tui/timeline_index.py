@@ -17,7 +17,7 @@ import pandas as pd
 
 from gpuadvise.analyzer.measure import intervals as iv
 from gpuadvise.analyzer.model.kernels import is_comm
-from gpuadvise.analyzer.measure.metrics import COPY_CALLS, LAUNCH_CALLS, SYNC_CALLS
+from gpuadvise.analyzer.model.calls import COPY_CALLS, LAUNCH_CALLS, SYNC_CALLS
 
 # Style codes: what an event is, which decides its colour and how details describe it.
 OP, ANNOTATION, DATALOADER, LAUNCH, COPY_CALL, SYNC_CALL, RUNTIME, KERNEL, COMM, MEMCPY, MEMSET, GPU_SYNC, EVIDENCE = range(13)

@@ -9,6 +9,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
+from gpuadvise.analyzer.report.json import trace_summary
+
 from ..text import clean, ms, pct, short_source
 from ..widgets.charts import BusyChart, breakdown_bar, breakdown_legend
 from ..widgets.table_view import Column, TableView
@@ -84,7 +86,7 @@ idle; and GPU busy % per step (0–100 % scale).
             for note in r.notes:
                 row("Note", Text(clean(note)))
             return t
-        s = r.summary()
+        s = trace_summary(r)
         m, meta = r.metrics, r.model.meta
         dev = r.model.device
         if dev is not None:

@@ -1,0 +1,429 @@
+"""Typed events → numpy columns, one table per kind of event (gpu, runtime, cpu, python, memory, syncs,
+GPU annotations), strings interned into pandas categorical codes.
+
+This is the hot loop of every load, shared by the careful path, the streamed path and the forked
+worker (which exports its columns and string tables for the parent to merge). It knows nothing about
+files, damage or processes, so it is kept on its own.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from collections import Counter
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from . import events as ev
+from gpuadvise.analyzer.model.trace import TraceMeta
+
+# Ops whose input shapes/dtypes the rules read (Tensor Core eligibility, fp16 alignment).
+MATMUL_OPS = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|conv|convolution|cudnn_conv|_convolution)")
+
+_EMPTY_ARGS = ev.Args()
+_TS, _DUR = operator.attrgetter("ts"), operator.attrgetter("dur")
+_ANY = msgspec.json.Decoder()
+
+
+MAX_NAME = 4096
+
+
+class Interner(dict):
+    """str → small int code, in first-seen order (pandas categorical codes). Keys that are not strings
+    (a null or numeric name in a broken trace) share the code of their string form."""
+
+    def __init__(self):
+        super().__init__()
+        self.cats: list[str] = []
+
+    def __missing__(self, key):
+        if isinstance(key, str) and len(key) > MAX_NAME:
+            code = self[key[: MAX_NAME - 1] + "…"]  # a 50 MB "kernel name" is an attack or a bug, not a name
+        elif isinstance(key, str):
+            code = len(self.cats)
+            self.cats.append(key)
+        else:
+            code = self["" if key is None else str(key)]
+        self[key] = code
+        return code
+
+    def categories(self) -> list:
+        return list(self.cats)
+
+
+
+# Events → columns
+
+
+class _Columns:
+    """Per-table column chunks, concatenated once at the end."""
+
+    def __init__(self):
+        self.parts: dict[str, list[np.ndarray]] = {}
+
+    def add(self, name: str, values, dtype) -> None:
+        self.parts.setdefault(name, []).append(np.asarray(values, dtype=dtype))
+
+    def frame(self, columns: dict[str, object]) -> dict[str, np.ndarray]:
+        out = {}
+        for name, dtype in columns.items():
+            chunks = self.parts.get(name)
+            out[name] = np.concatenate(chunks) if chunks else np.empty(0, dtype=dtype)
+        return out
+
+
+def _f(values) -> np.ndarray:
+    """Floats, None → NaN (numpy converts None to NaN for float arrays)."""
+    return np.asarray(values if isinstance(values, list) else list(values), dtype=np.float64)
+
+
+def _i(values) -> np.ndarray:
+    """Integer ids, None → -1; ids outside int64 (never written by Kineto) count as missing too."""
+    a = _f(values)
+    bad = np.isnan(a) | (np.abs(a) >= 2.0**63)
+    return np.where(bad, -1.0, a).astype(np.int64)
+
+
+_INSPECT = -3  # empty or instant category: look at ph/name (metadata, [memory])
+_IGNORED = -9  # a known category that no table keeps (flows, the profiler span)
+_NEW = -100  # not in the category cache yet
+_CAT = operator.attrgetter("cat")
+
+
+class Builder:
+    def __init__(self, meta: TraceMeta):
+        self.meta = meta
+        self.names = Interner()
+        self.matmul_names: set[int] = set()
+        self.names_checked = 0
+        self.stacks = Interner()
+        self.stacks[""]  # code 0 = no stack
+        self.types = Interner()
+        self.types[""]
+        self.thread_codes = Interner()  # non-numeric pid/tid strings → negative ids
+        self.ident_cache: dict = {}
+        self.tables = {k: _Columns() for k in ("gpu", "runtime", "cpu", "python", "memory", "syncs", "gpu_annotations")}
+        self.cat_cache: dict = {}
+        self.unknown = Counter()
+        self.total = 0
+        self.skipped = 0
+        self.tabulated = 0  # events that made it into a table
+        self.min_ts = math.inf
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _learn(self, cat) -> int:
+        """The table code of a category: -1 unknown, _IGNORED known but not tabulated."""
+        key = cat.lower() if isinstance(cat, str) else ""
+        if key in ("", "cpu_instant_event"):
+            code = _INSPECT
+        else:
+            code = ev.CATEGORY.get(key)
+            if code is None:
+                code = _IGNORED if key in ev.IGNORED_CATEGORIES else -1
+        try:
+            self.cat_cache[cat] = code
+        except TypeError:  # an unhashable category (a list, say): treat as unknown
+            return -1
+        return code
+
+    def _codes(self, events: list) -> list:
+        get = self.cat_cache.get
+        try:
+            codes = [get(c, _NEW) for c in map(_CAT, events)]
+            if _NEW in codes:  # categories not seen before (the first chunks only)
+                cache, learn = self.cat_cache, self._learn
+                codes = [c if c != _NEW else cache[e.cat] if e.cat in cache else learn(e.cat) for c, e in zip(codes, events)]
+            return codes
+        except TypeError:
+            return [self._learn(e.cat) if isinstance(e.cat, (str, int, float, type(None))) else -1 for e in events]
+
+    def _ident(self, value) -> int:
+        if type(value) is int and -(2**63) <= value < 2**63:
+            return value
+        try:
+            return self.ident_cache[value]
+        except (KeyError, TypeError):
+            pass
+        if value is None:
+            return -1
+        s = str(value)
+        if s.isdigit() and int(s) < 2**63:
+            out = int(s)
+        elif s.startswith("stream ") and s[7:].strip().isdigit() and int(s[7:].strip()) < 2**63:
+            out = int(s[7:].strip())
+        else:
+            out = -2 - self.thread_codes[s]
+        try:
+            self.ident_cache[value] = out
+        except TypeError:
+            pass
+        return out
+
+    def _idents(self, values: list):
+        ids = np.array(values)
+        if ids.dtype == np.int64:  # the common case: plain integer ids, converted in C
+            return ids
+        ident = self._ident
+        return [v if type(v) is int and -(2**63) <= v < 2**63 else ident(v) for v in values]
+
+    def _names(self, evs) -> np.ndarray:
+        names = self.names
+        try:
+            return np.fromiter(map(names.__getitem__, [e.name for e in evs]), dtype=np.int32, count=len(evs))
+        except TypeError:
+            return np.array([names[n if isinstance(n, str) else str(n)] for n in (e.name for e in evs)], dtype=np.int32)
+
+    # -- per chunk ------------------------------------------------------------------------------
+    def add_chunk(self, events: list) -> None:
+        codes = np.array(self._codes(events), dtype=np.int16)
+        buckets: dict[int, list] = {}
+        for code in np.unique(codes).tolist():
+            if code == _IGNORED:
+                continue
+            idx = np.flatnonzero(codes == code).tolist()
+            evs = [events[i] for i in idx]
+            if code == -1:
+                for e in evs:
+                    self.unknown[str(e.cat)] += 1
+                continue
+            if code == _INSPECT:
+                for e in evs:
+                    if e.ph == "M":
+                        self._metadata(e)
+                    elif e.name == "[memory]":
+                        buckets.setdefault(ev.MEMORY, []).append(e)
+                continue
+            buckets[code] = evs
+        for code, evs in buckets.items():
+            evs, ts, dur = self._valid(evs)
+            if not evs:
+                continue
+            self.tabulated += len(evs)
+            if code in (ev.KERNEL, ev.MEMCPY, ev.MEMSET):
+                self._gpu(evs, ts, dur, code)
+            elif code == ev.RUNTIME:
+                self._runtime(evs, ts, dur)
+            elif code in (ev.CPU_OP, ev.ANNOTATION):
+                self._cpu(evs, ts, dur, code == ev.ANNOTATION)
+            elif code == ev.PYTHON:
+                self._python(evs, ts, dur)
+            elif code == ev.MEMORY:
+                self._memory(evs, ts)
+            elif code == ev.SYNC:
+                self._span("syncs", evs, ts, dur)
+            elif code == ev.GPU_ANNOTATION:
+                self._span("gpu_annotations", evs, ts, dur)
+            elif code == ev.RANGE:
+                self.meta.profiler_ranges += len(evs)
+            elif code == ev.OVERHEAD:
+                self.meta.overhead_events += len(evs)
+
+    def _valid(self, evs: list):
+        """Drop events without a usable timestamp or with a negative duration (counted, not fatal).
+        Returns the events kept with their ts and dur columns (dur NaN → 0)."""
+        ts = _f(list(map(_TS, evs)))
+        dur = _f(list(map(_DUR, evs)))
+        bad = np.isnan(ts) | (dur < 0) | np.isinf(ts) | np.isinf(dur)
+        if bad.any():
+            self.skipped += int(bad.sum())
+            evs = [e for e, b in zip(evs, bad.tolist()) if not b]
+            ts, dur = ts[~bad], dur[~bad]
+        if ts.size:
+            self.min_ts = min(self.min_ts, float(ts.min()))
+        return evs, ts, np.nan_to_num(dur, nan=0.0)
+
+    def _metadata(self, e) -> None:
+        a = e.args
+        if a is None or not isinstance(a.name, str):
+            return
+        if e.name == "process_name":
+            self.meta.process_names[self._ident(e.pid)] = a.name
+        elif e.name == "thread_name":
+            self.meta.thread_names[(self._ident(e.pid), self._ident(e.tid))] = a.name
+
+    def _base(self, t: _Columns, evs, ts, dur) -> list:
+        t.add("name", self._names(evs), np.int32)
+        t.add("ts", ts, np.float64)
+        t.add("dur", dur, np.float64)
+        return [e.args or _EMPTY_ARGS for e in evs]
+
+    def _gpu(self, evs, ts, dur, code) -> None:
+        t = self.tables["gpu"]
+        args = self._base(t, evs, ts, dur)
+        t.add("kind", np.full(len(evs), code, np.int8), np.int8)
+        t.add("device", self._arg_or([a.device for a in args], [e.pid for e in evs]), np.int64)
+        t.add("stream", self._arg_or([a.stream for a in args], [e.tid for e in evs]), np.int64)
+        t.add("correlation", _i([a.correlation for a in args]), np.int64)
+        t.add("external_id", _external(args), np.int64)
+        t.add("bytes", _f([a.nbytes for a in args]), np.float64)
+
+    def _arg_or(self, values: list, fallback: list) -> np.ndarray:
+        """An id from args (device, stream), else from pid/tid (old traces: pid 0, tid "stream 7")."""
+        ids = _i(values)
+        missing = ids < 0
+        if missing.any():
+            ids = np.where(missing, np.array(self._idents(fallback), dtype=np.int64), ids)
+        return ids
+
+    def _runtime(self, evs, ts, dur) -> None:
+        t = self.tables["runtime"]
+        args = self._base(t, evs, ts, dur)
+        t.add("pid", self._idents([e.pid for e in evs]), np.int64)
+        t.add("tid", self._idents([e.tid for e in evs]), np.int64)
+        t.add("correlation", _i([a.correlation for a in args]), np.int64)
+        t.add("external_id", _external(args), np.int64)
+
+    def _cpu(self, evs, ts, dur, annotation: bool) -> None:
+        t = self.tables["cpu"]
+        names = self._names(evs)
+        t.add("name", names, np.int32)
+        t.add("ts", ts, np.float64)
+        t.add("dur", dur, np.float64)
+        args = [e.args or _EMPTY_ARGS for e in evs]
+        t.add("pid", self._idents([e.pid for e in evs]), np.int64)
+        t.add("tid", self._idents([e.tid for e in evs]), np.int64)
+        t.add("is_annotation", np.full(len(evs), annotation), bool)
+        t.add("external_id", _external(args), np.int64)
+        t.add("seq", _i([a.sequence_number for a in args]), np.int64)
+        stacks = self.stacks
+        t.add("call_stack", [stacks[c] if type(c) is str else 0 for c in [a.call_stack for a in args]], np.int32)
+        # shapes and dtypes only for matmul/conv ops: checked once per distinct name
+        for name, code in list(self.names.items())[self.names_checked:]:
+            if isinstance(name, str) and MATMUL_OPS.match(name):
+                self.matmul_names.add(code)
+        self.names_checked = len(self.names)
+        typ = np.zeros(len(evs), np.int32)
+        dims = np.zeros(len(evs), np.int32)
+        if self.matmul_names:
+            for i in np.flatnonzero(np.isin(names, list(self.matmul_names))).tolist():
+                a = args[i]
+                typ[i] = self.types[",".join(map(str, kinds))] if isinstance(kinds := _raw_json(a.input_type), list) else 0
+                dims[i] = self.types[bytes(a.input_dims).decode("utf-8", "replace")]
+        t.add("input_type", typ, np.int32)
+        t.add("input_dims", dims, np.int32)
+
+    def _python(self, evs, ts, dur) -> None:
+        t = self.tables["python"]
+        args = self._base(t, evs, ts, dur)
+        t.add("tid", self._idents([e.tid for e in evs]), np.int64)
+        t.add("python_id", _i([a.python_id for a in args]), np.int64)
+        t.add("parent_id", _i([a.python_parent_id for a in args]), np.int64)
+
+    def _memory(self, evs, ts) -> None:
+        t = self.tables["memory"]
+        t.add("ts", ts, np.float64)
+        args = [e.args or _EMPTY_ARGS for e in evs]
+        t.add("bytes", _f([a.mem_bytes for a in args]), np.float64)
+        t.add("total_allocated", _f([a.total_allocated for a in args]), np.float64)
+        t.add("total_reserved", _f([a.total_reserved for a in args]), np.float64)
+        t.add("device_type", _i([a.device_type for a in args]), np.int64)
+        t.add("device", _i([a.device_id for a in args]), np.int64)
+        t.add("addr", _f([a.addr for a in args]), np.float64)
+
+    def _span(self, table: str, evs, ts, dur) -> None:
+        t = self.tables[table]
+        args = self._base(t, evs, ts, dur)
+        t.add("device", self._arg_or([a.device for a in args], [e.pid for e in evs]), np.int64)
+        t.add("stream", self._arg_or([a.stream for a in args], [e.tid for e in evs]), np.int64)
+        t.add("correlation", _i([a.correlation for a in args]), np.int64)
+
+    # -- merging a forked worker's share -----------------------------------------------------------
+    def export(self) -> dict:
+        tables = {name: {col: np.concatenate(parts) for col, parts in t.parts.items()} for name, t in self.tables.items()}
+        m = self.meta
+        return {"tables": tables, "names": self.names.categories(), "stacks": self.stacks.categories(),
+                "types": self.types.categories(), "threads": self.thread_codes.categories(), "total": self.total,
+                "skipped": self.skipped, "tabulated": self.tabulated, "min_ts": self.min_ts, "unknown": dict(self.unknown),
+                "process_names": m.process_names, "thread_names": m.thread_names,
+                "profiler_ranges": m.profiler_ranges, "overhead_events": m.overhead_events}
+
+    def merge(self, other: dict) -> None:
+        """Append a worker's columns, translating its string codes into this builder's."""
+        names = np.array([self.names[n] for n in other["names"]], dtype=np.int32)
+        stacks = np.array([self.stacks[x] for x in other["stacks"]], dtype=np.int32)
+        types = np.array([self.types[x] for x in other["types"]], dtype=np.int32)
+        threads = np.array([-2 - self.thread_codes[x] for x in other["threads"]], dtype=np.int64)
+        recode = {"name": names, "call_stack": stacks, "input_type": types, "input_dims": types}
+        for table, cols in other["tables"].items():
+            t = self.tables[table]
+            for col, values in cols.items():
+                if col in recode and len(values):
+                    values = recode[col][values]
+                elif col in ("pid", "tid", "device", "stream") and len(threads):
+                    coded = values <= -2
+                    if coded.any():
+                        values = values.copy()
+                        values[coded] = threads[-2 - values[coded]]
+                t.parts.setdefault(col, []).append(values)
+        self.total += other["total"]
+        self.skipped += other["skipped"]
+        self.tabulated += other["tabulated"]
+        self.min_ts = min(self.min_ts, other["min_ts"])
+        self.unknown.update(other["unknown"])
+        for pid, name in other["process_names"].items():
+            self.meta.process_names.setdefault(pid, name)
+        for key, name in other["thread_names"].items():
+            self.meta.thread_names.setdefault(key, name)
+        self.meta.profiler_ranges += other["profiler_ranges"]
+        self.meta.overhead_events += other["overhead_events"]
+
+    # -- frames ---------------------------------------------------------------------------------
+    def frames(self) -> dict[str, pd.DataFrame]:
+        base = 0.0 if self.min_ts == math.inf else self.min_ts
+        self.meta.base_ts_us = base
+        names = self.names.categories()
+        specs = {
+            "gpu": dict(name=np.int32, ts=np.float64, dur=np.float64, kind=np.int8, device=np.int64, stream=np.int64,
+                        correlation=np.int64, external_id=np.int64, bytes=np.float64),
+            "runtime": dict(name=np.int32, ts=np.float64, dur=np.float64, pid=np.int64, tid=np.int64,
+                            correlation=np.int64, external_id=np.int64),
+            "cpu": dict(name=np.int32, ts=np.float64, dur=np.float64, pid=np.int64, tid=np.int64, is_annotation=bool,
+                        external_id=np.int64, seq=np.int64, call_stack=np.int32, input_type=np.int32, input_dims=np.int32),
+            "python": dict(name=np.int32, ts=np.float64, dur=np.float64, tid=np.int64, python_id=np.int64, parent_id=np.int64),
+            "memory": dict(ts=np.float64, bytes=np.float64, total_allocated=np.float64, total_reserved=np.float64,
+                           device_type=np.int64, device=np.int64, addr=np.float64),
+            "syncs": dict(name=np.int32, ts=np.float64, dur=np.float64, device=np.int64, stream=np.int64, correlation=np.int64),
+            "gpu_annotations": dict(name=np.int32, ts=np.float64, dur=np.float64, device=np.int64, stream=np.int64, correlation=np.int64),
+        }
+        kinds = np.array(["kernel", "memcpy", "memset"], dtype=object)
+        out = {}
+        for table, spec in specs.items():
+            cols = self.tables[table].frame(spec)
+            self.tables[table] = None  # release chunk arrays as we go
+            cols["ts"] = cols["ts"] - base
+            if "name" in cols:
+                cols["name"] = pd.Categorical.from_codes(cols["name"], categories=names)
+            if "dur" in cols:
+                cols["end"] = cols["ts"] + cols["dur"]
+            if table == "gpu":
+                cols["kind"] = pd.Categorical.from_codes(cols["kind"].astype(np.int64), categories=kinds.tolist())
+            if table == "cpu":
+                cols["call_stack"] = _decode_codes(cols["call_stack"], self.stacks)
+                cols["input_type"] = _decode_codes(cols["input_type"], self.types)
+                cols["input_dims"] = _decode_codes(cols["input_dims"], self.types)
+            df = pd.DataFrame(cols)
+            if "name" in df:
+                df["name"] = df["name"].cat.remove_unused_categories()
+            out[table] = df if df["ts"].is_monotonic_increasing else df.sort_values("ts", kind="stable", ignore_index=True)
+        return out
+
+
+def _raw_json(raw):
+    """A lazily kept (msgspec.Raw) field, decoded; None when it is not valid JSON."""
+    try:
+        return _ANY.decode(raw)
+    except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError, TypeError):
+        return None
+
+
+def _external(args) -> np.ndarray:
+    """`External id` (new traces) or `external id` (2021 traces)."""
+    return _i([a.external_id if a.external_id is not None else a.external_id_legacy for a in args])
+
+
+def _decode_codes(codes: np.ndarray, interner: Interner) -> pd.Categorical:
+    return pd.Categorical.from_codes(codes.astype(np.int64), categories=interner.categories())
+

@@ -1,0 +1,76 @@
+"""One finding as markdown: the one renderer behind the markdown/HTML report and the TUI's finding
+pane, so both quote the same numbers, the same saving (with its range) and the same fix. Trace-sourced
+names are escaped (report.safe): they render as literal text, never as links, HTML or formatting."""
+
+from __future__ import annotations
+
+from gpuadvise.analyzer.model.findings import Finding
+
+from .safe import md, md_cell, md_code, md_text, short
+
+
+def finding_lines(f: Finding, prefix: str = "", *, level: int = 3, pane: bool = False, hint: str | None = None) -> list[str]:
+    """The finding under a `level` heading (its title after `prefix`, e.g. "2. "). `pane` (the TUI's detail pane) gives every part its own
+    heading, lists the evidence's named numbers and shows more offenders; `hint` is a line after the
+    evidence (the TUI's "press enter" line)."""
+    e = f.evidence
+    where = f" · rank {f.rank}" if f.rank is not None else ""
+    out = [f"{'#' * level} {prefix}{md(f.title)}", "",
+           f"`{f.rule}` · `{f.topic}` · **{f.severity}** · est. saving **{saving(f)}** of step time{where}", "",
+           md_text(f.message), ""]
+    label = (lambda name: f"- **{name}:**") if pane else (lambda name: f"- {name}:")
+    ev = []
+    if e.steps:
+        ev.append(f"{label('Steps')} {', '.join('#' + str(s) for s in e.steps[:12])}{' …' if len(e.steps) > 12 else ''}")
+    if e.time_ranges_ms:
+        ev.append(("- **Where** (ms from trace start): " if pane else "- Where (ms from trace start): ")
+                  + ", ".join(f"{a:.2f}–{b:.2f}" for a, b in e.time_ranges_ms[:6]))
+    if e.sources:
+        ev.append(f"{label('Source')} " + ", ".join(md_code(s) for s in e.sources[:5]))
+    if pane:
+        ev += [f"- {md(key.replace('_', ' '))}: {md(fmt(value))}" for key, value in e.numbers.items()]
+        if hint:
+            ev += ["", hint]
+    if ev or pane:
+        out += [_section("Evidence", level, pane), ""] + ev + [""]
+    if e.items:
+        limit = 15 if pane else 10
+        keys = list(e.items[0].keys())
+        out += ["| " + " | ".join(md(k) for k in keys) + " |", "|" + "---|" * len(keys)]
+        for item in e.items[:limit]:
+            cells = [md_cell(short(str(item.get(k, "")), 80)) if k == "name" else md(fmt(item.get(k, ""))) for k in keys]
+            out.append("| " + " | ".join(cells) + " |")
+        if pane and len(e.items) > limit:
+            out.append(f"\n*…and {len(e.items) - limit} more.*")
+        out.append("")
+    basis = md_text(f.impact.basis) or "—"
+    if pane:
+        out += [_section("Impact", level, pane), "", basis, ""]
+    else:
+        out += [f"**Impact:** {basis}", ""]
+    out += [_section("Fix", level, pane), "", fix_markdown(f), ""]
+    return out
+
+
+def _section(name: str, level: int, pane: bool) -> str:
+    return f"{'#' * (level + 1)} {name}" if pane else f"**{name}**"
+
+
+def fix_markdown(f: Finding) -> str:
+    """The advice (it may quote trace or run.json values, so it is escaped like any prose), then the
+    rule's own Fix section, which is markdown written by us."""
+    return (md_text(f.advice) + "\n\n" + f.fix).strip()
+
+
+def saving(f: Finding) -> str:
+    pct = f"{f.impact.est_step_saving_pct:.1f} %"
+    r = f.impact.range_pct
+    if r and r[1] - r[0] >= 1:
+        pct += f" ({r[0]:.0f}–{r[1]:.0f} %)"
+    return f"up to {pct}" if f.impact.upper_bound else pct
+
+
+def fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+    return str(v)

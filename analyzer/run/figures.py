@@ -1,0 +1,63 @@
+"""A trace's summary figures (`model.report.TraceFigures`), computed once from its model, metrics and
+calibration while the events are still there; the renderers and a compact report read them as data."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuadvise.analyzer.measure.calibration import Calibration
+from gpuadvise.analyzer.measure.metrics import Metrics
+from gpuadvise.analyzer.model.report import StepTime, TraceFigures
+from gpuadvise.analyzer.model.trace import TraceModel
+
+BREAKDOWN_COLUMNS = ("dur_us", "kernel_us", "comm_us", "memcpy_us", "memset_us", "dataloader_us", "sync_us", "idle_us")
+
+
+def trace_figures(model: TraceModel, m: Metrics, calibration: Calibration | None) -> TraceFigures:
+    meta, dev, ps = model.meta, model.device, m.per_step
+    cal = calibration
+    return TraceFigures(
+        device=dev.name if dev else None,
+        compute_capability=f"{dev.compute_major}.{dev.compute_minor}" if dev and dev.compute_major is not None else None,
+        platform=meta.platform,
+        events=meta.events_total,
+        steps=len(m.steps),
+        step_numbers=[st.number for st in m.steps],
+        median_step_ms=round(m.median_step_us / 1e3, 3),
+        median_step_cpu_ms=round(m.median_cpu_step_us / 1e3, 3),
+        median_step_gpu_ms=round(m.median_gpu_step_us / 1e3, 3),
+        step_time_basis=_step_basis(m),
+        unprofiled_median_step_ms=_r(cal.unprofiled_step_us / 1e3, 3) if cal is not None and cal.unprofiled_step_us else None,
+        profiler_overhead_x=_r(cal.overhead_x) if cal is not None else None,
+        profiler_calibration=cal.describe() if cal is not None else None,
+        step_times_ms=[StepTime(step=st.number, ms=round(st.dur / 1e3, 3), cpu_ms=round(st.cpu_dur / 1e3, 3),
+                                gpu_ms=round(st.gpu_dur / 1e3, 3), bound="gpu" if st.gpu_bound else "cpu")
+                       for st in m.steps],
+        window_ms=round(m.window_us / 1e3, 3),
+        gpu_busy_pct=_r(m.gpu_busy_pct),
+        gpu_busy_in_steps_pct=_r(m.busy_in_steps_pct),
+        temporal_breakdown={k: _r(v) for k, v in m.temporal.items()},
+        step_breakdown_ms={col.replace("_us", ""): round(float(np.median(ps[col])) / 1e3, 3)
+                           for col in BREAKDOWN_COLUMNS if col in ps},
+        idle_breakdown_ms={k.replace("_us", ""): round(float(m.idle_breakdown[k].sum()) / 1e3, 3)
+                           for k in ("host_wait_us", "kernel_wait_us", "other_us")} if len(m.idle_breakdown) else {},
+        kernels=int(len(model.kernels)),
+        events_skipped=meta.events_skipped,
+        truncated=meta.truncated,
+    )
+
+
+def _step_basis(m: Metrics) -> str:
+    if not m.steps:
+        return "no ProfilerStep annotations: the whole trace is one step"
+    gpu = sum(st.gpu_bound for st in m.steps)
+    if not gpu:
+        return "CPU span of each ProfilerStep (the GPU kept up with the CPU)"
+    return (f"GPU timeline: {gpu} of {len(m.steps)} steps took longer on the GPU than their CPU span "
+            "(the CPU ran ahead); such a step lasts from its first GPU activity to the next step's")
+
+
+def _r(v, nd=2):
+    if v is None:
+        return None
+    return round(float(v), nd)

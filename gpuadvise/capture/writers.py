@@ -1,0 +1,95 @@
+"""The run folder's files, as the capture writes them: the gzipped trace (with the probe's shapes merged
+in), the CUDA memory snapshot, and run.json.
+
+Each file is written to a temporary name and renamed, so a run folder never holds half a file even when
+the script is killed. Kept apart from the session, which decides *when* to write; here is only *how*.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from . import facts as facts_mod
+from . import runfolder, shapes
+
+
+def write_trace(prof, out: Path, rank, probe_events: list | None, active: int, status: dict) -> Path:
+    """Export the window's trace to `out`/trace….json.gz; returns its path. Raises when it cannot be
+    written, after removing its temporary files."""
+    out.mkdir(parents=True, exist_ok=True)
+    final = out / runfolder.trace_name(rank)
+    tmp_json = out / f".{final.name}.json.tmp"
+    tmp_gz = out / f".{final.name}.tmp"
+    try:
+        prof.export_chrome_trace(str(tmp_json))
+        with gzip.open(tmp_gz, "wb", compresslevel=6) as dst:
+            _copy_trace(tmp_json, dst, out, probe_events, active, status)
+        os.replace(tmp_gz, final)
+        os.unlink(tmp_json)
+    except BaseException:
+        for p in (tmp_json, tmp_gz):
+            try:
+                if p.exists():
+                    p.unlink()
+            except OSError:
+                pass
+        raise
+    return final
+
+
+def _copy_trace(src: Path, dst, out: Path, probe_events: list | None, active: int, status: dict) -> None:
+    """Copy the exported trace into the gzip stream, with the probe's matmul shapes merged in."""
+    if probe_events is not None:
+        try:
+            with tempfile.TemporaryFile(dir=out) as annotated:
+                report = shapes.annotate_copy(src, annotated, probe_events, active)
+                annotated.seek(0)
+                shutil.copyfileobj(annotated, dst, 1 << 20)
+            status["shapes"] = dict(status.get("shapes") or {}, **report)
+            return
+        except Exception as exc:  # shapes are a bonus: the plain trace is still written
+            status["shapes"] = dict(status.get("shapes") or {}, state=f"merge failed: {type(exc).__name__}: {exc}")
+    with open(src, "rb") as fh:
+        shutil.copyfileobj(fh, dst, 1 << 20)
+
+
+def dump_memory_snapshot(torch, out: Path, rank) -> str:
+    """Dump the CUDA memory history recorded so far; returns the snapshot's file name."""
+    final = out / runfolder.snapshot_name(rank)
+    tmp = out / f".{final.name}.tmp"
+    torch.cuda.memory._dump_snapshot(str(tmp))
+    os.replace(tmp, final)
+    return final.name
+
+
+def memory_stats(torch) -> dict:
+    """`torch.cuda.memory_stats()` counters, without the per-pool detail nobody reads."""
+    return {k: v for k, v in torch.cuda.memory_stats().items()
+            if isinstance(v, (int, float)) and not k.startswith(("active.", "inactive_split."))}
+
+
+def write_run_json(out: Path, rank, config: dict, capture: dict, steps: dict, torch, exit_code=None) -> None:
+    """Merge this rank's capture, step times and facts into its run.json (the CLI wrote the rest)."""
+    path = out / runfolder.run_json_name(rank)
+    data = runfolder.read_json(path)
+    data.update(config.get("run", {}))
+    data["rank"] = rank
+    data["capture"] = capture
+    recorded = [s for s, p in zip(steps["step_sources"], steps["phase"]) if p == "active"]
+    steps["source"] = (recorded or steps["step_sources"] or [None])[-1]
+    data["steps"] = steps
+    if torch is not None:
+        try:
+            data["environment"] = facts_mod.environment(torch)
+            data["settings"] = facts_mod.backend_flags(torch)
+        except Exception:
+            pass
+    f = facts_mod.facts()
+    data.update({k: [dict((kk, vv) for kk, vv in d.items() if kk != "id") for d in v] for k, v in f.items()})
+    if exit_code is not None:
+        data["script_exit_code"] = exit_code
+    runfolder.write_json_atomic(path, data)
