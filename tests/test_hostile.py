@@ -953,7 +953,7 @@ def test_dataloader_workers_forked_during_the_window(tmp_path):
     run = _run_json(tmp_path)
     assert run["exit_code"] == 4
     assert run["capture"]["state"] == "captured", run["capture"]
-    assert (tmp_path / "run" / "trace.json.gz").is_file()
+    assert (tmp_path / "run" / "trace.pt.trace.json.gz").is_file()
     assert run["dataloaders"] and {d["num_workers"] for d in run["dataloaders"]} == {2}
     assert _leftovers(tmp_path) == []
 
