@@ -15,6 +15,7 @@ mistake, which becomes one line on stderr and exit 2; anything else it lets esca
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import sys
@@ -35,6 +36,9 @@ COMMANDS = {
 
 USAGE = "usage: gpuadvise [-h] [--version] COMMAND [ARGS ...]"
 
+# Other spellings users type (British English, the help text's own "analyse"): run the command.
+ALIASES = {"analyse": "analyze"}
+
 
 def _help() -> str:
     width = max(map(len, COMMANDS))
@@ -47,15 +51,20 @@ def _help() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv:  # no command is a mistake, as for git: the usage on stderr, exit 2
+        sys.stderr.write(_help())
+        return EXIT_INPUT
+    if argv[0] in ("-h", "--help"):
         sys.stdout.write(_help())
         return EXIT_OK
     if argv[0] == "--version":
         print(f"gpuadvise {__version__}")
         return EXIT_OK
-    name, rest = argv[0], argv[1:]
+    name, rest = ALIASES.get(argv[0], argv[0]), argv[1:]
     if name not in COMMANDS:
-        print(f"{USAGE}\ngpuadvise: error: unknown command {name!r} (choose from {', '.join(COMMANDS)})",
+        close = difflib.get_close_matches(name, list(COMMANDS) + list(ALIASES), n=1)
+        hint = f"; did you mean {ALIASES.get(close[0], close[0])!r}?" if close else ""
+        print(f"{USAGE}\ngpuadvise: error: unknown command {name!r} (choose from {', '.join(COMMANDS)}){hint}",
               file=sys.stderr)
         return EXIT_INPUT
     module, func, _ = COMMANDS[name]

@@ -126,7 +126,7 @@ def test_profiled_steps_are_the_traces_steps(small_ops_run):
     run_dir, proc = small_ops_run
     assert proc.returncode == 0, show(proc)
     steps = run_json(run_dir)["steps"]
-    _, trace_steps = load(run_dir / "trace.json.gz")
+    _, trace_steps = load(run_dir / "trace.pt.trace.json.gz")
     recorded = {n: ms for n, ph, ms in zip(steps["number"], steps["phase"], steps["cpu_ms"]) if ph == "active"}
     assert sorted(recorded) == [s.number for s in trace_steps] == list(range(FIRST_ACTIVE, FIRST_ACTIVE + ACTIVE))
     trace_ms = {s.number: (s.end - s.start) / 1000 for s in trace_steps}
@@ -171,7 +171,7 @@ def test_window_has_matmul_shapes_from_the_probe_and_no_other_shapes(small_ops_r
     run = run_json(run_dir)
     assert run["capture"]["options"]["record_shapes"] is False
     shapes = run["capture"]["shapes"]
-    model, _ = load(run_dir / "trace.json.gz")
+    model, _ = load(run_dir / "trace.pt.trace.json.gz")
     cpu = model.cpu.assign(name=model.cpu["name"].astype(str), dims=model.cpu["input_dims"].astype(str))
     matmuls = cpu[cpu["name"].isin(["aten::addmm", "aten::mm", "aten::linear"])]
     assert len(matmuls) > 0
@@ -181,7 +181,7 @@ def test_window_has_matmul_shapes_from_the_probe_and_no_other_shapes(small_ops_r
     addmm = matmuls[matmuls["name"] == "aten::addmm"]
     assert len(addmm) and all(json.loads(d)[1] == [16, 64] for d in addmm["dims"]), addmm["dims"].unique()
     # ... and the window itself was recorded without shapes
-    others = raw_ops(run_dir / "trace.json.gz", {"aten::layer_norm", "aten::gelu"})
+    others = raw_ops(run_dir / "trace.pt.trace.json.gz", {"aten::layer_norm", "aten::gelu"})
     assert len(others) and not any("Input Dims" in e["args"] for e in others)
 
 
@@ -207,7 +207,7 @@ def test_matmuls_that_change_between_steps_get_no_shapes(tmp_path):
     shapes = run_json(tmp_path / "RUN")["capture"]["shapes"]
     assert shapes["state"].startswith("not annotated"), shapes
     assert shapes["annotated"] == 0 and shapes["matmuls"] > 0
-    mm = raw_ops(tmp_path / "RUN" / "trace.json.gz", {"aten::mm"})
+    mm = raw_ops(tmp_path / "RUN" / "trace.pt.trace.json.gz", {"aten::mm"})
     assert len(mm) and not any("Input Dims" in e["args"] for e in mm)
 
 
@@ -217,7 +217,7 @@ def test_record_shapes_records_every_op_and_skips_the_probe(tmp_path):
     assert proc.returncode == 0, show(proc)
     run = run_json(tmp_path / "RUN")
     assert "shapes" not in run["steps"]["phase"] and run["capture"]["shapes"] == {"mode": "window"}
-    ln = raw_ops(tmp_path / "RUN" / "trace.json.gz", {"aten::layer_norm"})
+    ln = raw_ops(tmp_path / "RUN" / "trace.pt.trace.json.gz", {"aten::layer_norm"})
     assert len(ln) and all(e["args"]["Input Dims"][0] == [16, 64] for e in ln)
 
 
@@ -232,7 +232,7 @@ def test_window_without_warmup_records_shapes_itself_instead_of_probing(tmp_path
     run = run_json(tmp_path / "RUN")
     assert run["capture"]["state"] == "captured" and run["capture"]["shapes"] == {"mode": "window"}
     assert "shapes" not in run["steps"]["phase"]
-    ln = raw_ops(tmp_path / "RUN" / "trace.json.gz", {"aten::layer_norm"})
+    ln = raw_ops(tmp_path / "RUN" / "trace.pt.trace.json.gz", {"aten::layer_norm"})
     assert len(ln) and all("Input Dims" in e["args"] for e in ln)
 
 
@@ -258,7 +258,7 @@ def test_hand_written_update_loop_is_stepped_by_backward(tmp_path):
     proc = profile(["-q", "-o", "RUN", "sgd.py", "25"], tmp_path)
     assert proc.returncode == 0, show(proc)
     assert proc.stdout == "done\n"
-    trace = tmp_path / "RUN" / "trace.json.gz"
+    trace = tmp_path / "RUN" / "trace.pt.trace.json.gz"
     assert trace.is_file(), show(proc)
     _, steps = load(trace)
     assert len(steps) == ACTIVE

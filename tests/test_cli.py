@@ -144,10 +144,28 @@ def test_version(capsys):
     assert out.startswith("gpuadvise ")
 
 
-def test_no_command_prints_help(capsys):
-    rc, out, _ = call_main(capsys)
+def test_no_command_prints_usage_and_fails(capsys):
+    rc, out, err = call_main(capsys)
+    assert rc == 2  # a bare `gpuadvise` in a script is a mistake, not a success
+    assert out == ""
+    assert err.startswith("usage: gpuadvise") and "analyze" in err and "explain" in err
+
+
+def test_help_flag_prints_help_and_succeeds(capsys):
+    rc, out, _ = call_main(capsys, "--help")
+    assert rc == 0 and out.startswith("usage: gpuadvise")
+
+
+def test_analyse_spelling_runs_analyze(capsys, stall_trace):
+    rc, out, _ = call_main(capsys, "analyse", stall_trace, "--format", "json")
     assert rc == 0
-    assert "analyze" in out and "explain" in out
+    assert json.loads(out)["summary"]["findings"] == 3
+
+
+def test_misspelt_command_suggests_the_right_one(capsys):
+    rc, _, err = call_main(capsys, "anlyze", "x.json")
+    assert rc == 2
+    assert "did you mean 'analyze'?" in err
 
 
 # ---------------------------------------------------------------------------------------------------

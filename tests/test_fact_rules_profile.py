@@ -98,7 +98,7 @@ def test_doctor_judges_the_variable_as_the_rule_does(debug_run):
 def test_evaluation_without_no_grad(tmp_path, grad):
     run = profile(tmp_path, "eval_loop.py", *(["--grad"] if grad else []))
     found = topic(analyze(run), "inference-with-grad")
-    model = load_trace(run / "trace.json.gz")
+    model = load_trace(run / "trace.pt.trace.json.gz")
     linear = model.cpu[model.cpu["name"] == "aten::linear"]
     if grad:
         (f,) = found
@@ -121,7 +121,7 @@ def test_cpu_created_tensors_need_a_gpu_trace(tensors_run):
 
 
 def test_cpu_created_tensors_matcher_on_the_real_cpu_side(tensors_run):
-    model = load_trace(tensors_run / "trace.json.gz")
+    model = load_trace(tensors_run / "trace.pt.trace.json.gz")
     steps = compute(model).steps
     cpu = model.cpu
     marks = cpu[cpu["is_annotation"] & cpu["name"].astype(str).str.startswith("move:")]
@@ -159,7 +159,7 @@ def test_model_on_cpu_from_the_recorded_parameters(tensors_run, tmp_path):
     # the same run folder as a machine with a GPU would have written it
     gpu = tmp_path / "gpu-run"
     gpu.mkdir()
-    (gpu / "trace.json.gz").write_bytes((tensors_run / "trace.json.gz").read_bytes())
+    (gpu / "trace.json.gz").write_bytes((tensors_run / "trace.pt.trace.json.gz").read_bytes())
     run["environment"]["cuda_available"] = True
     run["environment"]["device"] = {"name": "NVIDIA H100 80GB HBM3", "capability": [9, 0], "total_memory": 85 * 2**30, "count": 1}
     (gpu / "run.json").write_text(json.dumps(run))

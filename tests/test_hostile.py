@@ -804,7 +804,7 @@ def _show(p) -> str:
 
 def _leftovers(cwd: Path) -> list[str]:
     """Files in the run folder other than the ones a capture writes (temp files of a half-written trace)."""
-    return sorted(p.name for p in (cwd / "run").iterdir() if p.name not in ("run.json", "trace.json.gz", "memory.pickle"))
+    return sorted(p.name for p in (cwd / "run").iterdir() if p.name not in ("run.json", "trace.pt.trace.json.gz", "memory.pickle", "profiler.log"))
 
 
 TRAIN_STEP = """
@@ -849,7 +849,7 @@ def test_profiler_failing_at_start_leaves_the_script_alone(tmp_path):
     assert run["exit_code"] == 5
     assert run["capture"]["state"] == "failed: profiler start failed"
     assert "probe: profiler start broken on purpose" in run["capture"]["error"]
-    assert _leftovers(tmp_path) == [] and not (tmp_path / "run" / "trace.json.gz").exists()
+    assert _leftovers(tmp_path) == [] and not (tmp_path / "run" / "trace.pt.trace.json.gz").exists()
 
 
 def _signal_mid_window(cmd: list[str], cwd: Path, how: str) -> tuple[int, str, str]:
@@ -904,7 +904,7 @@ def test_signal_during_the_window(tmp_path, how, signum):
     assert run["exit_code"] == -signum
     assert run["exit_signal"] == signal.Signals(signum).name
     assert run["capture"]["state"].startswith("incomplete"), run["capture"]
-    assert not (tmp_path / "run" / "trace.json.gz").exists(), "a partial window must not become a trace"
+    assert not (tmp_path / "run" / "trace.pt.trace.json.gz").exists(), "a partial window must not become a trace"
     assert _leftovers(tmp_path) == [], "half-written files left in the run folder"
 
 
@@ -920,7 +920,7 @@ def test_os_exit_during_the_window(tmp_path):
     run = _run_json(tmp_path)
     assert run["exit_code"] == 9
     assert run["capture"]["state"].startswith("incomplete"), run["capture"]
-    assert not (tmp_path / "run" / "trace.json.gz").exists()
+    assert not (tmp_path / "run" / "trace.pt.trace.json.gz").exists()
     assert _leftovers(tmp_path) == []
     assert "no training step was seen" not in proc.stderr, ("the summary blames a missing step hook although an "
                                                             "optimizer step was taken:\n" + proc.stderr)
@@ -953,7 +953,7 @@ def test_dataloader_workers_forked_during_the_window(tmp_path):
     run = _run_json(tmp_path)
     assert run["exit_code"] == 4
     assert run["capture"]["state"] == "captured", run["capture"]
-    assert (tmp_path / "run" / "trace.json.gz").is_file()
+    assert (tmp_path / "run" / "trace.pt.trace.json.gz").is_file()
     assert run["dataloaders"] and {d["num_workers"] for d in run["dataloaders"]} == {2}
     assert _leftovers(tmp_path) == []
 

@@ -203,7 +203,7 @@ def test_exit_status_is_the_scripts(tmp_path, name):
     if mode in ("sigint", "kbint"):
         assert "KeyboardInterrupt" in proc.stderr
     if steps:  # the trace is written when the window completes: a later crash or _exit keeps it
-        assert (tmp_path / "run" / "trace.json.gz").is_file()
+        assert (tmp_path / "run" / "trace.pt.trace.json.gz").is_file()
         assert run["capture"]["state"] == "captured"
 
 
@@ -251,7 +251,7 @@ def test_signal_from_outside_ends_it_as_it_would_end_the_script(tmp_path, how, s
     assert run["exit_code"] == -signum
     assert run["exit_signal"] == signal.Signals(signum).name
     assert run["capture"]["state"] == "captured"
-    assert (tmp_path / "run" / "trace.json.gz").is_file()
+    assert (tmp_path / "run" / "trace.pt.trace.json.gz").is_file()
 
 
 # -- 3. the end-to-end check --------------------------------------------------------------------
@@ -268,7 +268,7 @@ def test_train_stall_example_finds_the_dataloader_stall_at_its_line(stall_run):
     cwd, run_dir, script, proc = stall_run
     assert proc.returncode == 0, show(proc)
     assert "done: 20 steps" in proc.stdout
-    assert (run_dir / "trace.json.gz").is_file()
+    assert (run_dir / "trace.pt.trace.json.gz").is_file()
     # the summary: our lines on stderr, prefixed, naming the finding and the follow-up command
     ours = [l for l in proc.stderr.splitlines() if l.startswith(PREFIX)]
     assert any("dataloader-stall" in l for l in ours), proc.stderr
@@ -286,7 +286,7 @@ def test_train_healthy_example_has_no_dataloader_stall(tmp_path):
     proc = profile(["-q", "-o", "RUN", str(EXAMPLES / "train_healthy.py"), "--steps", "20"], tmp_path)
     assert proc.returncode == 0, show(proc)
     assert "done: 20 steps" in proc.stdout
-    assert (tmp_path / "RUN" / "trace.json.gz").is_file()
+    assert (tmp_path / "RUN" / "trace.pt.trace.json.gz").is_file()
     topics = [f["topic"] for f in findings(analyze_json(tmp_path / "RUN", tmp_path))]
     assert "dataloader-stall" not in topics
 
@@ -313,7 +313,7 @@ def test_run_json_records_the_facts(stall_run):
     capture = run["capture"]
     assert capture["state"] == "captured"
     assert capture["step_source"] == "optimizer.step()"
-    assert capture["files"]["trace"] == "trace.json.gz"
+    assert capture["files"]["trace"] == "trace.pt.trace.json.gz"
     assert capture["window"] == {"wait": 10, "warmup": 2, "active": 3}
     assert run["steps"]["source"] == "optimizer"
 
@@ -347,7 +347,7 @@ def test_inference_loop_is_stepped_by_dataloader_batches(tmp_path):
     proc = profile(["-q", "-o", "run", *WINDOW, "infer.py"], tmp_path)
     assert proc.returncode == 0, show(proc)
     assert "done" in proc.stdout
-    trace = tmp_path / "run" / "trace.json.gz"
+    trace = tmp_path / "run" / "trace.pt.trace.json.gz"
     assert trace.is_file(), show(proc)
     model, steps = load_steps(trace)
     assert len(steps) == 2
@@ -370,7 +370,7 @@ def test_manual_gpuadvise_step(tmp_path):
     proc = profile(["-q", "-o", "run", *WINDOW, "manual_step.py"], tmp_path)
     assert proc.returncode == 0, show(proc)
     assert "done" in proc.stdout
-    trace = tmp_path / "run" / "trace.json.gz"
+    trace = tmp_path / "run" / "trace.pt.trace.json.gz"
     assert trace.is_file(), show(proc)
     _, steps = load_steps(trace)
     assert len(steps) == 2
@@ -393,8 +393,8 @@ def test_profiler_failure_does_not_stop_the_script(tmp_path, what, state):
     assert run["capture"]["state"].startswith("failed")
     assert run["capture"]["state"] == state
     assert "probe: profiler broken on purpose" in run["capture"]["error"]
-    # no trace, and no half-written leftovers
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["run.json"]
+    # no trace, and no half-written leftovers (profiler.log holds the profiler's own log lines, if any)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.name != "profiler.log") == ["run.json"]
 
 
 # -- 6. window and run folder ---------------------------------------------------------------------------
@@ -405,7 +405,7 @@ def test_stop_after_capture_ends_the_script(tmp_path):
     assert "done" not in proc.stdout
     assert len([l for l in proc.stdout.splitlines() if l.startswith("step ")]) <= 3, proc.stdout
     assert "--stop-after-capture" in proc.stderr
-    assert (tmp_path / "run" / "trace.json.gz").is_file()
+    assert (tmp_path / "run" / "trace.pt.trace.json.gz").is_file()
     run = run_json(tmp_path / "run")
     assert run["exit_code"] == 0
     assert run["capture"]["state"] == "captured"
@@ -426,10 +426,10 @@ def test_script_ending_before_the_window_leaves_no_trace_and_says_why(tmp_path, 
     assert run_dir.name.startswith("train_loop-")
     run = run_json(run_dir)
     assert run["capture"]["state"].startswith("incomplete"), run["capture"]
-    assert not (run_dir / "trace.json.gz").exists()
+    assert not (run_dir / "trace.pt.trace.json.gz").exists()
     assert run["exit_code"] == 0
     ours = "\n".join(l for l in proc.stderr.splitlines() if l.startswith(PREFIX))
-    assert "no trace captured" in ours and "incomplete" in ours, proc.stderr
+    assert "no trace captured" in ours and "the window needs" in ours, proc.stderr
     assert "--active" in ours or "gpuadvise.step()" in ours, proc.stderr  # what to do about it
 
 
@@ -459,8 +459,9 @@ def test_force_replaces_the_capture(tmp_path):
     assert proc.returncode == 0, show(proc)
     assert "done" in proc.stdout
     run_dir = tmp_path / "run"
-    assert (run_dir / "trace.json.gz").read_bytes() != old["trace.json.gz"]
-    _, steps = load_steps(run_dir / "trace.json.gz")
+    assert (run_dir / "trace.pt.trace.json.gz").read_bytes() != old["trace.json.gz"]
+    assert not (run_dir / "trace.json.gz").exists()  # the old name of the trace is replaced too
+    _, steps = load_steps(run_dir / "trace.pt.trace.json.gz")
     assert len(steps) == 2
     run = run_json(run_dir)
     assert "old" not in run

@@ -296,9 +296,11 @@ def test_scheduler_without_dask_is_one_clean_error_line(tmp_path, job8):
     env = {k: v for k, v in os.environ.items() if k != "GPUADVISE_DEBUG"}
     env["PYTHONPATH"] = os.pathsep.join([str(fake.parent), env.get("PYTHONPATH", "")])
     run = subprocess.run([sys.executable, "-m", "gpuadvise", "analyze", str(job8), "--scheduler", "tcp://127.0.0.1:8786"],
-                         capture_output=True, text=True, env=env, timeout=120)
+                         capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
     assert run.returncode == 2
-    assert run.stderr.splitlines() == ["gpuadvise: error: --scheduler needs Dask: pip install 'gpuadvise[dask]' "
+    # run from this checkout: the hint installs the extra into it (gpuadvise is not on PyPI)
+    checkout = Path(__file__).resolve().parent.parent
+    assert run.stderr.splitlines() == [f"gpuadvise: error: --scheduler needs Dask: pip install -e '{checkout}[dask]' "
                                        "(or pip install 'dask[distributed]')"]
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gpuadvise.analyzer.filemode import publish
 from gpuadvise.analyzer.model.trace import Device, TraceMeta, TraceModel
 
 FORMAT = 2  # 2: cpu ops keep their autograd sequence number (`seq`)
@@ -92,6 +93,7 @@ def save(trace: Path, model: TraceModel) -> Path | None:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
             with os.fdopen(fd, "wb") as fh:
+                publish(fh.fileno())  # readable as the trace beside it is, under the user's umask
                 np.savez(fh, **arrays)
             os.replace(tmp, path)
             return path

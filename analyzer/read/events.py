@@ -104,6 +104,7 @@ IGNORED_CATEGORIES = {
     "cuda_event", "collective_comm", "mtia_runtime", "mtia_ccp_events", "mtia_insight", "mtia_counters",
     "glow_runtime", "hpu_op", "xpu_runtime", "xpu_driver", "xpu_scope_profiler", "xpu_sync",
     "hardware_counters", "",
+    "gpuadvise",  # the findings track `--perfetto` adds: re-analysing that file gives the same report
 }
 
 # The document around the events array (deviceProperties, distributedInfo, …), decoded on its own.

@@ -1,5 +1,11 @@
 """What a PATH on the command line means: a trace, a folder of per-rank traces, or a run folder.
 
+A `torch.profiler.tensorboard_trace_handler` log folder holds its traces one or two levels down
+(`log/<run>/<worker>.<time>.pt.trace.json[.gz]`): a folder with no trace of its own is searched
+below (MAX_DEPTH levels). The handler writes one file per capture, so `schedule(repeat=N)` leaves
+N files of one worker with increasing times: those are marked as captures of one worker
+(`Source.capture`), not ranks.
+
 A folder may hold more JSON than traces: the user's own reports (`gpuadvise analyze RUN -o
 RUN/report.json`), run records, notes. Inside a folder, a JSON file that is not a trace is skipped with
 a note; named on its own it is an error. A run record named on its own (`RUN/run.json`) stands for its
@@ -27,6 +33,14 @@ class Source:
     rank: int | None = None
     facts: dict = field(default_factory=dict)
     snapshot: Path | None = None  # a trace's allocator snapshot from the same run (run folder)
+    capture: "Capture | None" = None  # one of several captures of one worker (tensorboard_trace_handler)
+
+
+@dataclass(frozen=True)
+class Capture:
+    worker: str  # the handler's worker name (hostname_pid by default)
+    index: int  # 1-based, in the order the captures were written
+    count: int  # captures of this worker in the input
 
 
 _RUN_JSON = re.compile(r"^run(\.rank\d+)?\.json$")  # run.json, and run.rankN.json for ranks other than 0
@@ -44,7 +58,35 @@ class Sources(list):
         self.notes = list(notes)
 
 
+MAX_DEPTH = 3  # log/<run>/<worker folder>/ is as deep as profiler logs go in practice
+
+# tensorboard_trace_handler's file name: <worker>.<time in ms or ns>.pt.trace.json[.gz]
+_HANDLER_NAME = re.compile(r"^(?P<worker>.+)\.(?P<time>\d{9,})\.pt\.trace\.json(\.gz)?$")
+
+
 def resolve(paths: list[str]) -> Sources:
+    out = _resolve(paths)
+    mark_captures(out)
+    return out
+
+
+def mark_captures(sources: list[Source]) -> None:
+    """Several files of one worker in one folder, named by the handler with increasing times, are
+    repeated captures of one process (`schedule(repeat=N)`), not ranks of a job."""
+    groups: dict[tuple, list[tuple[int, Source]]] = {}
+    for src in sources:
+        m = _HANDLER_NAME.match(src.path.name) if src.kind == "trace" else None
+        if m:
+            groups.setdefault((src.path.parent, m["worker"]), []).append((int(m["time"]), src))
+    for (_, worker), members in groups.items():
+        if len(members) < 2:
+            continue
+        members.sort(key=lambda ts: ts[0])
+        for i, (_, src) in enumerate(members, start=1):
+            src.capture = Capture(worker=worker, index=i, count=len(members))
+
+
+def _resolve(paths: list[str]) -> Sources:
     out = Sources()
     for raw in paths:
         p = Path(raw)
@@ -53,11 +95,42 @@ def resolve(paths: list[str]) -> Sources:
         if p.is_file() and _RUN_JSON.match(p.name):
             p = p.parent  # a run record stands for the run folder it describes
         if p.is_dir():
-            out.extend(_folder(p, out.notes))
+            out.extend(_folder_or_below(p, out.notes))
         elif p.name.endswith(SNAPSHOT_SUFFIXES):
             out.append(Source(p, "snapshot"))
         else:
             out.append(Source(p, "trace", rank=rank_from_name(p.name)))
+    return out
+
+
+def _folder_or_below(d: Path, notes: list[str]) -> list[Source]:
+    """The folder's own traces; where it has none, those of the folders below it (a profiler log)."""
+    try:
+        return _folder(d, notes)
+    except InputError as exc:
+        if not exc.problem.startswith("folder holds no"):
+            raise  # a run folder without a trace says why; unreadable is unreadable
+        found = _below(d, notes, MAX_DEPTH)
+        if not found:
+            raise
+        return found
+
+
+def _below(d: Path, notes: list[str], depth: int) -> list[Source]:
+    if depth == 0:
+        return []
+    try:
+        subs = sorted(p for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError:
+        return []
+    out: list[Source] = []
+    for sub in subs:
+        try:
+            out.extend(_folder(sub, notes))
+        except InputError as exc:
+            if not exc.problem.startswith("folder holds no"):
+                raise
+            out.extend(_below(sub, notes, depth - 1))
     return out
 
 
@@ -78,8 +151,7 @@ def _folder(d: Path, notes: list[str] | None = None) -> list[Source]:
             notes.append(f"skipped {p}: {why}")
     snaps = [p for p in files if p.name.endswith(SNAPSHOT_SUFFIXES)]
     if not traces and not snaps:
-        what = "run folder has no trace" if facts_by_file else "folder holds no .json/.json.gz trace"
-        raise InputError(d, what)
+        raise InputError(d, _why_empty(facts_by_file))
 
     def facts(rank):
         # gpuadvise profile writes run.json for rank 0 (or no rank) and run.rankN.json for the others
@@ -90,6 +162,16 @@ def _folder(d: Path, notes: list[str] | None = None) -> list[Source]:
     loose = [p for p in snaps if not _attach(p, out)]
     out += [Source(p, "snapshot", rank=rank_from_name(p.name), facts=facts(rank_from_name(p.name))) for p in loose]
     return out
+
+
+def _why_empty(facts_by_file: dict) -> str:
+    if not facts_by_file:
+        return "folder holds no .json/.json.gz trace"
+    capture = next(iter(facts_by_file.values())).get("capture")
+    capture = capture if isinstance(capture, dict) else {}
+    # what `gpuadvise profile` recorded about the missing trace, in the words it printed then
+    reason = capture.get("reason") or capture.get("state")
+    return f"run folder has no trace: {reason}" if isinstance(reason, str) and reason else "run folder has no trace"
 
 
 SNIFF_BYTES = 256 << 10  # enough to see a trace's "traceEvents" key or a report's header
@@ -108,6 +190,8 @@ def not_a_trace(p: Path) -> str | None:
     except (OSError, EOFError, ValueError):
         return None  # unreadable or damaged: the loader gives the precise error
     text = head.lstrip()
+    if re.match(rb'\{\s*"gpuadvise"\s*:\s*\{\s*"timeline_of"', text):
+        return "a gpuadvise --perfetto timeline (a copy of a trace with the findings added)"
     if text.startswith(b"[") or b'"traceEvents"' in head:
         return None
     if re.match(rb'\{\s*"tool"\s*:\s*"gpuadvise"', text):

@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 from gpuadvise.analyzer.errors import InputError
+from gpuadvise.analyzer.filemode import publish
 
 
 def check_writable(path: Path) -> None:
@@ -36,6 +37,7 @@ def write_atomic(path: Path, text: str) -> None:
         raise InputError(path, f"cannot write: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "wb") as fh:
+            publish(fh.fileno())  # as `> report.md` would: the umask decides, not mkstemp's 0600
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())

@@ -15,7 +15,8 @@ cheap.
 
 from __future__ import annotations
 
-__all__ = ["analyze", "resolve_inputs", "refuse_overwriting_inputs", "Reports", "TraceReport", "all_findings"]
+__all__ = ["analyze", "resolve_inputs", "refuse_overwriting_inputs", "write_perfetto", "Reports", "TraceReport",
+           "all_findings"]
 
 
 def __getattr__(name):
@@ -31,6 +32,10 @@ def __getattr__(name):
         from gpuadvise.analyzer.read.sources import refuse_overwriting_inputs
 
         return refuse_overwriting_inputs
+    if name == "write_perfetto":  # the analysed trace plus a track of the findings (`--perfetto`)
+        from .perfetto import write_perfetto
+
+        return write_perfetto
     if name in ("Reports", "TraceReport", "all_findings"):
         from gpuadvise.analyzer.model import report
 

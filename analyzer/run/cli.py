@@ -25,6 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="report format (default: from -o's extension, else text)")
     a.add_argument("-o", "--output", metavar="FILE",
                    help="write the report here instead of stdout (markdown: with its charts beside it, FILE-*.svg)")
+    a.add_argument("--perfetto", metavar="OUT.json",
+                   help="also write the trace with a 'gpuadvise' track: one slice per finding over its evidence "
+                        "(open it in https://ui.perfetto.dev or chrome://tracing)")
     a.add_argument("--fail-on", metavar="SEVERITY|TOPIC[,…]",
                    help="exit 1 when a finding of this severity or worse (high, medium, low, info), or of this "
                         "topic or rule, is reported (for CI)")
@@ -36,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "1: one after the other in this process)")
     a.add_argument("--scheduler", metavar="ADDRESS",
                    help="analyse the ranks on this dask.distributed scheduler (tcp://host:8786); its workers must "
-                        "see the traces at the same paths (pip install 'gpuadvise[dask]')")
+                        "see the traces at the same paths (needs the dask extra)")
     return a
 
 
@@ -54,9 +57,10 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     fmt = formats.choose(args.format, args.output).name  # an unknown -o extension fails before the analysis
     fail_on = parse_fail_on(args.fail_on)  # a wrong value fails before minutes of analysis
-    if args.output:
-        check_writable(Path(args.output))
-        refuse_overwriting_inputs(Path(args.output), args.paths)
+    for target in (args.output, args.perfetto):
+        if target:
+            check_writable(Path(target))
+            refuse_overwriting_inputs(Path(target), args.paths)
     show = not args.quiet and sys.stderr.isatty()
 
     bar = _ProgressLine() if show else None
@@ -80,6 +84,12 @@ def main(argv: list[str]) -> int:
             print(f"gpuadvise: wrote {args.output}", file=sys.stderr)
     else:
         sys.stdout.write(formats.render(reports, fmt, top=args.top))
+    if args.perfetto:
+        from .perfetto import write_perfetto
+
+        write_perfetto(reports, Path(args.perfetto))
+        if show:
+            print(f"gpuadvise: wrote {args.perfetto}", file=sys.stderr)
     if fail_on:
         hits = matching([f.to_dict() for f in all_findings(reports)], fail_on)
         if hits:

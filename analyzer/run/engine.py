@@ -11,7 +11,7 @@ from gpuadvise.analyzer.measure.job import JobAnalysis, JobReport, build_view, r
 from gpuadvise.analyzer.model.report import Reports, TraceReport
 from gpuadvise.analyzer.read.sources import Sources, resolve
 
-from . import ranks
+from . import captures, ranks
 from .single import analyze_source, run_rules
 
 
@@ -53,10 +53,11 @@ def analyze_paths(paths: list[str] | Sources, progress=None, rules=None, bytes_p
     reports = [r if isinstance(r, TraceReport) else _failed(r) for r in results]
     if traces >= 2:
         reports.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0))  # stable: rank order
+    repeated = captures.apply(sources, reports)  # one worker captured N times: no job across them
     if reports and getattr(sources, "notes", None):
         reports[0].notes[:0] = sources.notes  # files of the folder(s) that are not traces
     facts = {str(s.path): s.facts for s in sources}
-    return Reports(reports, job=analyze_job(reports, rules), facts=facts)
+    return Reports(reports, job=None if repeated else analyze_job(reports, rules), facts=facts)
 
 
 def _failed(failure) -> TraceReport:

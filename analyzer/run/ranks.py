@@ -263,7 +263,9 @@ def map_dask(sources: list[Source], codes, scheduler, progress=None, cache: bool
     try:
         from dask.distributed import Client, as_completed
     except ImportError:
-        raise InputError(None, "--scheduler needs Dask: pip install 'gpuadvise[dask]' "
+        from gpuadvise.analyzer.install import install_command
+
+        raise InputError(None, f"--scheduler needs Dask: {install_command('dask')} "
                                "(or pip install 'dask[distributed]')") from None
     own = not isinstance(scheduler, Client)
     if own:

@@ -4,12 +4,19 @@ under a profiling session. Usage (internal): python -m gpuadvise.capture.bootstr
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import runpy
+import signal
 import sys
 
 from .session import Session, StopAfterCapture, set_active
+from .usertrace import print_user_traceback
+
+# exit status of a `-m MODULE` that cannot be found, as `python -m` gives; the parent then removes
+# the run folder it made, since nothing ran
+NO_MODULE = 1
 
 
 def main() -> None:
@@ -20,6 +27,10 @@ def main() -> None:
         os.unlink(config_path)
     except OSError:
         pass
+    if target[0] == "-m" and not _module_exists(target[1]):
+        # python -m's own words; checked before the session starts, so no run.json is written
+        print(f"{sys.executable}: No module named {target[1]}", file=sys.stderr)
+        sys.exit(NO_MODULE)
     session = Session(config)
     set_active(session)
     session.start()
@@ -42,14 +53,30 @@ def main() -> None:
         code = exc.code
         session.finish(exit_code=_exit_status(code))
         raise
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         session.finish(exit_code=130)
-        raise  # Python prints the traceback and dies by SIGINT, as the unwrapped script would
-    except BaseException:
+        print_user_traceback(exc)
+        # die by SIGINT, as the unwrapped script would (Python does the same for an uncaught Ctrl-C)
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException as exc:
         session.finish(exit_code=1)
-        raise  # the script's own traceback, printed by Python as usual
+        print_user_traceback(exc)  # the traceback `python train.py` would print: none of our frames
+        sys.exit(1)
     session.finish(exit_code=_exit_status(code))
     sys.exit(code)
+
+
+def _module_exists(name: str) -> bool:
+    """Whether `python -m name` would find something to run (a parent package that fails to import
+    counts as found: its error is the user's own, shown by the run)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+    except Exception:
+        return True
 
 
 def run_script(script: str) -> None:

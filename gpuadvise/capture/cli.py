@@ -57,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "a snapshot (default on)")
     p.add_argument("--memory-steps", type=int, default=2, help="steps of CUDA memory history (default 2)")
     p.add_argument("--max-entries", type=int, default=100_000, help="memory history entries kept (default 100000)")
+    p.add_argument("--report", metavar="FILE",
+                   help="also write the full report here (format from the extension: .md, .html, .json, .txt)")
+    p.add_argument("--perfetto", metavar="FILE",
+                   help="also write the trace with a 'gpuadvise' track of the findings (open it in Perfetto "
+                        "or chrome://tracing)")
     p.add_argument("-q", "--quiet", action="store_true", help="no summary at the end")
     p.add_argument("target", nargs=argparse.REMAINDER, help="script.py and its arguments")
     return p
@@ -80,7 +85,7 @@ def parse(argv: list[str]):
     return args, target
 
 
-_VALUED = {"-o", "--output", "--wait", "--warmup", "--active", "--steps", "--max-entries", "--memory-steps", "-m"}
+_VALUED = {"-o", "--output", "--report", "--perfetto", "--wait", "--warmup", "--active", "--steps", "--max-entries", "--memory-steps", "-m"}
 
 
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -113,17 +118,19 @@ def main(argv: list[str]) -> int:
         if not script.is_file():
             print(f"gpuadvise: error: {script}: no such script", file=sys.stderr)
             return 2
+    report_fmt = _check_outputs(args)  # a bad --report/--perfetto path fails before the script runs
     out = Path(args.output) if args.output else runfolder.new_run_dir(args.module or target[0])
     r = runfolder.rank()
-    mine = [out / runfolder.trace_name(r), out / runfolder.run_json_name(r)]
+    mine = [out / runfolder.trace_name(r), out / runfolder.old_trace_name(r), out / runfolder.run_json_name(r)]
     if any(p.exists() for p in mine) and not args.force:
         print(f"gpuadvise: error: {out}: run folder already holds a capture; use --force to replace it or -o for another",
               file=sys.stderr)
         return 2
     if args.force:
-        for p in mine + [out / runfolder.snapshot_name(r)]:
+        for p in mine + [out / runfolder.snapshot_name(r), out / runfolder.log_name(r)]:
             if p.exists():
                 p.unlink()
+    made = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -151,9 +158,17 @@ def main(argv: list[str]) -> int:
         print(f"{PREFIX}profiling {shlex.join(target)} (steps: wait {args.wait}, warm-up {args.warmup}, "
               f"record {args.active}) → {out}", file=sys.stderr, flush=True)
     code = _run_child([sys.executable, "-m", "gpuadvise.capture.bootstrap", config_path] + target)
+    if not (out / runfolder.run_json_name(r)).exists():
+        # the script never started (python -m found no module): leave nothing behind
+        if made:
+            _remove_empty(out)
+        if not args.quiet:
+            print(f"{PREFIX}the script did not start (exit code {code}); no run folder written", file=sys.stderr)
+        return code
     _finish_run_json(out, r, code, started)
-    if not args.quiet:
-        _summary(out, r)
+    reports = None if args.quiet else _summary(out, r)
+    if (args.report or args.perfetto) and (out / runfolder.trace_name(r)).exists():
+        _write_extras(out, args, report_fmt, reports)
     if code < 0:  # the script died by a signal: die the same way, as the unwrapped script would
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
@@ -181,6 +196,99 @@ def _run_child(cmd: list[str]) -> int:
             signal.signal(sig, handler)
 
 
+def _check_outputs(args) -> str | None:
+    """Check --report/--perfetto before the run (minutes of training lost to a typo otherwise)."""
+    from gpuadvise.analyzer.report.output import check_writable
+
+    fmt = None  # an InputError here is one line and exit 2 (gpuadvise.cli.run_guarded)
+    if args.report:
+        fmt = report_format(Path(args.report))
+        check_writable(Path(args.report))
+    if args.perfetto:
+        check_writable(Path(args.perfetto))
+    return fmt
+
+
+def report_format(path: Path) -> str:
+    """The report format a file name asks for (the format registry's extensions); an unknown or missing
+    extension is refused, listing the known ones."""
+    from gpuadvise.analyzer.errors import InputError
+    from gpuadvise.analyzer.report import formats
+
+    suffix = path.suffix.lower()
+    for f in formats.REGISTRY.values():
+        if suffix and suffix in f.extensions:
+            return f.name
+    known = ", ".join(e for f in formats.REGISTRY.values() for e in f.extensions)
+    raise InputError(path, f"unknown report extension {suffix or '(none)'!r} (known: {known})")
+
+
+def _write_extras(out: Path, args, fmt: str | None, reports=None) -> None:
+    """--report and --perfetto: the same analysis as `gpuadvise analyze RUN -o FILE [--perfetto FILE]`
+    (the summary's own analysis when there was one: a big trace is not analysed twice)."""
+    from gpuadvise.analyzer.errors import InputError
+
+    try:
+        if reports is None:
+            from gpuadvise.analyzer import run as analysis
+
+            reports = analysis.analyze([str(out)])
+        if args.report:
+            from gpuadvise.analyzer.report import formats
+            from gpuadvise.analyzer.report.output import write_atomic
+
+            path = Path(args.report)
+            for p, text in formats.files(reports, fmt, path):  # a markdown report's charts first
+                write_atomic(p, text)
+            if not args.quiet:
+                print(f"{PREFIX}report:      {path}", file=sys.stderr)
+        if args.perfetto:
+            from gpuadvise.analyzer import run as analysis
+
+            analysis.write_perfetto(reports, Path(args.perfetto))
+            if not args.quiet:
+                print(f"{PREFIX}timeline:    {args.perfetto} (open in https://ui.perfetto.dev or chrome://tracing)",
+                      file=sys.stderr)
+    except InputError as exc:
+        print(f"{PREFIX}could not write it: {exc}; the run folder is intact", file=sys.stderr)
+    except Exception as exc:  # the run folder is intact; `gpuadvise analyze RUN -o FILE` can redo it
+        print(f"{PREFIX}writing the report failed ({type(exc).__name__}: {exc}); the run folder is intact",
+              file=sys.stderr)
+
+
+def _remove_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()  # only if empty: never delete anything the user put there
+        if folder.parent.name == runfolder.RUNS_DIR:
+            folder.parent.rmdir()
+    except OSError:
+        pass
+
+
+def no_trace_reason(run: dict, code: int) -> str:
+    """What happened, in the user's terms, when a run left no trace."""
+    capture = run.get("capture") or {}
+    window = capture.get("window") or {}
+    needed = sum(int(window.get(k) or 0) for k in ("wait", "warmup", "active"))
+    need = (f"the window needs {needed} (wait {window.get('wait')} + warm-up {window.get('warmup')} + "
+            f"record {window.get('active')})")
+    steps = int(capture.get("steps_stepped") or 0)
+    if str(capture.get("state", "")).startswith("failed"):
+        return f"profiling {capture['state'][len('failed: '):]}: {capture.get('error', 'unknown error')}"
+    if code in (130, -signal.SIGINT):
+        return f"interrupted at step {steps}; {need}"
+    if code < 0:
+        return f"the script was killed by {signal.Signals(-code).name} at step {steps}; {need}"
+    if code != 0 and steps == 0:
+        return f"the script failed before its first step (exit code {code})"
+    if code != 0:
+        return f"the script failed at step {steps} (exit code {code}); {need}"
+    if steps == 0:
+        return ("no training step was seen (no optimizer.step(), DataLoader batch, backward() or CUDA graph "
+                "replay): call gpuadvise.step() once per iteration")
+    return f"the script ran {steps} steps and {need}: lower --wait/--warmup/--active"
+
+
 def _finish_run_json(out: Path, r, code: int, started: float) -> None:
     path = out / runfolder.run_json_name(r)
     data = runfolder.read_json(path)
@@ -192,28 +300,24 @@ def _finish_run_json(out: Path, r, code: int, started: float) -> None:
     capture = data.setdefault("capture", {"state": "not started: the script ended before the profiler could start"})
     if capture.get("state") in ("waiting for steps", "not started"):
         capture["state"] = "incomplete: the script ended before the window completed"
+    if not (out / runfolder.trace_name(r)).exists():
+        capture["reason"] = no_trace_reason(data, code)  # `gpuadvise analyze RUN` says the same
     try:
         runfolder.write_json_atomic(path, data)
     except OSError as exc:
         print(f"{PREFIX}could not write {path}: {exc}", file=sys.stderr)
 
 
-def _summary(out: Path, r) -> None:
+def _summary(out: Path, r):
+    """Print the top findings; returns the analysis (None when there was none)."""
     trace = out / runfolder.trace_name(r)
     run = runfolder.read_json(out / runfolder.run_json_name(r))
     status = run.get("capture", {})
     _step_times_line(run.get("steps") or {})
     if not trace.exists():
-        print(f"{PREFIX}no trace captured: {status.get('state', 'unknown')}", file=sys.stderr)
-        if status.get("error"):
-            print(f"{PREFIX}{status['error']}", file=sys.stderr)
-        elif status.get("steps_stepped", 0) == 0:
-            print(f"{PREFIX}no training step was seen (no optimizer.step(), DataLoader batch, backward() or CUDA "
-                  "graph replay): call gpuadvise.step() once per iteration", file=sys.stderr)
-        else:
-            print(f"{PREFIX}tip: the script ran {status['steps_stepped']} steps; lower --wait/--warmup/--active",
-                  file=sys.stderr)
-        return
+        print(f"{PREFIX}no trace captured: {status.get('reason') or status.get('state', 'unknown')}", file=sys.stderr)
+        return None
+    reports = None
     try:
         from gpuadvise.analyzer import run as analysis
         from gpuadvise.analyzer.report.text import render
@@ -224,6 +328,7 @@ def _summary(out: Path, r) -> None:
         print(f"{PREFIX}analysis failed ({type(exc).__name__}: {exc}); the run folder is intact", file=sys.stderr)
     print(f"{PREFIX}full report: gpuadvise analyze {shlex.quote(str(out))} --format md", file=sys.stderr)
     print(f"{PREFIX}browse it:   gpuadvise view {shlex.quote(str(out))}", file=sys.stderr)
+    return reports
 
 
 def _steps(n) -> str:

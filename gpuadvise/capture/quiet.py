@@ -3,10 +3,12 @@
 - torch's Python warning "Profiler clears events at the end of each cycle…" is ignored by a warnings
   filter that matches that message *and* a warning raised from torch.profiler: the same text
   warned by the user's code still shows.
-- kineto's C++ log lines (`USDT:… profiler_start`, `STAGE:… Completed Stage`) are written straight to
-  file descriptor 2, so fd 2 is pointed at a temporary file only while a profiler transition runs
+- kineto's C++ log lines (`USDT:… profiler_start`, `STAGE:… Completed Stage`, and on a CUDA build
+  without a GPU `ERROR:… gpuGetDeviceCount failed with code 35`) are written straight to file
+  descriptor 2, so fd 2 is pointed at a temporary file only while a profiler transition runs
   (start, stop, export: a few calls per run, never while the user's code runs on this thread);
-  afterwards every line of it that is not such a log line is written back to the real stderr.
+  afterwards every line of it that is not such a log line is written back to the real stderr, and the
+  log lines go to the run folder's `profiler.log` (`set_log`), where they are kept for a bug report.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import tempfile
 import warnings
 
 # kineto's log format: KIND:YYYY-MM-DD HH:MM:SS pid:tid File.cpp:line] message
-KINETO_LINE = re.compile(rb"^(USDT|STAGE):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ [^\]\n]*\] [^\n]*(\n|$)", re.M)
+KINETO_LINE = re.compile(rb"^(USDT|STAGE|INFO|WARNING|ERROR):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ [^\]\n]*\] [^\n]*(\n|$)", re.M)
 
 
 def ignore_profiler_warnings() -> None:
@@ -27,8 +29,35 @@ def ignore_profiler_warnings() -> None:
                             category=UserWarning, module=r"torch\.profiler")
 
 
-def strip_kineto(data: bytes) -> bytes:
+_LOG: str | None = None  # where the lines kept off stderr go (the run folder's profiler.log)
+_ERRORS_TO_STDERR = True
+
+
+def set_log(path, errors_to_stderr: bool = True) -> None:
+    """Keep the profiler's log lines in `path`. Its ERROR/WARNING lines also stay on stderr where they
+    matter: with a usable GPU (a CUPTI error means a trace without kernels). Without one, kineto's
+    failed GPU enumeration (`gpuGetDeviceCount failed with code 35`) is expected and only logged."""
+    global _LOG, _ERRORS_TO_STDERR
+    _LOG = str(path) if path is not None else None
+    _ERRORS_TO_STDERR = errors_to_stderr
+
+
+def strip_kineto(data: bytes, keep_errors: bool = True) -> bytes:
+    if keep_errors:
+        return KINETO_LINE.sub(lambda m: m.group(0) if m.group(1) in (b"ERROR", b"WARNING") else b"", data)
     return KINETO_LINE.sub(b"", data)
+
+
+def _keep(data: bytes) -> None:
+    """Append the profiler's own log lines to the run folder's log (never fails the run)."""
+    lines = b"".join(m.group(0).rstrip(b"\n") + b"\n" for m in KINETO_LINE.finditer(data))
+    if not lines or _LOG is None:
+        return
+    try:
+        with open(_LOG, "ab") as fh:
+            fh.write(lines)
+    except OSError:
+        pass
 
 
 @contextlib.contextmanager
@@ -59,7 +88,9 @@ def quiet_fd2():
         os.close(saved)
         try:
             tmp.seek(0)
-            rest = strip_kineto(tmp.read())
+            data = tmp.read()
+            _keep(data)
+            rest = strip_kineto(data, keep_errors=_ERRORS_TO_STDERR)
             while rest:
                 rest = rest[os.write(2, rest):]
         except OSError:

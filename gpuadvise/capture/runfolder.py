@@ -1,8 +1,10 @@
 """The run folder `gpuadvise profile` writes: names, atomic writes, rank-aware file names.
 
-Files: `trace.json.gz` (the recorded window), `memory.pickle` (GPU: CUDA memory snapshot),
+Files: `trace.pt.trace.json.gz` (the recorded window, named as TensorBoard's profiler plugin and HTA
+expect; run folders written before used `trace.json.gz`, still read), `memory.pickle` (GPU: CUDA memory snapshot),
 `run.json` (what happened; rewritten atomically while the script runs, so it is true even after a
-crash or `os._exit`). Under torchrun they carry the rank (`trace.rank3.json.gz`, `run.rank3.json`).
+crash or `os._exit`). Under torchrun they carry the rank (`trace.rank3.pt.trace.json.gz`, `run.rank3.json`).
+`profiler.log`: the profiler's own log lines (kineto), kept off the user's stderr.
 
 run.json, the keys the capture writes:
 - `command`, `script`, `argv`, `cwd`, `started_at`, `ended_at`, `duration_s`, `exit_code`,
@@ -56,6 +58,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpuadvise.analyzer.filemode import publish
+
 RUNS_DIR = "gpuadvise-runs"
 
 
@@ -72,7 +76,17 @@ def suffix(r: int | None) -> str:
 
 
 def trace_name(r: int | None) -> str:
+    # `*.pt.trace.json.gz` is the name TensorBoard's profiler plugin and HTA look for
+    return f"trace{suffix(r)}.pt.trace.json.gz"
+
+
+def old_trace_name(r: int | None) -> str:
+    """The name run folders used before (still read; replaced by --force)."""
     return f"trace{suffix(r)}.json.gz"
+
+
+def log_name(r: int | None) -> str:
+    return f"profiler{suffix(r)}.log"
 
 
 def snapshot_name(r: int | None) -> str:
@@ -102,7 +116,7 @@ def write_json_atomic(path: Path, data: dict) -> None:
     try:
         with os.fdopen(fd, "w") as fh:
             json.dump(data, fh, indent=2, default=str)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; a run folder is meant to be shared
+        publish(tmp)  # mkstemp makes it private; a run folder is meant to be shared (under the umask)
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -75,6 +75,7 @@ class Session:
         self.times = StepTimes(torch, keep_head=self.window.end + self.config.get("keep_after", 100))
         self.memory_steps = self.config.get("memory_steps", 2) if self.config["memory_history"] and cuda(torch) else 0
         quiet.ignore_profiler_warnings()
+        quiet.set_log(self.out / runfolder.log_name(self.rank), errors_to_stderr=cuda(torch))
         try:
             facts_mod.install(torch)
             compiled.install(torch, lambda: (self.steps, self._phase(self.steps)))  # issue 22: compile facts

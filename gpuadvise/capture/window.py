@@ -69,7 +69,7 @@ class Window:
             record_shapes=self.shapes,
             with_stack=config["with_stack"],
             profile_memory=config["profile_memory"],
-            **trace_only(torch),
+            **trace_only(torch, config["with_stack"]),
         )
 
 
@@ -165,9 +165,12 @@ def cuda(torch) -> bool:
         return False
 
 
-def trace_only(torch) -> dict:
+def trace_only(torch, with_stack: bool = False) -> dict:
     """`trace_only` (torch >= 2.10) skips building Python event objects when the profiler stops: we
-    only export the trace, and on a big window that build takes seconds. Older torch: nothing."""
+    only export the trace, and on a big window that build takes seconds. Older torch: nothing.
+    Stacks need those objects (torch warns and turns trace_only off), so it is not asked for with_stack."""
+    if with_stack:
+        return {}
     try:
         from torch.profiler import _ExperimentalConfig
 

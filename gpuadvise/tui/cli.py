@@ -37,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from .app import GpuadviseApp
     except ImportError as exc:  # textual is an optional dependency
-        print(f"gpuadvise: error: `gpuadvise view` needs textual ({exc}); pip install 'gpuadvise[tui]'", file=sys.stderr)
+        from gpuadvise.analyzer.install import install_command
+
+        print(f"gpuadvise: error: `gpuadvise view` needs textual ({exc}); {install_command('tui')}", file=sys.stderr)
         return EXIT_INPUT
     if args.compare:
         from .compare_app import CompareApp
