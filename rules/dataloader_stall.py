@@ -94,17 +94,17 @@ class DataloaderStall(Rule):
         # Worker processes compete with the training thread for CPU: in the kineto ResNet-50 pair, ops on
         # the training thread ran 10-25 % slower with 4 workers than with none. Count the low end.
         contention = self.thresholds["worker_cpu_contention"] if single else 1.0
-        waits = iv.union(counted["ts"], counted["end"])
+        wait_spans = iv.union(counted["ts"], counted["end"])  # the waits a fix removes (outlier steps left as they are)
         left_out = (f" (outlier step{'s' if len(outlier_steps) > 1 else ''} {', '.join(map(str, outlier_steps))} left as "
                     "they are)" if outlier_steps else "")
         measured = runfacts.loader_profile(a.facts)  # gpuadvise profile sampled the loading (issue 23)
         plan = more_workers(measured, runfacts.usable_cpus(a.facts), counted) if measured else None
         if plan is not None:  # the measured build time and free cores say what more workers leave of the wait
-            saving, basis = a.predicted_saving(Scenario(plan["scenario"] + left_out, cpu_shrink=(waits, plan["wait_left"])))
+            saving, basis = a.predicted_saving(Scenario(plan["scenario"] + left_out, cpu_shrink=(wait_spans, plan["wait_left"])))
         else:
             saving, basis = a.predicted_saving(Scenario(
                 "DataLoader waits removed" + (f", training-thread CPU work {contention - 1:.0%} slower with workers" if single else "")
-                + left_out, cpu_removed=waits, cpu_scale=contention))
+                + left_out, cpu_removed=wait_spans, cpu_scale=contention))
         if saving is None:  # no GPU in the trace: the step shrinks by the wait itself (what the fix leaves of it)
             left = plan["wait_left"] if plan is not None else 0.0
             saving = share * (1 - left)

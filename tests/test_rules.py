@@ -11,6 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from gpuadvise.analyzer.model.findings import SEVERITIES
+
 import gpuadvise.rules as rules_pkg
 from gpuadvise.analyzer.model.report import all_findings
 from gpuadvise.analyzer.run.engine import analyze_paths
@@ -207,20 +209,25 @@ def test_findings_are_complete_and_sorted(rule, kind, fixture_reports):
     report = fixture_reports(rule, kind)
     for f in report.findings:
         _check_finding(f)
-    # Predictions of fixes are ordered biggest first; a symptom's ceiling (upper_bound) never outranks
-    # a cause that explains at least half of it, and otherwise sits where its figure puts it.
-    causes = [f for f in report.findings if not f.impact.upper_bound]
-    savings = [f.impact.est_step_saving_pct for f in causes]
-    assert savings == sorted(savings, reverse=True)
-    for i, f in enumerate(report.findings):
-        if f.impact.upper_bound:
-            before = report.findings[:i]
-            after = [g for g in report.findings[i + 1:] if not g.impact.upper_bound]
-            assert all(g.impact.est_step_saving_pct < 0.5 * f.impact.est_step_saving_pct or
-                       g.impact.est_step_saving_pct <= max((b.impact.est_step_saving_pct for b in before), default=100.0)
-                       for g in after)
-            assert all(b.impact.est_step_saving_pct >= 0.5 * f.impact.est_step_saving_pct or
-                       b.impact.est_step_saving_pct >= f.impact.est_step_saving_pct for b in before if not b.impact.upper_bound)
+    # By severity first (an [info] note never stands above a [low] finding), then within a severity
+    # predictions of fixes biggest first; a symptom's ceiling (upper_bound) never outranks a cause that
+    # explains at least half of it, and otherwise sits where its figure puts it.
+    ranks = [SEVERITIES.index(f.severity) for f in report.findings]
+    assert ranks == sorted(ranks)
+    for sev in SEVERITIES:
+        group = [f for f in report.findings if f.severity == sev]
+        causes = [f for f in group if not f.impact.upper_bound]
+        savings = [f.impact.est_step_saving_pct for f in causes]
+        assert savings == sorted(savings, reverse=True)
+        for i, f in enumerate(group):
+            if f.impact.upper_bound:
+                before = group[:i]
+                after = [g for g in group[i + 1:] if not g.impact.upper_bound]
+                assert all(g.impact.est_step_saving_pct < 0.5 * f.impact.est_step_saving_pct or
+                           g.impact.est_step_saving_pct <= max((b.impact.est_step_saving_pct for b in before), default=100.0)
+                           for g in after)
+                assert all(b.impact.est_step_saving_pct >= 0.5 * f.impact.est_step_saving_pct or
+                           b.impact.est_step_saving_pct >= f.impact.est_step_saving_pct for b in before if not b.impact.upper_bound)
 
 
 def test_cpu_only_and_no_cuda_findings_are_complete(load_built):

@@ -28,7 +28,7 @@ import os
 import sys
 import time
 
-FOLDER = ".gpuadvise-loader"  # inside the run folder: the flag and one file per process
+FOLDER_PREFIX = "gpuadvise-loader-"  # a temporary folder, never the run folder (a killed run leaves nothing there)
 FLAG = "recording"
 INTERVAL_S = 0.001  # pyinstrument's sampling interval
 TOP_FUNCTIONS = 12
@@ -153,7 +153,12 @@ class Probe:
     """The training process's side: switches recording on and off, times the waits, merges the files."""
 
     def __init__(self, out: str):
-        self.folder = os.path.join(out, FOLDER)
+        import tempfile
+        import uuid
+
+        # the flag and one file per process; outside `out`, so a run killed mid-window (SIGKILL,
+        # os._exit) leaves no stray files in the run folder. Made when the window opens.
+        self.folder = os.path.join(tempfile.gettempdir(), f"{FOLDER_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}")
         self.main = Recorder(self.folder, "main", flag_file=False)
         self.waits_ns: list[int] = []
         self.gaps_ns: list[int] = []
