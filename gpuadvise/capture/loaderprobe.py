@@ -265,7 +265,9 @@ def attach(session, torch) -> Probe | None:
     if not session.config.get("loader_probe", True):
         return None
     if not available():
-        session.status["loader"] = "not sampled: pyinstrument is not installed (pip install 'gpuadvise[profile]')"
+        from gpuadvise.analyzer.install import install_command
+
+        session.status["loader"] = f"not sampled: pyinstrument is not installed ({install_command('profile')})"
         return None
     try:
         probe = Probe(str(session.out))
