@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 import re
 
+from .facts import _short  # a source path as the user knows it (relative to cwd when inside it)
+
 MAX_ITEMS = 200  # compiles / breaks kept in run.json: a recompiling loop must not grow it forever
 
 _BREAK_AT = re.compile(r"Graph break in user code at (.+?):(\d+)")
@@ -191,16 +193,6 @@ def _where(filename, line) -> str | None:
     if not filename:
         return None
     return f"{_short(str(filename))}:{line}" if line is not None else _short(str(filename))
-
-
-def _short(path: str) -> str:
-    import os
-
-    try:
-        rel = os.path.relpath(path)
-        return rel if not rel.startswith("..") else path
-    except ValueError:
-        return path
 
 
 def _num(v):
