@@ -46,7 +46,6 @@ from .base import Rule
 class CompileGraphBreaks(Rule):
     code = "GA151"
     name = "compile-graph-breaks"
-    topic = "compile-graph-breaks"
     title = "torch.compile graph breaks leave eager Python between graphs"
     thresholds = {}
 

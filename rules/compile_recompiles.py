@@ -56,7 +56,6 @@ _GLOBAL = re.compile(r"G\['|___check_obj_id|ID_MATCH|global", re.I)
 class CompileRecompiles(Rule):
     code = "GA150"
     name = "compile-recompiles"
-    topic = "compile-recompiles"
     title = "torch.compile recompiles after warm-up"
     thresholds = {"warmup_steps": runfacts.COMPILE_WARMUP_STEPS, "min_recompiles": MIN_RECOMPILES}
 

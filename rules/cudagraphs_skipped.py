@@ -42,7 +42,6 @@ from .base import Rule
 class CudagraphsSkipped(Rule):
     code = "GA153"
     name = "cudagraphs-skipped"
-    topic = "cudagraphs-skipped"
     title = "reduce-overhead asked for CUDA graphs, but they were not replayed"
     thresholds = {}
 

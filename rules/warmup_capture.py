@@ -50,7 +50,6 @@ GEMM = "ampere_sgemm_64x64_nn"
 class WarmupCapture(Rule):
     code = "GA111"
     name = "warm-up-capture"
-    topic = "warm-up-capture"
     title = "The capture holds one-time start-up costs, not steady-state steps"
     thresholds = {"medium_share_pct": 10.0}
 
