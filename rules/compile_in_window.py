@@ -3,7 +3,9 @@
 ## What it detects
 Compilation `gpuadvise profile` recorded (run.json `compiled.compiles`) inside the profiled window's
 steps: the window fell on the first compiled steps, or a recompile landed in it. The compile seconds
-in those steps are compared with the steps' recorded time.
+in those steps are compared with the steps' recorded time (every recorded step, those left out of the
+figures for one-time costs included). This rule owns that compilation: warm-up-capture leaves the
+one-time costs it finds in those steps to it, so one cost is reported once.
 
 ## Why it matters
 Dynamo tracing and Inductor code generation run on the CPU inside the step that first calls the
@@ -51,14 +53,14 @@ class CompileInWindow(Rule):
     thresholds = {"high_share_pct": HIGH_SHARE}
 
     def check(self, a: Analysis):
-        window = runfacts.window_steps(a.facts)
-        inside = [c for c in runfacts.compile_events(a.facts) if c.get("phase") == "active" or c.get("step") in window]
+        inside = runfacts.compiles_in_window(a.facts)
         if not inside:
             return []
         steps = sorted({c["step"] for c in inside if isinstance(c.get("step"), int)})
         seconds = sum(c["seconds"] for c in inside)
         # the recorded steps' time as the trace has it (run.json does not time step 0, the script's start)
-        recorded_s = sum(s.dur for s in a.metrics.steps) / 1e6
+        # (the steps left out of the figures for one-time costs, compilation among them, included)
+        recorded_s = sum(s.dur for s in a.metrics.steps + a.metrics.left_out_steps) / 1e6
         share = 100.0 * seconds / recorded_s if recorded_s > 0 else None
         where = sorted({str(c.get("where")) for c in inside if c.get("where")})
         recompiles = sum(1 for c in inside if c.get("recompile_reason"))

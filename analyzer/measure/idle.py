@@ -25,7 +25,9 @@ COLUMNS = ["what", "kind", "ms_per_step", "share_of_idle_pct"]
 def idle_gaps(metrics: Metrics) -> tuple[np.ndarray, np.ndarray]:
     """The GPU's idle time inside the steps' windows (merged intervals)."""
     lo, hi = step_windows(metrics.steps, metrics.window)
-    return iv.subtract(iv.union(lo, hi), metrics.gpu_union)
+    gaps = iv.subtract(iv.union(lo, hi), metrics.gpu_union)
+    cut = metrics.one_time_cut  # one-time costs are not the steps' idle time
+    return iv.subtract(gaps, cut) if cut is not None else gaps
 
 
 def explain_idle(model: TraceModel, metrics: Metrics, top: int = 8) -> pd.DataFrame:

@@ -18,14 +18,16 @@ def cpu_per_kernel(model, metrics: Metrics, kernels: int) -> dict | None:
         return None
     pid, tid = metrics.launch_thread
     lo, hi = metrics.cpu_window
-    window = (iv.union([lo], [hi]))
+    window = iv.union([lo], [hi])
+    if metrics.one_time_cut is not None:  # one-time costs are no kernel's launch cost
+        window = iv.subtract(window, metrics.one_time_cut)
     rt, cpu = model.runtime, model.cpu
     on = (rt["pid"] == pid) & (rt["tid"] == tid)
     launch = rt[on & rt["name"].isin(LAUNCH_CALLS)]
     launches = iv.intersect(iv.union(launch["ts"], launch["end"]), window)
     ops = cpu[(cpu["pid"] == pid) & (cpu["tid"] == tid) & ~cpu["is_annotation"].astype(bool)] if len(cpu) else cpu
     op_time = iv.intersect(iv.union(ops["ts"], ops["end"]), window) if len(ops) else (launches[0][:0], launches[1][:0])
-    total = hi - lo
+    total = iv.total(*window)
     launch_us = iv.total(*launches)
     dispatch_us = iv.total(*iv.subtract(op_time, launches))
     other = max(total - launch_us - dispatch_us, 0.0)

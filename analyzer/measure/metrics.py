@@ -22,6 +22,12 @@ its own GPU work when that comes first (the GPU then waited for the CPU, whose s
 and a step takes the longer of its CPU span and its GPU time.
 Both figures are kept (`Step.cpu_dur`, `Step.gpu_dur`); every per-step figure and every share of step
 time uses `Step.dur`. CPU-side quantities (DataLoader waits, syncs) are measured in the CPU span.
+
+One-time costs (first-call module loading, autotuning, allocator warm-up, a slow first step: warmup.py)
+are kept out of every figure here, so no rule or renderer reads the job's start as its steady state: the
+steps they make up a tenth of are left out (`steps` holds the others, `left_out_steps` these), as long
+as one step remains; otherwise their time ranges (`one_time_cut`) are cut out of the window's figures
+(per-step table, temporal and idle breakdowns) and of the replay. `one_time` says what was found.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from . import intervals as iv
+from .warmup import SteadyPlan, plan
 from gpuadvise.analyzer.model.calls import ASYNC_COPIES, COPY_CALLS, COPY_NAME, DATALOADER, DEVICE_SYNCS, LAUNCH_CALLS, STEP, SYNC_CALLS
 from gpuadvise.analyzer.model.kernels import is_comm, is_matmul_like, precision_class
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask, names_in
@@ -91,6 +98,18 @@ class Metrics:
     gpu_union: tuple[np.ndarray, np.ndarray]
     launch_thread: tuple[int, int] | None
     notes: list[str] = field(default_factory=list)
+    one_time: SteadyPlan | None = None  # one-time costs found, and how they are kept out (warmup.plan)
+    left_out_steps: list[Step] = field(default_factory=list)  # steps left out of every figure for them
+
+    @property
+    def left_out(self) -> dict[int, str]:
+        """Step number → why it was left out of the figures (one-time costs)."""
+        return dict(self.one_time.left_out) if self.one_time is not None else {}
+
+    @property
+    def one_time_cut(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Time ranges cut out of the window's figures when no step without a one-time cost remains."""
+        return self.one_time.cut if self.one_time is not None else None
 
     @property
     def median_step_us(self) -> float:
@@ -126,9 +145,25 @@ class Metrics:
         return float(100 * self.per_step["gpu_busy_us"].sum() / max(self.per_step["dur_us"].sum(), 1e-9))
 
 
-def compute(model: TraceModel) -> Metrics:
+def compute(model: TraceModel, steady: bool = True) -> Metrics:
+    """The trace's metrics, with one-time costs kept out of them (module docstring); `steady=False`
+    measures everything as recorded."""
+    full = _compute(model)
+    if not steady:
+        return full
+    p = plan(model, full) if full.has_gpu else None  # without a GPU timeline nothing is a GPU job's start
+    if p is None or not p.costs:
+        return full
+    m = _compute(model, set(p.left_out), p.cut) if p.left_out or p.cut is not None else full
+    m.one_time = p
+    return m
+
+
+def _compute(model: TraceModel, leave_out: set[int] | None = None, cut=None) -> Metrics:
     launches = launch_stats(model)
-    steps = gpu_timeline(find_steps(model), launches)
+    every = gpu_timeline(find_steps(model), launches)  # GPU times from every step: a left-out one still ends the one before
+    steps = [s for s in every if s.number not in (leave_out or ())]
+    dropped = [s for s in every if s.number in (leave_out or ())]
     window = _window(model, steps)
     gpu = model.gpu
     has_gpu = len(gpu) > 0
@@ -136,13 +171,16 @@ def compute(model: TraceModel) -> Metrics:
     dl = dataloader_spans(model, steps)
     copies = copy_table(model, steps)
     syncs = sync_table(model, steps)
+    # what whole-trace figures leave out: the cut ranges, or the left-out steps' time
+    excluded = cut if cut is not None else (iv.union([min(s.start, s.window[0]) for s in dropped],
+                                                     [max(s.end, s.window[1]) for s in dropped]) if dropped else None)
     metrics = Metrics(
         window=window,
         steps=steps,
         has_gpu=has_gpu,
-        per_step=per_step_table(model, steps, window, gpu_union, dl, syncs),
-        temporal=temporal_breakdown(model),
-        idle_breakdown=idle_breakdown(model, launches),
+        per_step=per_step_table(model, steps, window, gpu_union, dl, syncs, cut),
+        temporal=temporal_breakdown(model, excluded),
+        idle_breakdown=idle_breakdown(model, launches, excluded),
         kernels=kernel_table(model),
         ops=op_table(model),
         copies=copies,
@@ -152,6 +190,7 @@ def compute(model: TraceModel) -> Metrics:
         dataloader=dl,
         gpu_union=gpu_union,
         launch_thread=launch_thread(model),
+        left_out_steps=dropped,
     )
     return metrics
 
@@ -258,17 +297,24 @@ def cpu_windows(metrics_steps: list[Step], window: tuple[float, float]) -> tuple
 # GPU time
 
 
-def temporal_breakdown(model: TraceModel) -> dict:
+def temporal_breakdown(model: TraceModel, excluded=None) -> dict:
+    """HTA's temporal breakdown; time in `excluded` (one-time costs, merged ranges) is left out of it."""
     gpu = model.gpu
     if gpu.empty:
         return {}
-    start, end = float(gpu["ts"].min()), float(gpu["end"].max())
-    span = max(end - start, 1e-9)
-    busy = iv.total(*iv.union(gpu["ts"], gpu["end"]))
+    region = iv.union([float(gpu["ts"].min())], [float(gpu["end"].max())])
+
+    def inside(u):  # every GPU op lies in the region unless time was excluded from it
+        return iv.total(*(iv.intersect(u, region) if excluded is not None else u))
+
+    if excluded is not None:
+        region = iv.subtract(region, excluded)
+    span = max(iv.total(*region), 1e-9)
+    busy = inside(iv.union(gpu["ts"], gpu["end"]))
     kernels = gpu[gpu["kind"] == "kernel"]
     comm = kernels["name"].map(lambda n: is_comm(str(n))).astype(bool) if len(kernels) else pd.Series([], dtype=bool)
     compute = kernels[~comm.to_numpy()] if len(kernels) else kernels
-    compute_us = iv.total(*iv.union(compute["ts"], compute["end"]))
+    compute_us = inside(iv.union(compute["ts"], compute["end"]))
     idle = span - busy
     return {
         "kernel_time_us": span,
@@ -282,42 +328,49 @@ def temporal_breakdown(model: TraceModel) -> dict:
     }
 
 
-def per_step_table(model, steps, window, gpu_union, dataloader, syncs) -> pd.DataFrame:
+def per_step_table(model, steps, window, gpu_union, dataloader, syncs, cut=None) -> pd.DataFrame:
     """One row per step: its time on the GPU timeline (`start_us`, `dur_us`) and both figures it is
-    made of (CPU span, GPU time); GPU work is measured in the step's window, CPU waits in its CPU span."""
+    made of (CPU span, GPU time); GPU work is measured in the step's window, CPU waits in its CPU span.
+    Time in `cut` (one-time costs no step could be left out for) counts in none of the figures."""
     lo, hi = step_windows(steps, window)
     clo, chi = cpu_windows(steps, window)
-    dur = hi - lo
+
+    def covered(u, a, b):
+        return iv.covered(*(iv.subtract(u, cut) if cut is not None else u), a, b)
+
+    gone = iv.covered(*cut, lo, hi) if cut is not None else 0.0
+    dur = hi - lo - gone
     gpu = model.gpu
     out = pd.DataFrame({
         "step": [s.number for s in steps] if steps else [-1],
         "start_us": lo,
         "dur_us": dur,
         "cpu_start_us": clo,
-        "cpu_dur_us": chi - clo,
+        "cpu_dur_us": chi - clo - (iv.covered(*cut, clo, chi) if cut is not None else 0.0),
         "gpu_start_us": [s.gpu_start for s in steps] if steps else [np.nan],
         "gpu_dur_us": [s.gpu_dur for s in steps] if steps else [dur[0]],
         "gpu_bound": [s.gpu_bound for s in steps] if steps else [False],
     })
-    out["gpu_busy_us"] = iv.covered(*gpu_union, lo, hi)
+    out["gpu_busy_us"] = covered(gpu_union, lo, hi)
     for kind in ("kernel", "memcpy", "memset"):
         part = gpu[gpu["kind"] == kind]
         if kind == "kernel" and len(part):
             comm = part["name"].map(lambda n: is_comm(str(n))).astype(bool).to_numpy()
-            out["comm_us"] = iv.covered(*iv.union(part["ts"][comm], part["end"][comm]), lo, hi)
+            out["comm_us"] = covered(iv.union(part["ts"][comm], part["end"][comm]), lo, hi)
             part = part[~comm]
         elif kind == "kernel":
             out["comm_us"] = 0.0
-        out[f"{kind}_us"] = iv.covered(*iv.union(part["ts"], part["end"]), lo, hi)
-    out["dataloader_us"] = iv.covered(*iv.union(dataloader["ts"], dataloader["end"]), clo, chi) if len(dataloader) else 0.0
+        out[f"{kind}_us"] = covered(iv.union(part["ts"], part["end"]), lo, hi)
+    out["dataloader_us"] = covered(iv.union(dataloader["ts"], dataloader["end"]), clo, chi) if len(dataloader) else 0.0
     blocking = syncs[~syncs["profiler_sync"]] if len(syncs) else syncs
-    out["sync_us"] = iv.covered(*iv.union(blocking["ts"], blocking["end"]), clo, chi) if len(blocking) else 0.0
+    out["sync_us"] = covered(iv.union(blocking["ts"], blocking["end"]), clo, chi) if len(blocking) else 0.0
     out["gpu_busy_pct"] = 100 * out["gpu_busy_us"] / np.maximum(dur, 1e-9)
     out["idle_us"] = dur - out["gpu_busy_us"]
     return out
 
 
-def idle_breakdown(model: TraceModel, launches: pd.DataFrame) -> pd.DataFrame:
+def idle_breakdown(model: TraceModel, launches: pd.DataFrame, excluded=None) -> pd.DataFrame:
+    """Per stream, its gaps split as HTA does; gap time inside `excluded` (one-time costs) is left out."""
     gpu = model.gpu
     cols = ["stream", "idle_us", "host_wait_us", "kernel_wait_us", "other_us"]
     if gpu.empty:
@@ -330,6 +383,8 @@ def idle_breakdown(model: TraceModel, launches: pd.DataFrame) -> pd.DataFrame:
         ts, end = g["ts"].to_numpy(), g["end"].to_numpy()
         prev_end = np.maximum.accumulate(end)[:-1]
         gap = ts[1:] - prev_end
+        if excluded is not None:
+            gap = gap - iv.covered(*excluded, prev_end, ts[1:])
         pos = gap > 0
         corr = g["correlation"].to_numpy()[1:]
         rt = launch_ts.reindex(corr).to_numpy() if len(launch_ts) else np.full(corr.shape, np.nan)

@@ -234,10 +234,26 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
     if not nx.is_directed_acyclic_graph(g):  # orderings we cannot see (clock skew, threads): drop the guesses
         g.remove_edges_from([(u, v) for u, v, d in g.edges(data=True) if d["kind"] in ("wait", "dep")])
 
+    cut = metrics.one_time_cut
+    if cut is not None:  # one-time costs no step could be left out for: their time is not the steps'
+        actual = max(0.0, actual - float(iv.covered(*cut, [ws], [we])[0]))
     replay = Replay(graph=g, calls=calls, ops=ops, window=(ws, we), steps=nsteps, baseline_us=0.0, actual_us=actual)
     replay.compile()
+    if cut is not None:
+        _cut_out(replay, cut)
     replay.baseline_us = replay.simulate(Scenario("baseline"))
     return replay
+
+
+def _cut_out(replay: Replay, cut: tuple[np.ndarray, np.ndarray]) -> None:
+    """Take the one-time ranges out of the CPU chain's weights (the time between calls and the calls'
+    own cost): the baseline is then the window without them, and no scenario can claim them."""
+    e, calls = replay._edges, replay.calls
+    cpu, call = e["kind"] == "cpu", e["kind"] == "call"
+    e["base"][cpu] = np.maximum(0.0, e["base"][cpu] - iv.covered(*cut, e["gap_a"][cpu], e["gap_b"][cpu]))
+    i = e["call"][call]
+    ts, end = calls["ts"].to_numpy(dtype=float)[i], calls["end"].to_numpy(dtype=float)[i]
+    e["base"][call] = np.maximum(0.0, e["base"][call] - iv.covered(*cut, ts, end))
 
 
 def _usual_cost(calls: pd.DataFrame) -> np.ndarray:
@@ -383,16 +399,19 @@ def _choose_window(model: TraceModel, metrics: Metrics):
             we = rt_ts[min(hi - 1, mid + budget_calls // 2)]
         return (ws, we), 0, we - ws
     counts = np.searchsorted(rt_ts, [s.end for s in steps]) - np.searchsorted(rt_ts, [s.start for s in steps])
+    # a step left out for a one-time cost breaks the run: the replay never spans it
+    gone = np.array([s.start for s in metrics.left_out_steps])
+    broken = [bool(((gone >= a.end) & (gone < b.start)).any()) for a, b in zip(steps, steps[1:])]
     # grow a contiguous run of steps around the median one while it fits the budget
     mid = len(steps) // 2
     lo, hi, total = mid, mid, counts[mid]
     while True:
         grown = False
-        if hi + 1 < len(steps) and total + counts[hi + 1] <= budget_calls:
+        if hi + 1 < len(steps) and not broken[hi] and total + counts[hi + 1] <= budget_calls:
             hi += 1
             total += counts[hi]
             grown = True
-        if lo - 1 >= 0 and total + counts[lo - 1] <= budget_calls:
+        if lo - 1 >= 0 and not broken[lo - 1] and total + counts[lo - 1] <= budget_calls:
             lo -= 1
             total += counts[lo]
             grown = True

@@ -28,6 +28,15 @@ class StepTime:
 
 
 @dataclass(frozen=True)
+class LeftOutStep:
+    """A ProfilerStep left out of every figure: it holds one-time costs (measure/warmup.py)."""
+
+    step: int
+    ms: float
+    reason: str
+
+
+@dataclass(frozen=True)
 class TraceFigures:
     """The summary figures of one trace, as plain data (computed once, by run/figures.py, while the
     events are there; a compact report keeps them). Times in ms, shares in % of the window or step."""
@@ -59,6 +68,10 @@ class TraceFigures:
     kernels: int
     events_skipped: int
     truncated: bool
+    # one-time costs kept out of the figures above: the steps left out for them, and one sentence every
+    # format prints (None when the trace has none)
+    steps_left_out: list[LeftOutStep] = field(default_factory=list)
+    one_time_note: str | None = None
 
 
 @dataclass

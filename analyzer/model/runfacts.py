@@ -205,6 +205,12 @@ def compile_events(facts: dict) -> list[dict]:
     return [dict(c, seconds=_seconds(c.get("seconds"))) for c in _compile_list(compiled(facts).get("compiles"))]
 
 
+def compiles_in_window(facts: dict) -> list[dict]:
+    """The compiles (as `compile_events`) that ran in a recorded step of the window."""
+    window = window_steps(facts)
+    return [c for c in compile_events(facts) if c.get("phase") == "active" or c.get("step") in window]
+
+
 def recompiles_after_warmup(facts: dict) -> list[dict]:
     """Recompilations from step COMPILE_WARMUP_STEPS on, each with its compile seconds when recorded."""
     seconds = {c.get("compile_id"): c["seconds"] for c in compile_events(facts)}

@@ -103,6 +103,8 @@ def _trace_header(r: TraceReport) -> list[str]:
         lines.append(f"- **Steps:** {s['steps']} (ProfilerStep#{nums[0]}–#{nums[-1]}), median {s['median_step_ms']:.2f} ms{ahead}")
     else:
         lines.append(f"- **Steps:** none recorded; the whole trace ({s['window_ms']:.2f} ms) is one window")
+    if s.get("one_time_note"):
+        lines.append(f"- **One-time costs:** {md_text(s['one_time_note'])}")
     if s.get("unprofiled_median_step_ms"):
         lines.append(f"- **Unprofiled step:** {s['unprofiled_median_step_ms']:.2f} ms median, measured by `gpuadvise profile` "
                      f"outside the window: {overhead_words(s['profiler_overhead_x'])} "

@@ -28,6 +28,8 @@ def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
             steps += f" (unprofiled {s['unprofiled_median_step_ms']:.1f} ms: {overhead_words(s['profiler_overhead_x'])})"
         dev = terminal(s.get("device_description") or s.get("device") or "device not recorded")
         out.append(f"{head}\n  {dev} · {steps} · {busy_txt}")
+        if s.get("one_time_note"):
+            out += [f"  {line}" for line in textwrap.wrap(terminal(s["one_time_note"]), 98)]
         out += _memory_line(r)
     job = getattr(reports, "job", None)
     if job is not None:

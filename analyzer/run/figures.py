@@ -8,7 +8,8 @@ import numpy as np
 from gpuadvise.analyzer.measure.calibration import Calibration
 from gpuadvise.analyzer.measure.metrics import Metrics
 from gpuadvise.analyzer.model import runfacts
-from gpuadvise.analyzer.model.report import StepTime, TraceFigures
+from gpuadvise.analyzer.measure import intervals as iv
+from gpuadvise.analyzer.model.report import LeftOutStep, StepTime, TraceFigures
 from gpuadvise.analyzer.model.trace import TraceModel
 
 BREAKDOWN_COLUMNS = ("dur_us", "kernel_us", "comm_us", "memcpy_us", "memset_us", "dataloader_us", "sync_us", "idle_us")
@@ -33,9 +34,10 @@ def trace_figures(model: TraceModel, m: Metrics, calibration: Calibration | None
         unprofiled_median_step_ms=_r(cal.unprofiled_step_us / 1e3, 3) if cal is not None and cal.unprofiled_step_us else None,
         profiler_overhead_x=_r(cal.overhead_x) if cal is not None else None,
         profiler_calibration=cal.describe() if cal is not None else None,
-        step_times_ms=[StepTime(step=st.number, ms=round(st.dur / 1e3, 3), cpu_ms=round(st.cpu_dur / 1e3, 3),
+        # the step table's times: one-time costs cut out of a step that could not be left out stay out here too
+        step_times_ms=[StepTime(step=st.number, ms=round(dur / 1e3, 3), cpu_ms=round(cpu / 1e3, 3),
                                 gpu_ms=round(st.gpu_dur / 1e3, 3), bound="gpu" if st.gpu_bound else "cpu")
-                       for st in m.steps],
+                       for st, dur, cpu in zip(m.steps, ps["dur_us"], ps["cpu_dur_us"])],
         window_ms=round(m.window_us / 1e3, 3),
         gpu_busy_pct=_r(m.gpu_busy_pct),
         gpu_busy_in_steps_pct=_r(m.busy_in_steps_pct),
@@ -47,7 +49,26 @@ def trace_figures(model: TraceModel, m: Metrics, calibration: Calibration | None
         kernels=int(len(model.kernels)),
         events_skipped=meta.events_skipped,
         truncated=meta.truncated,
+        steps_left_out=[LeftOutStep(step=st.number, ms=round(st.dur / 1e3, 3), reason=m.left_out.get(st.number, ""))
+                        for st in m.left_out_steps],
+        one_time_note=one_time_note(m),
     )
+
+
+def one_time_note(m: Metrics) -> str | None:
+    """What was kept out of the figures for one-time costs, in one sentence (None: nothing was)."""
+    if m.left_out_steps:
+        return ("Left out of every figure (one-time costs; the capture findings say how to capture steady state): "
+                + "; ".join(f"step #{st.number} ({st.dur / 1e3:.1f} ms): {m.left_out.get(st.number, '')}"
+                            for st in m.left_out_steps)
+                + f". The figures describe the other {len(m.steps)} step{'s' if len(m.steps) != 1 else ''}.")
+    cut = m.one_time_cut
+    if cut is not None and len(cut[0]):
+        where = "its only step" if m.steps else "the window"
+        gone = float(iv.covered(*cut, [m.window[0]], [m.window[1]])[0])
+        return (f"No step without one-time costs remains: {gone / 1e3:.1f} ms of one-time costs are cut out of "
+                f"{where}'s figures, which describe the remaining {float(m.per_step['dur_us'].sum()) / 1e3:.1f} ms.")
+    return None
 
 
 def _step_basis(m: Metrics) -> str:

@@ -112,6 +112,8 @@ idle; and GPU busy % per step (0–100 % scale).
                          f"window {ms(m.window_us)} ms")
         else:
             row("Steps", f"no ProfilerStep marks: the whole trace ({ms(m.window_us)} ms) is one window")
+        if s.get("one_time_note"):
+            row("One-time", clean(s["one_time_note"]))
         if s.get("unprofiled_median_step_ms"):
             row("Unprofiled", f"median step {s['unprofiled_median_step_ms']:.2f} ms outside the window · "
                               f"{overhead_words(s['profiler_overhead_x'])}")
