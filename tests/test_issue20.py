@@ -182,8 +182,12 @@ def test_item6_share_wait_and_step_come_from_the_median_step(load_built):
     n = f.evidence.numbers
     # the headline share is the median wait over the median step, give or take the per-step spread
     assert n["dataloader_share_pct"] == pytest.approx(100 * n["median_dataloader_ms_per_step"] / n["median_step_ms"], rel=0.05)
-    assert n["outlier_steps"] and n["outlier_steps"][0] == r.metrics.steps[0].number
-    assert f"{n['dataloader_share_pct']:.1f}%" in f.message and "outlier" in f.message
+    assert f"{n['dataloader_share_pct']:.1f}%" in f.message
+    # the slow first step (workers starting) is said as such: an outlier here, or a one-time cost left out
+    # of every figure (item 7), named in the report's header
+    first = min(s.number for s in r.metrics.steps + r.metrics.left_out_steps)
+    left = [s.step for s in r.figures.steps_left_out]
+    assert (n["outlier_steps"] and n["outlier_steps"][0] == first and "outlier" in f.message) or left == [first]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -206,6 +210,129 @@ def test_item7_a_steady_capture_has_no_one_time_costs(load_built):
 
     r = _analyze(load_built, find_rule("GA101").positive())
     assert not any(f.topic == "warm-up-capture" for f in r.findings)
+
+
+def test_item7_warm_up_steps_are_left_out_of_every_figure_and_said_so_in_every_format(load_built):
+    import json
+
+    from gpuadvise.analyzer.report import render
+    from gpuadvise.rules import find_rule
+
+    r = _analyze(load_built, find_rule("GA111").positive())  # step #0 holds a 630 ms module load
+    m = r.metrics
+    assert [s.number for s in m.steps] == [1, 2] and [s.number for s in m.left_out_steps] == [0]
+    # the figures are the steady steps': nothing quoted anywhere comes from the 637 ms step
+    assert r.figures.median_step_ms == pytest.approx(7.0, abs=0.5)
+    assert [t.step for t in r.figures.step_times_ms] == [1, 2]
+    assert m.busy_in_steps_pct > 90 and m.temporal["busy_pct"] > 90
+    topics = {f.topic for f in r.findings}
+    assert not topics & {"low-gpu-utilization", "launch-bound"}
+    assert [s.step for s in r.figures.steps_left_out] == [0] and "aten::conv2d" in r.figures.steps_left_out[0].reason
+    outs = {fmt: render([r], fmt) for fmt in ("text", "md", "html", "json")}
+    for fmt, out in outs.items():
+        flat = " ".join(out.split())
+        assert "step #0" in flat and "one-time costs" in flat, fmt
+    trace = json.loads(outs["json"])["traces"][0]
+    assert [s["step"] for s in trace["steps_left_out"]] == [0] and trace["one_time_note"] == r.figures.one_time_note
+    f = next(f for f in r.findings if f.topic == "warm-up-capture")
+    assert f.evidence.numbers["steps_left_out"] == [0] and "Step #0 is left out" in f.message
+
+
+def test_item7_nested_one_time_costs_are_counted_once(load_built):
+    from gpuadvise.rules import find_rule
+
+    r = _analyze(load_built, find_rule("GA111").positive())
+    f = next(f for f in r.findings if f.topic == "warm-up-capture")
+    items = {c["kind"]: c for c in f.evidence.items}
+    # the launch inside the first convolution inside the first step: one cost, said to nest
+    assert items["module-loading"]["within"].startswith("the first aten::conv2d")
+    assert items["first-call"]["within"].startswith("step #0")
+    step0 = r.figures.steps_left_out[0].ms
+    assert f.evidence.numbers["one_time_ms"] == pytest.approx(step0, abs=1.0)  # the union, not 630 + 630 + 637
+    assert f.evidence.numbers["one_time_pct_of_window"] <= 100.0
+    assert f"Together {step0:.0f} ms" in f.message
+
+
+def _first_step_compiles():
+    """Recorded steps 8-10 of a compiled model; the window fell on the first compiled step (3 s compiling)."""
+    from gpuadvise.fixtures.builder import TraceBuilder
+    from gpuadvise.fixtures.compiled import WINDOW, compiled_facts
+
+    b = TraceBuilder()
+    b.step_no = WINDOW[0]
+    for i in range(3):
+        with b.step():
+            with b.op("Torch-Compiled Region: 0/0"):
+                if i == 0:
+                    b.idle(3_000_000)  # dynamo tracing and Inductor codegen
+                with b.op("CompiledFunction"):
+                    for _ in range(4):
+                        b.kernel("triton_poi_fused_add_relu_0", 400)
+            b.sync()
+    b.finish()
+    b.facts = compiled_facts([{"step": WINDOW[0], "seconds": 3.0}])
+    return b
+
+
+def test_item7_compilation_in_the_first_step_is_reported_once(tmp_path):
+    from gpuadvise.analyzer.run.engine import analyze_paths
+    from gpuadvise.fixtures.compiled import WINDOW
+
+    run = _first_step_compiles().write_run_folder(tmp_path / "run")
+    r = analyze_paths([str(run)])[0]
+    topics = [f.topic for f in r.findings]
+    owner = next(f for f in r.findings if f.rule == "GA152")  # compile-in-window owns the compilation
+    assert owner.evidence.steps == [WINDOW[0]]
+    assert "warm-up-capture" not in topics
+    # and the compiling step is still kept out of the figures, said so in the header
+    assert [s.step for s in r.figures.steps_left_out] == [WINDOW[0]]
+    assert not {"low-gpu-utilization", "launch-bound"} & set(topics)
+
+
+def test_item7_a_one_step_warm_up_capture_drives_no_other_finding(load_built):
+    from gpuadvise.fixtures.builder import TraceBuilder
+    from gpuadvise.rules.warmup_capture import CONV, GEMM
+
+    GiB_ = 2**30
+    b = TraceBuilder()  # the first forward pass alone: the first convolution loads its module (630 ms)
+    with b.step():
+        b.memory(GiB_, GiB_, 2 * GiB_)  # 2.5 % of the 80 GiB device: room that the busy GPU does not need
+        with b.op("aten::conv2d"):
+            b.launch_us = 630_000.0
+            b.kernel(CONV, 2_000)
+            b.launch_us = 5.0
+        for _ in range(10):
+            b.kernel(GEMM, 500)
+        b.sync()
+    b.finish()
+    r = _analyze(load_built, b)
+    topics = {f.topic for f in r.findings}
+    assert "warm-up-capture" in topics
+    assert not topics & {"low-gpu-utilization", "launch-bound", "memory-headroom"}
+    # the window's figures are the forward pass without the load, and the report says what was cut
+    assert r.figures.median_step_ms == pytest.approx(7.0, abs=0.5)
+    assert r.figures.gpu_busy_in_steps_pct > 90
+    assert "630.0 ms of one-time costs are cut out" in r.figures.one_time_note
+    f = next(f for f in r.findings if f.topic == "warm-up-capture")
+    assert f.evidence.numbers["cut_from_figures_ms"] == pytest.approx(630.0, abs=1.0)
+
+
+def test_item7_steady_h100_runs_leave_no_step_out():
+    """A false drop would change every number of a report: `gpuadvise profile` runs (steady, after
+    --wait) keep all their steps."""
+    import pathlib
+
+    from gpuadvise.analyzer.read.sources import resolve
+    from gpuadvise.analyzer.run.single import analyze_source
+
+    traces = os.environ.get("GPUADVISE_TRACES") or pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+    h100 = pathlib.Path(traces) / "h100"
+    runs = sorted(p for p in h100.glob("*") if p.is_dir() and any(p.glob("*.json.gz"))) if h100.is_dir() else []
+    if not runs:
+        pytest.skip(f"no H100 run folders at {h100}")
+    for run in runs[:: max(1, len(runs) // 8)]:  # a spread of them: each takes a second on two cores
+        r = analyze_source(resolve([str(run)])[0])
+        assert r.figures.steps_left_out == [] and r.figures.one_time_note is None, run.name
 
 
 # ----------------------------------------------------------------------------------------------------
