@@ -410,6 +410,22 @@ def test_item10_profiler_overhead_below_one_is_no_measurable_overhead():
     assert overhead_words(1.8) == "the profiler made the traced steps 1.80× slower"
 
 
+def test_item10_a_one_step_capture_is_not_called_a_median_of_1_steps(load_built):
+    from gpuadvise.analyzer.report import render
+    from gpuadvise.fixtures.builder import TraceBuilder
+
+    b = TraceBuilder()
+    with b.step():
+        for _ in range(10):
+            b.kernel("ampere_tf32_s1688gemm_64x64_nn", 100)
+        b.sync()
+    b.finish()
+    r = _analyze(load_built, b)
+    text = render([r], "text")
+    assert r.figures.steps == 1
+    assert "1 step," in text and "1 steps" not in text and "median of 1" not in text
+
+
 def test_item9_the_device_is_described_once_from_run_json_first():
     from gpuadvise.analyzer.model.runfacts import describe_device
 

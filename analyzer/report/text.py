@@ -21,7 +21,10 @@ def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
             continue
         busy = s.get("gpu_busy_in_steps_pct") if s["steps"] else s.get("gpu_busy_pct")
         busy_txt = f"GPU busy {busy:.1f}%" if busy is not None else "no GPU activity recorded"
-        steps = f"{s['steps']} steps, median {s['median_step_ms']:.1f} ms" if s["steps"] else f"no steps, {s['window_ms']:.1f} ms traced"
+        if s["steps"] == 1:  # one step has no median to speak of
+            steps = f"1 step, {s['median_step_ms']:.1f} ms"
+        else:
+            steps = f"{s['steps']} steps, median {s['median_step_ms']:.1f} ms" if s["steps"] else f"no steps, {s['window_ms']:.1f} ms traced"
         if s["steps"] and s["median_step_ms"] > 1.1 * s["median_step_cpu_ms"]:
             steps += f" on the GPU timeline (CPU spans {s['median_step_cpu_ms']:.1f} ms: the CPU runs ahead)"
         if s.get("unprofiled_median_step_ms"):
