@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuadvise.analyzer.measure import intervals as iv
+from gpuadvise.analyzer.measure import intervals as iv, perstep
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
@@ -101,17 +101,19 @@ class CudnnBenchmark(Rule):
         nsteps = max(len(m.steps), 1)
         shape_note = {True: f"the same {shapes} convolution input shapes in every step",
                       None: "input shapes were not recorded (run with record_shapes), so whether they are fixed is unknown"}[fixed]
+        conv_ms = perstep.median(conv_us) / 1e3  # conv_us is per step already: the report's statistic (perstep)
         message = (f"cudnn.benchmark was off; convolution kernels took {pct:.1f} % of the step time "
-                   f"({conv_us.sum() / nsteps / 1e3:.2f} ms per step, {len(conv) / nsteps:.0f} kernels), with {shape_note}.")
+                   f"({conv_ms:.2f} ms per step (median), {len(conv) / nsteps:.0f} kernels), with {shape_note}.")
         if len(generic):
-            message += (f" {len(generic) / nsteps:.0f} of them per step ({generic['dur'].sum() / nsteps / 1e3:.2f} ms) are generic "
+            generic_ms = perstep.median(perstep.sums(m, generic["ts"], generic["dur"])) / 1e3
+            message += (f" {len(generic) / nsteps:.0f} of them per step ({generic_ms:.2f} ms) are generic "
                         "kernels without Tensor Cores, which the autotuner can replace.")
         by_name = conv.groupby("name", observed=True)["dur"].agg(["size", "sum"]).sort_values("sum", ascending=False)
         evidence = Evidence(
             steps=[s.number for s in m.steps],
             items=[{"name": str(n), "count": int(r["size"]), "total_ms": round(float(r["sum"]) / 1e3, 3),
                     "tensor_cores": precision_class(str(n)) == "tensor-core"} for n, r in by_name.head(6).iterrows()],
-            numbers={"conv_pct_of_step": round(float(pct), 1), "conv_ms_per_step": round(float(conv_us.sum()) / nsteps / 1e3, 3),
+            numbers={"conv_pct_of_step": round(float(pct), 1), "conv_ms_per_step": round(conv_ms, 3),
                      "fixed_shapes": fixed, "distinct_conv_shapes": shapes,
                      "generic_kernels": int(len(generic)), "generic_ms": round(float(generic["dur"].sum()) / 1e3, 3),
                      "cudnn_benchmark": False},

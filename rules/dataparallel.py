@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import re
 
-from gpuadvise.analyzer.measure import intervals as iv
+from gpuadvise.analyzer.measure import intervals as iv, perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.findings import Evidence
@@ -72,7 +72,7 @@ class DataParallelRule(Rule):
         m = a.metrics
         message = (f"The model is wrapped in nn.DataParallel ({len(marker) or len(py_marker) or len(wrappers)} forward calls"
                    f"{f', GPU work on devices {devices}' if devices else ''}); its scatter/replicate/gather ops take "
-                   f"{work['dur'].sum() / max(len(m.steps), 1) / 1e3:.2f} ms of CPU time per step.")
+                   f"{perstep.median(perstep.sums(m, work['ts'], work['dur'])) / 1e3:.2f} ms of CPU time per step (median).")
         evidence = Evidence(
             steps=[s.number for s in m.steps],
             items=[{"name": n, "count": int(len(g)), "total_ms": round(g["dur"].sum() / 1e3, 2)}

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuadvise.analyzer.measure import intervals as iv
+from gpuadvise.analyzer.measure import intervals as iv, perstep
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence, severity_for
@@ -171,7 +171,7 @@ class DebugSettings(Rule):
             return out
         ps = m.per_step
         wait = np.maximum(la["cpu_us"].to_numpy() - t["launch_cost_us"], 0.0) * blocked
-        out["wait_ms_per_step"] = round(float(wait.sum()) / len(ps) / 1e3, 3)
+        out["wait_ms_per_step"] = round(perstep.median(perstep.sums(m, la["launch_ts"], wait)) / 1e3, 3)  # the report's statistic
         if out["blocking"]:
             # the replay runs these launches as the synchronous calls they were, then lets them go
             saving, basis = a.predicted_saving(Scenario("kernel launches no longer wait for their kernels",
@@ -204,7 +204,7 @@ class DebugSettings(Rule):
         ps = m.per_step
         step_lo, step_hi = ps["start_us"].to_numpy(), ps["start_us"].to_numpy() + ps["dur_us"].to_numpy()
         per_step = iv.covered(lo, hi, step_lo, step_hi)
-        out["ms_per_step"] = round(float(per_step.mean()) / 1e3, 3)
+        out["ms_per_step"] = round(perstep.median(per_step) / 1e3, 3)  # the report's statistic
 
         def unblock(calls):
             return iv.covered(lo, hi, calls["ts"].to_numpy(), calls["end"].to_numpy()) > 0

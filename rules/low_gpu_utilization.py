@@ -9,7 +9,8 @@ CPU to launch the next op), *kernel wait* (short gaps between back-to-back ops) 
 The finding also says what the CPU was doing during the idle time: each idle gap is charged to the
 thread that launched the GPU op ending it, and within that thread to the DataLoader wait, a blocking
 sync, cudaMalloc/cudaFree, launch calls, the outermost op running, or Python outside any recorded op
-(in that order), in ms per step (`analyzer/idle.py`).
+(in that order), in ms per step: the median over the steps, as the report's median step
+(`analyzer/measure/idle.py`, `analyzer/measure/perstep.py`).
 
 ## Why it matters
 An idle GPU is paid for and does nothing. This finding is the symptom; the other findings (data
@@ -37,7 +38,7 @@ import numpy as np
 
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
-from gpuadvise.analyzer.measure.idle import explain_idle
+from gpuadvise.analyzer.measure.idle import explain_idle, idle_split
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
@@ -57,30 +58,30 @@ class LowGpuUtilization(Rule):
         busy = m.busy_in_steps_pct if m.steps else m.gpu_busy_pct
         if busy is None or busy >= self.thresholds["max_busy_pct"]:
             return []
-        ib = m.idle_breakdown
-        idle_total = float(ib["idle_us"].sum()) if len(ib) else 0.0
-        split = {k: round(100 * float(ib[f"{k}_us"].sum()) / idle_total, 1) if idle_total else 0.0
-                 for k in ("host_wait", "kernel_wait", "other")}
+        # the split of the idle time inside the steps the busy share is of (HTA's classes, per step)
+        per_kind = {k: float(v.sum()) for k, v in idle_split(a.model, m).items()}
+        idle_total = sum(per_kind.values())
+        split = {k: round(100 * v / idle_total, 1) if idle_total else 0.0 for k, v in per_kind.items()}
         saving, basis = a.predicted_saving(Scenario("upper bound: the GPU never waits for the CPU", cpu_scale=0.0,
                                                     unblock=lambda c: c["blocking"].to_numpy()))
         if saving is None:
             saving, basis = 100 - busy, "idle share of the step"
         gaps = _largest_gaps(m)
         where = "inside the steps" if m.steps else "over the GPU's active span"
-        # one statistic throughout: the busy share and the per-step CPU figures below are totals over the
-        # steps divided by their count, so the step quoted with them is the mean step, not the median
+        # the report's statistic: the step quoted is the header's median step, and the CPU figures per step
+        # below are medians over the same steps (explain_idle); the busy share is the header's, of all their time
         nsteps = max(len(m.steps), 1)
-        mean_step_ms = float(m.per_step["dur_us"].sum()) / nsteps / 1e3
-        step_txt = f"mean step {mean_step_ms:.1f} ms over {nsteps} steps" if m.steps else f"{mean_step_ms:.1f} ms traced"
+        median_step_ms = m.median_step_us / 1e3
+        step_txt = (f"{nsteps} steps, median {median_step_ms:.1f} ms" if m.steps else f"{median_step_ms:.1f} ms traced")
         message = (f"The GPU is busy only {busy:.1f}% of the time {where} ({step_txt}). "
                    f"Of the idle time, {split['host_wait']:.0f}% is the GPU waiting for the CPU to launch work, "
                    f"{split['kernel_wait']:.0f}% short gaps between kernels, {split['other']:.0f}% other waits.")
         causes = explain_idle(a.model, m)
         named = causes[causes["share_of_idle_pct"] >= 1.0]
         if len(named):
-            per = "per step" if m.steps else "in the trace"
-            message += (f" Meanwhile the CPU thread launching the GPU's work was in: "
-                        + "; ".join(f"{r.what} {r.ms_per_step:.2f} ms {per} ({r.share_of_idle_pct:.0f}%)"
+            per = "median per step" if m.steps else "in the trace"
+            message += (f" Meanwhile the CPU thread launching the GPU's work was in ({per}; share of the idle time): "
+                        + "; ".join(f"{r.what} {r.ms_per_step:.2f} ms ({r.share_of_idle_pct:.0f}%)"
                                     for r in named.head(4).itertuples()) + ".")
         low = m.per_step[m.per_step["gpu_busy_pct"] < self.thresholds["max_busy_pct"]]
         worst = low.nsmallest(3, "gpu_busy_pct")
@@ -89,7 +90,7 @@ class LowGpuUtilization(Rule):
             time_ranges_ms=[(a.rel_ms(s), a.rel_ms(e)) for s, e in gaps],
             items=[{"name": f"step #{int(r.step)}" if r.step >= 0 else "whole trace", "busy_pct": round(r.gpu_busy_pct, 1),
                     "step_ms": a.ms(r.dur_us)} for r in worst.itertuples()],
-            numbers={"gpu_busy_pct": round(busy, 1), "mean_step_ms": round(mean_step_ms, 2), "statistic": "mean step",
+            numbers={"gpu_busy_pct": round(busy, 1), "median_step_ms": round(median_step_ms, 2), "statistic": "median step",
                      "idle_split_pct": split,
                      "hta_temporal_idle_pct": round(m.temporal.get("idle_pct", 0.0), 1),
                      "cpu_during_idle": causes.to_dict("records")},

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuadvise.analyzer.measure import intervals as iv
+from gpuadvise.analyzer.measure import intervals as iv, perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.measure.metrics import annotation_spans, gpu_ops_launched_in, ops_inside
@@ -61,9 +61,12 @@ class ZeroGrad(Rule):
             gpu_scale=lambda ops: np.where(ops["correlation"].isin(corr), 0.0, 1.0)))
         if saving is None:
             saving, basis = 100 * zeros["dur"].sum() / max(m.per_step["dur_us"].sum(), 1e-9), "share of step time"
+        # per step: the median over the steps, the report's statistic (perstep)
+        cpu_ms = perstep.median(perstep.sums(m, zeros["ts"], zeros["dur"])) / 1e3
+        gpu_ms = perstep.median(perstep.sums(m, kernels["gpu_ts"], kernels["gpu_us"])) / 1e3
         message = (f"`zero_grad` zeroes gradients in place: {len(zeros) / nsteps:.0f} `aten::zero_` ops per step "
-                   f"({zeros['dur'].sum() / nsteps / 1e3:.2f} ms of CPU time and {len(kernels) / nsteps:.0f} fill kernels "
-                   f"({kernels['gpu_us'].sum() / nsteps / 1e3:.2f} ms of GPU time) per step).")
+                   f"({cpu_ms:.2f} ms of CPU time and {len(kernels) / nsteps:.0f} fill kernels "
+                   f"({gpu_ms:.2f} ms of GPU time) per step, median).")
         evidence = Evidence(
             steps=[s.number for s in m.steps],
             time_ranges_ms=[(a.rel_ms(t), a.rel_ms(e)) for t, e in zip(spans["ts"].head(5), spans["end"].head(5))],

@@ -4,6 +4,7 @@ Each test builds the input that showed the problem and asserts what a user readi
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -180,8 +181,9 @@ def test_item6_share_wait_and_step_come_from_the_median_step(load_built):
     r = _analyze(load_built, _loader_trace(40_000, 4_000, steps=5))
     f = next(f for f in r.findings if f.topic == "dataloader-stall")
     n = f.evidence.numbers
-    # the headline share is the median wait over the median step, give or take the per-step spread
-    assert n["dataloader_share_pct"] == pytest.approx(100 * n["median_dataloader_ms_per_step"] / n["median_step_ms"], rel=0.05)
+    # the headline share is the median wait beyond the hand-over over the median step, give or take the spread
+    removable = n["median_dataloader_ms_per_step"] - n["handover_floor_ms"]
+    assert n["dataloader_share_pct"] == pytest.approx(100 * removable / n["median_step_ms"], rel=0.05)
     assert f"{n['dataloader_share_pct']:.1f}%" in f.message
     # the slow first step (workers starting) is said as such: an outlier here, or a one-time cost left out
     # of every figure (item 7), named in the report's header
@@ -432,3 +434,118 @@ def test_item9_the_device_is_described_once_from_run_json_first():
     cpu_run = {"environment": {"cuda_available": False}}
     assert describe_device(cpu_run, None, has_gpu=False) == "CPU only (run.json: no GPU was available)"
     assert describe_device({"environment": {"device": {"name": "NVIDIA H100 80GB HBM3"}}}) == "NVIDIA H100 80GB HBM3"
+
+
+# ----------------------------------------------------------------------------------------------------
+# items 6 and 10: one statistic per report. Python between launches takes 2, 2 and 8 ms in three steps:
+# the median step idles 2 ms on it, the mean 4 ms; the header quotes the median step.
+
+
+def _uneven_idle():
+    from gpuadvise.fixtures.builder import TraceBuilder
+
+    b = TraceBuilder()
+    for python_us in (2_000, 2_000, 8_000):
+        with b.step():
+            b.idle(python_us)
+            for _ in range(10):
+                b.kernel("ampere_tf32_s1688gemm_64x64_nn", 100)
+            b.sync()
+    b.finish()
+    return b
+
+
+def test_item6_idle_causes_and_step_are_the_median_step(load_built):
+    from gpuadvise.analyzer.report import render
+
+    r = _analyze(load_built, _uneven_idle())
+    f = next(f for f in r.findings if f.topic == "low-gpu-utilization")
+    median_ms = r.metrics.median_step_us / 1e3
+    assert f.evidence.numbers["median_step_ms"] == pytest.approx(median_ms, abs=0.01)
+    assert f"median {median_ms:.1f} ms" in f.message and "mean" not in f.message
+    python = next(c for c in f.evidence.numbers["cpu_during_idle"] if c["kind"] == "python")
+    assert python["ms_per_step"] == pytest.approx(2.0, abs=0.05)  # the median step's 2 ms, not the mean 4 ms
+    assert f"{python['ms_per_step']:.2f} ms (" in f.message
+    # the header's median step and the idle split are of the same step: the split adds up to its idle time
+    idle = r.figures.idle_breakdown_ms
+    assert sum(idle.values()) == pytest.approx(r.figures.step_breakdown_ms["idle"], abs=0.05)
+    assert f"median {r.figures.median_step_ms:.1f} ms" in render([r], "text")
+
+
+def test_item10_profile_prints_the_profilers_overhead_once(tmp_path, capsys, load_built):
+    """`gpuadvise profile`'s summary: run.json's step-time line and the report header stated two ratios for
+    the same overhead (1.17× and 1.18×, from the harness's timing and from the trace); the header's stays."""
+    import json
+
+    from gpuadvise.capture import cli, runfolder
+
+    _uneven_idle().write(tmp_path / runfolder.trace_name(None))
+    traced_ms = 4.0  # about the fixture's median step; the harness's own figure differs a little, as it does
+    (tmp_path / "run.json").write_text(json.dumps({"steps": {
+        "clock": "cpu", "unprofiled_median_ms": traced_ms / 1.5, "unprofiled_n": 4,
+        "profiled_median_ms": traced_ms * 1.02, "profiled_n": 3, "overhead_x": 1.53}}))
+    cli._summary(tmp_path, None)
+    err = capsys.readouterr().err
+    ratios = set(re.findall(r"(\d+\.\d+)×", err))
+    assert len(ratios) == 1, err  # one figure for the one ratio
+    assert "unprofiled (median of 4 steps)" in err
+
+
+# ----------------------------------------------------------------------------------------------------
+# item 6, dataloader-stall on a busy machine: with workers running, each batch still costs the training
+# process its hand-over (unpickling a ready batch, 1-2 ms on a busy machine); more workers cannot remove it.
+
+
+def _handover_run(tmp_path, name: str, build_ms: float, wait_us: float = 3_000, cpus: int = 16):
+    """4 workers, 3 ms waits in every 20 ms step; run.json says what a batch costs to build."""
+    b = _loader_trace(wait_us, wait_us, steps=4)
+    b.facts = {
+        "environment": {"machine": {"cpu": {"logical": cpus, "usable": cpus, "cgroup_limit": None}}},
+        "dataloaders": [{"created_at": "train.py:12", "num_workers": 4, "pin_memory": False}],
+        "capture": {"loader": {"num_workers": 4, "build_ms_per_batch": build_ms, "between_batches_ms": 8.0,
+                               "wait_ms_per_batch": wait_us / 1e3, "fetch_ms_per_sample": build_ms / 64,
+                               "collate_ms_per_batch": 0.1, "fetch": "__getitem__", "functions": []}},
+    }
+    return b.write_run_folder(tmp_path / name)
+
+
+def _stall(folder):
+    from gpuadvise.analyzer.run.engine import analyze_paths
+
+    (r,) = analyze_paths([str(folder)], jobs=1)
+    return next((f for f in r.findings if f.topic == "dataloader-stall"), None), r
+
+
+def test_item6_workers_that_keep_up_leave_a_handover_not_a_stall(tmp_path):
+    # 4 workers build a batch every 2.5 ms, the step uses one every 8 ms: the 3 ms waits are the hand-over
+    f, r = _stall(_handover_run(tmp_path, "keeps-up", build_ms=10.0))
+    assert f is None, f.message
+    share = 100 * float(r.metrics.per_step["dataloader_us"].median()) / r.metrics.median_step_us
+    assert share >= 5.0  # above the threshold on its own: what used to fire "add workers"
+
+
+def test_item6_workers_that_lag_still_stall_and_get_more_workers(tmp_path):
+    # 4 workers build a batch every 11 ms, the step uses one every 8 ms: 3 ms of lag per batch
+    f, _ = _stall(_handover_run(tmp_path, "lags", build_ms=44.0))
+    assert f is not None and f.evidence.numbers["handover_floor_ms"] == pytest.approx(0.0, abs=0.05)
+    assert "num_workers=" in f.recommendation
+
+
+def test_item6_trace_only_handover_floor_is_not_a_stall(load_built):
+    # no run.json: steady 1.5 ms waits of a multi-process loader (a batch was ready each time) in a ~9.5 ms step
+    r = _analyze(load_built, _loader_trace(1_500, 1_500, steps=4))
+    assert 100 * float(r.metrics.per_step["dataloader_us"].median()) / r.metrics.median_step_us >= 5.0
+    assert "dataloader-stall" not in {f.topic for f in r.findings}
+    # the same waits on the training thread (num_workers=0) are loading: a stall
+    from gpuadvise.fixtures.builder import TraceBuilder
+    from gpuadvise.rules.dataloader_stall import SINGLE
+
+    b = TraceBuilder()
+    for _ in range(4):
+        with b.step():
+            b.cpu(SINGLE, 1_500)
+            for _ in range(20):
+                b.kernel("ampere_bf16_s16816gemm_bf16_128x128_nn", 400)
+            b.sync()
+    b.finish()
+    assert "dataloader-stall" in {f.topic for f in _analyze(load_built, b).findings}

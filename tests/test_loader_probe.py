@@ -24,7 +24,7 @@ from gpuadvise import analyze  # noqa: E402  (public API only)
 from gpuadvise.fixtures.builder import TraceBuilder  # noqa: E402
 
 BATCH = 4
-SLEEP_S = 0.006  # per sample: 24 ms of work per batch, far above the training step's own time
+SLEEP_S = 0.03  # per sample: 120 ms per batch, 60 ms from 2 workers: above even a busy machine's 40 ms step, so the workers lag (not only a hand-over)
 
 DATASET = f'''
 import os, sys, time

@@ -598,7 +598,7 @@ def test_low_utilization_says_what_the_cpu_did_meanwhile(fixture_reports):
     first = f.evidence.numbers["cpu_during_idle"][0]
     # each step: 20 ms in the DataLoader while the GPU waits, then 40 kernels that keep it busy
     assert first["kind"] == "dataloader" and first["ms_per_step"] == pytest.approx(20.0, abs=0.1)
-    assert "DataLoader wait" in f.message and "20.00 ms per step" in f.message
+    assert "DataLoader wait" in f.message and "median per step" in f.message and "20.00 ms (" in f.message
 
 
 def _fragmented_report(facts):

@@ -14,8 +14,9 @@ import numpy as np
 import pandas as pd
 
 from . import intervals as iv
+from . import perstep
 from gpuadvise.analyzer.model.calls import ALLOC_CALLS, FREE_CALLS, LAUNCH_CALLS
-from .metrics import Metrics, step_windows
+from .metrics import Metrics, step_windows, stream_gaps
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask, names_in
 
 OUTSIDE_OPS = "Python / CPU work outside any recorded op"
@@ -30,20 +31,40 @@ def idle_gaps(metrics: Metrics) -> tuple[np.ndarray, np.ndarray]:
     return iv.subtract(gaps, cut) if cut is not None else gaps
 
 
+IDLE_KINDS = ("host_wait", "kernel_wait", "other")
+
+
+def idle_split(model: TraceModel, metrics: Metrics) -> dict[str, np.ndarray]:
+    """Each step's GPU idle time (`per_step.idle_us`) split by HTA's classes (`stream_gaps`: host wait,
+    kernel wait, other), in µs per step in `per_step` row order. HTA sums gaps over streams, which
+    overlap; so each step's idle time is shared out in proportion to its streams' gaps of each class."""
+    gaps = stream_gaps(model, metrics.launches)
+    raw = {k: np.zeros(len(metrics.per_step)) for k in IDLE_KINDS}
+    for (_, kind), g in gaps.groupby(["stream", "kind"]):
+        raw[kind] = raw[kind] + perstep.covered(metrics, g["ts"], g["end"])
+    total = sum(raw.values())
+    idle = metrics.per_step["idle_us"].to_numpy(dtype=float)
+    return {k: np.where(total > 0, idle * v / np.maximum(total, 1e-9), 0.0) for k, v in raw.items()}
+
+
 def explain_idle(model: TraceModel, metrics: Metrics, top: int = 8) -> pd.DataFrame:
     """Idle GPU time per cause, largest first: `what` (a name), `kind` (dataloader, sync, allocator,
-    launch, op, python), ms per step, and share of the idle time."""
+    launch, op, python), ms per step (the median over the steps, the report's statistic: `perstep`), and
+    share of all the steps' idle time."""
     gaps = idle_gaps(metrics)
     total = iv.total(*gaps)
     if total <= 0 or metrics.launches.empty:
         return pd.DataFrame(columns=COLUMNS)
-    nsteps = max(len(metrics.steps), 1)
-    rows: list[tuple[str, str, float]] = []
+    rows: list[tuple[str, str, np.ndarray]] = []
     for tid, mine in _gaps_by_thread(metrics, gaps).items():
         rows += _explain_thread(model, metrics, tid, mine)
-    out = pd.DataFrame(rows, columns=["what", "kind", "us"]).groupby(["what", "kind"], as_index=False)["us"].sum()
+    per: dict[tuple[str, str], np.ndarray] = {}
+    for what, kind, us in rows:
+        per[(what, kind)] = per.get((what, kind), 0.0) + us
+    out = pd.DataFrame([(w, k, float(us.sum()), perstep.median(us)) for (w, k), us in per.items()],
+                       columns=["what", "kind", "us", "median_us"])
     out = out[out["us"] > 0].sort_values("us", ascending=False, ignore_index=True)
-    out["ms_per_step"] = (out["us"] / nsteps / 1e3).round(3)
+    out["ms_per_step"] = (out["median_us"] / 1e3).round(3)
     out["share_of_idle_pct"] = (100 * out["us"] / total).round(1)
     return out.head(top)[COLUMNS]
 
@@ -60,15 +81,17 @@ def _gaps_by_thread(metrics: Metrics, gaps) -> dict:
     return {int(t): (gs[tids == t], ge[tids == t]) for t in np.unique(tids)}
 
 
-def _explain_thread(model: TraceModel, metrics: Metrics, tid: int, gaps) -> list[tuple[str, str, float]]:
+def _explain_thread(model: TraceModel, metrics: Metrics, tid: int, gaps) -> list[tuple[str, str, np.ndarray]]:
+    """(what, kind, µs of idle time it covers in each step) for one thread's gaps."""
     rows = []
     left = gaps
+    lo, hi = perstep.windows(metrics)
 
     def take(what: str, kind: str, s, e) -> None:
         nonlocal left
         u = iv.union(s, e)
-        got = iv.total(*iv.intersect(left, u))
-        if got > 0:
+        got = iv.covered(*iv.intersect(left, u), lo, hi)
+        if got.sum() > 0:
             rows.append((what, kind, got))
             left = iv.subtract(left, u)
 
@@ -88,9 +111,9 @@ def _explain_thread(model: TraceModel, metrics: Metrics, tid: int, gaps) -> list
         take("cudaMalloc / cudaFree", "allocator", alloc["ts"], alloc["end"])
         launch = rt[names_in(rt["name"], LAUNCH_CALLS)]
         take("kernel launch calls", "launch", launch["ts"], launch["end"])
-    rows += _outermost_ops(model, tid, left)
-    rest = iv.total(*iv.subtract(left, _ops_union(model, tid)))
-    if rest > 0:
+    rows += _outermost_ops(model, metrics, tid, left)
+    rest = iv.covered(*iv.subtract(left, _ops_union(model, tid)), lo, hi)
+    if rest.sum() > 0:
         rows.append((OUTSIDE_OPS, "python", rest))
     return rows
 
@@ -108,9 +131,10 @@ def _ops_union(model: TraceModel, tid: int):
     return iv.union(ops["ts"], ops["end"]) if len(ops) else (np.empty(0), np.empty(0))
 
 
-def _outermost_ops(model: TraceModel, tid: int, left) -> list[tuple[str, str, float]]:
-    """Time of `left` covered by each outermost op on the thread (ops nest: the outermost one names
-    the work; a running maximum of ends finds them without walking the tree)."""
+def _outermost_ops(model: TraceModel, metrics: Metrics, tid: int, left) -> list[tuple[str, str, np.ndarray]]:
+    """Time of `left` covered by each outermost op on the thread, per step (an op counts in the step it
+    starts in; ops nest: the outermost one names the work; a running maximum of ends finds them without
+    walking the tree)."""
     ops = _cpu_on(model, tid)
     if ops.empty or not len(left[0]):
         return []
@@ -120,5 +144,10 @@ def _outermost_ops(model: TraceModel, tid: int, left) -> list[tuple[str, str, fl
     top = ts >= reach
     got = iv.covered(*left, ts[top], end[top])
     names = ops["name"].astype(str).to_numpy()[top]
-    per = pd.Series(got).groupby(names).sum()
-    return [(str(n), "op", float(v)) for n, v in per.items() if v > 0]
+    lo, hi = perstep.windows(metrics)
+    starts = np.clip(ts[top], lo[0], np.nextafter(hi[-1], -np.inf))  # an op begun before the first step counts in it
+    out = []
+    for n in np.unique(names[got > 0]):
+        mine = names == n
+        out.append((str(n), "op", perstep.sums(metrics, starts[mine], got[mine])))
+    return out

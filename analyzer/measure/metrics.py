@@ -371,12 +371,25 @@ def per_step_table(model, steps, window, gpu_union, dataloader, syncs, cut=None)
 
 def idle_breakdown(model: TraceModel, launches: pd.DataFrame, excluded=None) -> pd.DataFrame:
     """Per stream, its gaps split as HTA does; gap time inside `excluded` (one-time costs) is left out."""
-    gpu = model.gpu
     cols = ["stream", "idle_us", "host_wait_us", "kernel_wait_us", "other_us"]
+    rows = []
+    for stream, g in stream_gaps(model, launches, excluded).groupby("stream", sort=True):
+        by = g.groupby("kind")["dur"].sum()
+        rows.append((int(stream), float(g["dur"].sum()), *(float(by.get(k, 0.0)) for k in ("host_wait", "kernel_wait", "other"))))
+    return pd.DataFrame(rows, columns=cols)
+
+
+def stream_gaps(model: TraceModel, launches: pd.DataFrame, excluded=None) -> pd.DataFrame:
+    """Every gap between consecutive ops of a stream (streams with at least two ops), split as HTA does:
+    `stream`, `ts`, `end`, `dur` (µs) and `kind`: "host_wait" (the launch came after the previous op
+    ended), "kernel_wait" (other gaps shorter than KERNEL_WAIT_US) or "other". Gap time inside `excluded`
+    (one-time costs cut out of the figures, warmup.py) is left out of `dur`."""
+    gpu = model.gpu
+    cols = ["stream", "ts", "end", "dur", "kind"]
     if gpu.empty:
         return pd.DataFrame(columns=cols)
     launch_ts = launches.set_index("correlation")["launch_ts"] if len(launches) else pd.Series(dtype=float)
-    rows = []
+    parts = []
     for stream, g in gpu.sort_values("ts").groupby("stream", sort=True):
         if len(g) < 2:
             continue
@@ -388,11 +401,11 @@ def idle_breakdown(model: TraceModel, launches: pd.DataFrame, excluded=None) -> 
         pos = gap > 0
         corr = g["correlation"].to_numpy()[1:]
         rt = launch_ts.reindex(corr).to_numpy() if len(launch_ts) else np.full(corr.shape, np.nan)
-        host = pos & (rt > prev_end)
-        kern = pos & ~host & (gap < KERNEL_WAIT_US)
-        other = pos & ~host & ~kern
-        rows.append((int(stream), gap[pos].sum(), gap[host].sum(), gap[kern].sum(), gap[other].sum()))
-    return pd.DataFrame(rows, columns=cols)
+        host = rt > prev_end
+        kind = np.where(host, "host_wait", np.where(gap < KERNEL_WAIT_US, "kernel_wait", "other"))
+        parts.append(pd.DataFrame({"stream": int(stream), "ts": prev_end[pos], "end": ts[1:][pos], "dur": gap[pos],
+                                   "kind": kind[pos]}))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
 
 
 def launch_stats(model: TraceModel) -> pd.DataFrame:

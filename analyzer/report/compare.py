@@ -196,7 +196,7 @@ def render_text(cmp: dict) -> str:
     for table, name in (("kernels", "Kernels"), ("ops", "Ops")):
         rows = cmp[table][:5]
         if rows:
-            out += ["", f"{name} whose time per step changed most (ms per step):"]
+            out += ["", f"{name} whose time per step changed most (ms per step: the mean, total over the profiled steps):"]
             for r in rows:
                 out.append(f"  {r['change_ms_per_step']:+9.3f}  {r['before_ms_per_step']:9.3f} → {r['after_ms_per_step']:9.3f}"
                            f"  {terminal(short(r['name'], 70))}")
@@ -327,6 +327,7 @@ def render_markdown(cmp: dict, chart_links: dict | None = None) -> str:
         rows = cmp[table]
         if rows:
             out += [f"## {name} whose time changed most", "",
+                    "Per step: the mean (total time over the profiled steps), not the median of the step split above.", "",
                     f"| {name[:-1]} | BEFORE (ms/step) | AFTER (ms/step) | Change (ms/step) | Calls/step BEFORE → AFTER |",
                     "|---|---:|---:|---:|---:|"]
             for r in rows:

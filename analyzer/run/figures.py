@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from gpuadvise.analyzer.measure.calibration import Calibration
+from gpuadvise.analyzer.measure import perstep
+from gpuadvise.analyzer.measure.idle import idle_split
 from gpuadvise.analyzer.measure.metrics import Metrics
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.measure import intervals as iv
@@ -44,8 +46,9 @@ def trace_figures(model: TraceModel, m: Metrics, calibration: Calibration | None
         temporal_breakdown={k: _r(v) for k, v in m.temporal.items()},
         step_breakdown_ms={col.replace("_us", ""): round(float(np.median(ps[col])) / 1e3, 3)
                            for col in BREAKDOWN_COLUMNS if col in ps},
-        idle_breakdown_ms={k.replace("_us", ""): round(float(m.idle_breakdown[k].sum()) / 1e3, 3)
-                           for k in ("host_wait_us", "kernel_wait_us", "other_us")} if len(m.idle_breakdown) else {},
+        # per step, the median over the steps, as step_breakdown_ms and the header's median step
+        idle_breakdown_ms={k: round(perstep.median(v) / 1e3, 3) for k, v in idle_split(model, m).items()}
+        if len(m.idle_breakdown) else {},
         kernels=int(len(model.kernels)),
         events_skipped=meta.events_skipped,
         truncated=meta.truncated,

@@ -313,8 +313,8 @@ def _summary(out: Path, r):
     trace = out / runfolder.trace_name(r)
     run = runfolder.read_json(out / runfolder.run_json_name(r))
     status = run.get("capture", {})
-    _step_times_line(run.get("steps") or {})
     if not trace.exists():
+        _step_times_line(run.get("steps") or {})
         print(f"{PREFIX}no trace captured: {status.get('reason') or status.get('state', 'unknown')}", file=sys.stderr)
         return None
     reports = None
@@ -323,9 +323,15 @@ def _summary(out: Path, r):
         from gpuadvise.analyzer.report.text import render
 
         reports = analysis.analyze([str(out)])
-        print(render(reports, top=3, prefix=PREFIX), end="", file=sys.stderr)
+        text = render(reports, top=3, prefix=PREFIX)
     except Exception as exc:  # the run folder is intact; analysis can be rerun
+        _step_times_line(run.get("steps") or {})
         print(f"{PREFIX}analysis failed ({type(exc).__name__}: {exc}); the run folder is intact", file=sys.stderr)
+    else:
+        # the header below states the recorded step and the profiler's overhead (from the trace, the figure the
+        # analysis calibrates with): this line keeps to the unprofiled time, so the ratio is printed once
+        _step_times_line(run.get("steps") or {}, recorded=not _header_has_overhead(reports))
+        print(text, end="", file=sys.stderr)
     print(f"{PREFIX}full report: gpuadvise analyze {shlex.quote(str(out))} --format md", file=sys.stderr)
     print(f"{PREFIX}browse it:   gpuadvise view {shlex.quote(str(out))}", file=sys.stderr)
     return reports
@@ -335,13 +341,18 @@ def _steps(n) -> str:
     return f"{n} step" if n == 1 else f"{n} steps"
 
 
-def _step_times_line(steps: dict) -> None:
-    """One line: the real step time next to the recorded one, so the user knows how far the trace is off."""
+def _header_has_overhead(reports) -> bool:
+    return any(getattr(getattr(t, "figures", None), "profiler_overhead_x", None) is not None for t in reports or [])
+
+
+def _step_times_line(steps: dict, recorded: bool = True) -> None:
+    """One line: the real step time, and (`recorded`: when no report header states it) the recorded one
+    next to it, so the user knows how far the trace is off."""
     u, p, x = steps.get("unprofiled_median_ms"), steps.get("profiled_median_ms"), steps.get("overhead_x")
     if u is None:
         return
     clock = "GPU" if steps.get("clock") == "cuda_event" else "wall"
     line = f"{PREFIX}step time ({clock} clock): {u:.2f} ms unprofiled (median of {_steps(steps.get('unprofiled_n'))})"
-    if p is not None and x is not None:
+    if recorded and p is not None and x is not None:
         line += f", {p:.2f} ms while recorded ({x:.2f}× the unprofiled step)"
     print(line, file=sys.stderr)

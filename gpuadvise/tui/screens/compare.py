@@ -167,7 +167,7 @@ differs between the runs. Warnings (other device, other script, other profiler s
 
     def _changes(self, table_name: str) -> Table:
         title = "Kernels" if table_name == "kernels" else "Ops"
-        table = Table(title=f"{title} whose time per step changed most (ms per step)", title_justify="left",
+        table = Table(title=f"{title} whose time per step changed most (ms per step: the mean over the profiled steps)", title_justify="left",
                       title_style="bold", box=None, pad_edge=False)
         for name in ("change", "BEFORE", "AFTER"):
             table.add_column(name, justify="right", no_wrap=True, min_width=9)
