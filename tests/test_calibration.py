@@ -47,7 +47,7 @@ def test_a_profiler_slowed_cpu_stops_looking_launch_bound(launch_bound):
     s = _figures(calibrated)
     assert s["unprofiled_median_step_ms"] == pytest.approx(0.4 * traced_ms, rel=1e-3)
     assert s["profiler_overhead_x"] == pytest.approx(2.5, abs=0.01)
-    assert calibrated.calibration.applied and calibrated.calibration.cpu_factor < 1
+    assert calibrated.calibration.applied
     assert _saving(calibrated, "launch-bound") < _saving(plain, "launch-bound")
     basis = next(f.impact.basis for f in calibrated.findings if f.topic == "launch-bound")
     assert "calibrated to the unprofiled step" in basis

@@ -114,3 +114,21 @@ def test_reads_after_a_loop_of_norms_take_the_loop_with_them(tmp_path):
     assert n["saving_with_feeding_work_pct"] > n["saving_syncs_alone_pct"]
     assert "120 reads" in f.message  # 30 per step, 4 steps
     assert "aten::mm" not in f.message.split("fed by")[1]
+
+
+def test_profiler_overhead_is_taken_per_recorded_op(tmp_path):
+    # the same loop without the profiler is the paper's: its step is what run.json records
+    plain = mx.per_op_profiler_overhead(overhead_us=0.0).write(tmp_path / "plain.json.gz")
+    assert analyze_model(load_trace(plain, cache=False)).figures.median_step_ms == pytest.approx(mx.UNPROFILED_MS, rel=0.01)
+    b = mx.per_op_profiler_overhead()
+    report = analyze_model(load_trace(b.write(tmp_path / "traced.json.gz"), cache=False), facts=b.facts)
+    assert report.figures.median_step_ms > 2 * mx.UNPROFILED_MS  # the profiler more than doubled the step
+    # the calibration finds the cost that was planted per recorded op
+    assert report.calibration.per_event_us == pytest.approx(mx.PROFILER_US_PER_OP, rel=0.25)
+    assert "per recorded op" in report.calibration.describe()
+    n = finding(report, "host-sync").evidence.numbers
+    assert within(n["saving_with_feeding_work_pct"], mx.PAPER["per_op_fix"]), n
+    assert within(n["saving_syncs_alone_pct"], mx.PAPER["per_op_syncs_alone"]), n
+    # the layers are GPU-bound once the profiler's share is gone: faster GEMMs pay off
+    bf16 = finding(report, "no-tensor-cores").evidence.numbers["saving_by_fix_pct"]["bf16"]
+    assert within(bf16, mx.PAPER["per_op_bf16"]), bf16

@@ -10,7 +10,7 @@ from functools import cached_property
 
 from . import whatif
 from .compiled import CompiledTrace, compiled_trace
-from .calibration import Calibration, calibrate, scenario_on, unprofiled_step_ms
+from .calibration import Calibration, calibrate, recorded_starts, scenario_on, unprofiled_step_ms
 from gpuadvise.analyzer.model.calls import TRAINING
 from gpuadvise.analyzer.model.kernels import has_matrix_units
 from .memory import MemorySummary
@@ -62,7 +62,10 @@ class Analysis:
         if self.metrics is None:
             return None
         measured, _ = unprofiled_step_ms(self.facts)  # no run.json times: no need to build the replay here
-        return calibrate(self.replay if measured else None, float(self.metrics.median_step_us), self.facts)
+        if not measured:
+            return calibrate(None, float(self.metrics.median_step_us), self.facts)
+        return calibrate(self.replay, float(self.metrics.median_step_us), self.facts,
+                         recorded_starts(self.model, self.replay.calls if self.replay is not None else None))
 
     @cached_property
     def _calibrated_baseline_us(self) -> float:

@@ -1,26 +1,26 @@
 """The trace is not the run: correct the replay for what the profiler itself cost.
 
-The profiler adds a roughly fixed CPU cost to every op it records (an event, shapes, a stack), so a
-loop whose CPU side matters runs slower in the recorded window than it does unprofiled (measured on
-an H100: 1.5–2.7× on small-op loops, 1.00× on a GPU-bound one). The GPU's own work is not slowed.
-Because the cost is per recorded op and ops are spread through the CPU time between GPU calls, the
-model scales that CPU time by one factor `k` (≤ 1), chosen so that the replayed step matches the step
-time `gpuadvise profile` measured outside the window (run.json `steps.unprofiled_median_ms`). Every
-prediction is then made on the calibrated replay: a launch-bound loop whose CPU was doubled by the
-profiler is no longer called launch-bound, and host syncs that looked free (the GPU had long finished
-by the time the slowed CPU asked) cost what they cost.
+The profiler adds a roughly fixed CPU cost to every event it records (an op, a runtime call, a Python
+frame), so a loop whose CPU side matters runs slower in the recorded window than it does unprofiled
+(measured on an H100: 1.5–2.7× on small-op loops, 1.00× on a GPU-bound one). The GPU's own work is not
+slowed. The model takes c µs off every CPU gap between GPU calls per recorded event starting in it (and
+off every runtime call the replay keeps), with c bisected so that the replayed step matches the step time
+`gpuadvise profile` measured outside the window (run.json `steps.unprofiled_median_ms`), up to C_MAX; what
+per-event cost cannot explain (a loader slowed by sampling, a GPU-bound loop) is then taken by one factor
+k (≤ 1) on what is left of the CPU time. Every prediction is made on the calibrated replay: a
+launch-bound loop whose CPU was doubled by the profiler is no longer called launch-bound, and host syncs
+that looked free (the GPU had long finished by the time the slowed CPU asked) cost what they cost.
 
-Why one factor over gap length and not a cost per recorded op (issue 19, checked on the H100 pairs with
-each run's measured step time as run.json's): the alternative takes c µs off every CPU gap per recorded
-op starting in it (and off every runtime call), with c bisected the same way. On the nine CPU-bound runs
-the profiler slowed by more than 5 % (launch, optimizer, zerograd, emptycache, healthy; before and after)
-the fitted c ranged 1.7–6.7 µs per op (3.9× spread) while 1/k ranged 1.37–2.73× (2.0×), so a per-op cost
-is no more constant across loops than one factor is; on three GPU-bound or loader-bound runs (frag-before,
-loader-before, tf32-after) no per-op cost up to 200 µs reached the unprofiled step, where k still does.
-Every pair's predicted saving moved by at most 1.7 points between the two models (launch-bound on
-launch-before 74.4 → 73.8 %, zerograd-before 73.6 → 71.9 %), all within tolerance either way. The data do
-not favour the per-op model, so the simpler one stays; a lab with many syncs per step (where ops are
-unevenly spread over the gaps) is what could still decide it.
+Why per event and not one factor over gap length (issue 19): the cost lands where the events are. A
+forward/backward dense with recorded ops is slowed far more than Python between syncs that records
+nothing; one factor spreads the slowdown evenly, keeps the op-dense part CPU-bound above a GPU the real
+run waits on, and under-predicts removing the syncs (fixtures.mechanisms.per_op_profiler_overhead: paper
+27.9 % for removing the checks, one factor 18.5 %, per event 27.5 %; the syncs alone 23.6 %: 5.4 % vs
+23.2 %; bf16 59.6 %: 0.4 % vs 51.1 %; the fitted c is 4.75 µs for the 5 µs planted). On the H100 pairs with
+each run's measured step time the two agree within 1.4 points on every pair (launch 74.4 → 73.9 %,
+optimizer 27.1 → 28.5 % for 33.5 % measured; the rest unchanged) and c comes out 1.7–6.5 µs on the
+CPU-bound runs; frag-before, loader-before and tf32-after reach their measured step only with k as well
+(c at C_MAX), as before, where one factor alone did the same.
 
 Without run.json step times (a trace from elsewhere) nothing is scaled and the report says that the
 CPU side may be inflated by profiling (typically 1.5–2.5× on loops of many small ops).
@@ -29,13 +29,17 @@ CPU side may be inflated by profiling (typically 1.5–2.5× on loops of many sm
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from .whatif import Scenario
 
 # Below this the traced and unprofiled steps agree within run-to-run noise (~5 % measured): no correction.
 NOISE = 1.05
 K_MIN = 0.05  # the profiler never accounts for more than 95 % of the CPU time in a window
+# the most the profiler is taken to cost per recorded event: 1.5× the largest fitted on the H100 pairs (6.5 µs)
+C_MAX = 10.0
 TYPICAL = "typically 1.5–2.5× on loops of many small ops, none on GPU-bound ones"
 
 
@@ -43,9 +47,12 @@ TYPICAL = "typically 1.5–2.5× on loops of many small ops, none on GPU-bound o
 class Calibration:
     unprofiled_step_us: float | None  # median unprofiled step, from run.json (None: not measured)
     traced_step_us: float  # median step in the trace
-    cpu_factor: float = 1.0  # k: CPU time between GPU calls × k in every replay
+    cpu_factor: float = 1.0  # k: what is left of the CPU time between GPU calls × k in every replay
     source: str = ""  # "run.json" when measured, "" otherwise
     clock: str = ""  # "cuda_event" or "cpu": how the unprofiled steps were timed
+    per_event_us: float = 0.0  # c: µs the profiler cost per recorded event, off the CPU gap it starts in
+    events_per_step: float = 0.0  # recorded events (ops, runtime calls, Python frames) per replayed step
+    events: np.ndarray | None = field(default=None, repr=False)  # their sorted start times
 
     @property
     def overhead_x(self) -> float | None:
@@ -55,7 +62,7 @@ class Calibration:
 
     @property
     def applied(self) -> bool:
-        return self.cpu_factor < 1.0
+        return self.cpu_factor < 1.0 or self.per_event_us > 0
 
     def describe(self) -> str:
         """One sentence for a finding's basis or the report."""
@@ -65,8 +72,25 @@ class Calibration:
         if not self.applied:
             return (f"traced step {self.traced_step_us / 1e3:.1f} ms vs {self.unprofiled_step_us / 1e3:.1f} ms "
                     f"unprofiled ({x:.2f}×): no correction needed")
+        how = []
+        if self.per_event_us > 0:
+            how.append(f"{self.per_event_us:.1f} µs per recorded op ({self.events_per_step:,.0f} per step) taken off "
+                       "the CPU time between GPU calls")
+        if self.cpu_factor < 1.0:
+            how.append(f"{'what is left ' if how else 'CPU time between GPU calls '}× {self.cpu_factor:.2f}")
         return (f"calibrated to the unprofiled step ({self.unprofiled_step_us / 1e3:.1f} ms; traced "
-                f"{self.traced_step_us / 1e3:.1f} ms, {x:.2f}×): CPU time between GPU calls × {self.cpu_factor:.2f}")
+                f"{self.traced_step_us / 1e3:.1f} ms, {x:.2f}×): " + ", ".join(how))
+
+
+def recorded_starts(model, calls=None) -> np.ndarray:
+    """Sorted start times of everything the profiler recorded on the CPU side: ops (not user annotations,
+    a handful per step), runtime calls and Python frames. Each costs the profiler about the same. Runtime
+    calls named in `calls` (the replay's own: their edges carry their share) are left out."""
+    cpu, rt = model.cpu, model.runtime
+    keep = ~rt["name"].astype(str).isin(set(calls["name"])).to_numpy() if calls is not None else slice(None)
+    parts = [cpu.loc[~cpu["is_annotation"].to_numpy(dtype=bool), "ts"].to_numpy(dtype=np.float64),
+             rt.loc[keep, "ts"].to_numpy(dtype=np.float64), model.python["ts"].to_numpy(dtype=np.float64)]
+    return np.sort(np.concatenate(parts))
 
 
 def unprofiled_step_ms(facts: dict) -> tuple[float | None, str]:
@@ -81,39 +105,57 @@ def unprofiled_step_ms(facts: dict) -> tuple[float | None, str]:
     return float(v), clock
 
 
-def calibrate(replay, traced_step_us: float, facts: dict) -> Calibration:
-    """Find k for `replay` (a whatif.Replay over `replay.steps` steps) from run.json's unprofiled time."""
+def calibrate(replay, traced_step_us: float, facts: dict, events: np.ndarray | None = None) -> Calibration:
+    """Find the profiler's cost for `replay` (a whatif.Replay over `replay.steps` steps) from run.json's
+    unprofiled time: c µs per recorded event in `events` (sorted start times, `recorded_starts`) first, up
+    to C_MAX; only what that cannot explain is scaled by k. Without `events`, k alone."""
     ms, clock = unprofiled_step_ms(facts)
     cal = Calibration(ms * 1e3 if ms else None, traced_step_us, source="run.json" if ms else "", clock=clock)
     if ms is None or replay is None or replay.baseline_us <= 0 or traced_step_us <= ms * 1e3 * NOISE:
         return cal
     # The replay's window may not be exactly `steps` medians long: aim at the same ratio instead.
     target = replay.baseline_us * (ms * 1e3) / traced_step_us
-
-    def at(k: float) -> float:
-        return replay.simulate(_scaled(k))
-
-    lo, hi = K_MIN, 1.0
-    if at(lo) > target:  # even with almost no CPU time the GPU side is longer: take what CPU can give
-        cal.cpu_factor = lo
-        return cal
-    for _ in range(30):  # the replay time is monotone in k: bisect
-        mid = (lo + hi) / 2
-        if at(mid) > target:
-            hi = mid
-        else:
-            lo = mid
-        if hi - lo < 1e-3:
-            break
-    cal.cpu_factor = round((lo + hi) / 2, 4)
+    if events is not None and len(events):
+        ws, we = replay.window
+        cal.events = events
+        n = np.searchsorted(events, we) - np.searchsorted(events, ws) + len(replay.calls)  # the calls are events too
+        cal.events_per_step = float(n) / max(1, replay.steps)
+        c = _bisect(lambda c: replay.simulate(_scaled(1.0, events, c)), target, 0.0, C_MAX, rising=False, tol=0.01)
+        cal.per_event_us = round(c, 2)
+        if c < C_MAX:  # per-op cost explains it all
+            return cal
+    c = cal.per_event_us
+    cal.cpu_factor = round(_bisect(lambda k: replay.simulate(_scaled(k, events, c)), target, K_MIN, 1.0,
+                                   rising=True, tol=1e-3), 4)
     return cal
 
 
-def _scaled(k: float) -> Scenario:
-    return Scenario(name="calibration", cpu_scale=k)
+def _bisect(f, target: float, lo: float, hi: float, rising: bool, tol: float) -> float:
+    """The x in [lo, hi] where the monotone f(x) reaches target; the end nearest to it when it never does."""
+    f_lo, f_hi = f(lo), f(hi)
+    if (f_lo >= target) if rising else (f_lo <= target):
+        return lo
+    if (f_hi <= target) if rising else (f_hi >= target):
+        return hi
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if (f(mid) > target) == rising:
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo < tol:
+            break
+    return (lo + hi) / 2
+
+
+def _scaled(k: float, events: np.ndarray | None = None, c: float = 0.0) -> Scenario:
+    return Scenario(name="calibration", cpu_scale=k, cpu_per_event=(events, c) if events is not None and c > 0 else None)
 
 
 def scenario_on(cal: Calibration, scenario):
     """The scenario as it plays on the calibrated replay: its CPU scaling on top of k."""
-    return replace(scenario, cpu_scale=scenario.cpu_scale * cal.cpu_factor) if cal.applied else scenario
+    if not cal.applied:
+        return scenario
+    per_event = (cal.events, cal.per_event_us) if cal.events is not None and cal.per_event_us > 0 else None
+    return replace(scenario, cpu_scale=scenario.cpu_scale * cal.cpu_factor, cpu_per_event=per_event)
 

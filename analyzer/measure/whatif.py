@@ -68,6 +68,10 @@ class Scenario:
     cpu_removed: tuple[np.ndarray, np.ndarray] | None = None  # CPU intervals that disappear
     cpu_shrink: tuple[tuple[np.ndarray, np.ndarray], float] | None = None  # (intervals, factor): CPU time there × factor
     cpu_scale: float = 1.0  # multiplies CPU time between GPU calls (and launch cost)
+    # (sorted start times of recorded events, µs): each CPU gap loses that much per event starting in it, in
+    # proportion to what the other edits left of it, and each call its own share (the profiler's per-op cost,
+    # calibration.py)
+    cpu_per_event: tuple[np.ndarray, float] | None = None
     unscaled: Callable[[pd.DataFrame], np.ndarray] | None = None  # calls whose own cost cpu_scale leaves alone (driver time)
     unblock: Callable[[pd.DataFrame], np.ndarray] | None = None  # calls (rows of `calls`) that stop blocking
     remove: Callable[[pd.DataFrame], np.ndarray] | None = None  # calls that disappear (no CPU cost, no wait)
@@ -432,6 +436,14 @@ def _weights(replay: Replay, s: Scenario) -> np.ndarray:
         (lo, hi), factor = s.cpu_shrink
         inside = iv.covered(lo, hi, e["gap_a"][cpu], e["gap_b"][cpu])
         w[cpu] = np.maximum(0.0, w[cpu] - inside * (1.0 - factor))
+    if s.cpu_per_event is not None and s.cpu_per_event[1] > 0:
+        # the profiler's share of each gap, spread evenly through it: what a scenario removed or shrank loses
+        # its share too, so the edits above act on the unprofiled time
+        starts, us = s.cpu_per_event
+        n = np.searchsorted(starts, e["gap_b"][cpu], "right") - np.searchsorted(starts, e["gap_a"][cpu], "right")
+        traced = e["base"][cpu]
+        w[cpu] *= np.where(traced > 0, np.clip(1.0 - us * n / np.where(traced > 0, traced, 1.0), 0.0, 1.0), 1.0)
+        w[call] = np.maximum(0.0, w[call] - us)  # each runtime call the replay keeps is a recorded event too
     w[cpu] *= s.cpu_scale
     if s.cpu_scale < 1:  # cheaper launches: the calls' own CPU cost shrinks too
         scaled = call.copy()
