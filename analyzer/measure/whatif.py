@@ -75,7 +75,7 @@ class Scenario:
     name: str
     cpu_removed: tuple[np.ndarray, np.ndarray] | None = None  # CPU intervals that disappear
     cpu_shrink: tuple[tuple[np.ndarray, np.ndarray], float] | None = None  # (intervals, factor): CPU time there × factor
-    cpu_scale: float = 1.0  # multiplies CPU time between GPU calls (and launch cost)
+    cpu_scale: float = 1.0  # multiplies CPU time between GPU calls (and launch cost, not a driver stall)
     unscaled: Callable[[pd.DataFrame], np.ndarray] | None = None  # calls whose own cost cpu_scale leaves alone (driver time)
     unblock: Callable[[pd.DataFrame], np.ndarray] | None = None  # calls (rows of `calls`) that stop blocking
     remove: Callable[[pd.DataFrame], np.ndarray] | None = None  # calls that disappear (no CPU cost, no wait)
@@ -93,6 +93,9 @@ class Replay:
     baseline_us: float
     actual_us: float  # the window's steps on the GPU timeline (sum of Step.dur), or its span without steps
     _edges: dict = field(default_factory=dict)
+    # per call (row of `calls`): µs of a stall inside it beyond its name's usual cost (driver work such as
+    # lazy module loading on a first launch), which cheaper launches or a lighter profiler do not shrink
+    _stall_us: np.ndarray | None = None
 
     def compile(self) -> None:
         """Freeze the graph into edge arrays in topological order (networkx does the sort once)."""
@@ -249,7 +252,8 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
     if not nx.is_directed_acyclic_graph(g):  # orderings we cannot see (clock skew, threads): drop the guesses
         g.remove_edges_from([(u, v) for u, v, d in g.edges(data=True) if d["kind"] in ("wait", "dep")])
 
-    replay = Replay(graph=g, calls=calls, ops=ops, window=(ws, we), steps=nsteps, baseline_us=0.0, actual_us=actual)
+    replay = Replay(graph=g, calls=calls, ops=ops, window=(ws, we), steps=nsteps, baseline_us=0.0, actual_us=actual,
+                    _stall_us=_stalls(calls, usual))
     replay.compile()
     replay.baseline_us = replay.simulate(Scenario("baseline"))
     return replay
@@ -267,6 +271,14 @@ def _usual_cost(calls: pd.DataFrame) -> np.ndarray:
     med = calls.groupby("name", sort=False)["dur"].transform("median").to_numpy(dtype=np.float64)
     is_async = calls["name"].isin(QUEUEING_CALLS).to_numpy()
     return np.where(is_async, med, np.inf)
+
+
+def _stalls(calls: pd.DataFrame, usual: np.ndarray) -> np.ndarray:
+    """Per call, the time beyond its usual cost of an async call that was far above it without waiting
+    for a queue slot (a queued call is replayed at its usual cost already): a stall in the driver."""
+    dur = calls["dur"].to_numpy(dtype=np.float64)
+    far = ~calls["blocking"].to_numpy() & ~calls["queued"].to_numpy() & (dur > np.maximum(QUEUE_X * usual, usual + QUEUE_MIN_US))
+    return np.where(far, dur - usual, 0.0)
 
 
 def _queued(calls: pd.DataFrame, ops: pd.DataFrame, usual: np.ndarray) -> np.ndarray:
@@ -452,7 +464,9 @@ def _weights(replay: Replay, s: Scenario) -> np.ndarray:
         if s.unscaled is not None:
             keep = np.asarray(s.unscaled(calls), dtype=bool)
             scaled &= ~np.isin(e["call"], calls.index[keep].to_numpy())
-        w[scaled] *= s.cpu_scale
+        stall = np.zeros(len(w)) if replay._stall_us is None else np.where(call, replay._stall_us[np.maximum(e["call"], 0)], 0.0)
+        stall = np.minimum(stall, w)  # the call's own cost once any wait is taken out
+        w[scaled] = (w[scaled] - stall[scaled]) * s.cpu_scale + stall[scaled]
     if s.unblock is not None:
         mask = np.asarray(s.unblock(calls), dtype=bool)
         freed = np.isin(e["call"], calls.index[mask].to_numpy())
