@@ -25,7 +25,10 @@ where the value is really needed.
 
 ## Thresholds
 Any pageable host↔device copy inside the profiled steps (Nsight Systems' `cuda_memcpy_async` rule
-flags every one). Severity follows the predicted saving. The replay frees the CPU from each copy and
+flags every one). Severity follows the predicted saving. When the calls spend at least 1 % of step time
+before their copies start (waiting for the GPU to reach them: implicit syncs, which host-sync counts too),
+the message gives the thread time they hold per step, not only the copy time, and, when the replay
+predicts under 1 % from ending the waits (host-sync's threshold), says the GPU side paces the steps. The replay frees the CPU from each copy and
 gives the copy the time a pinned one of its size takes: bytes at the bandwidth of the trace's own
 large (≥ 1 MiB) pinned copies in that direction, or, without any, at what the GPU's PCIe generation
 delivers (`kernels.pinned_copy_gbps`: ~50 GB/s PCIe 5, ~25 PCIe 4, ~12 PCIe 3), plus 5 µs, never
@@ -54,7 +57,7 @@ class PageableMemcpy(Rule):
     code = "GA103"
     name = "pageable-memcpy"
     title = "Host↔device copies use pageable memory"
-    thresholds = {"min_copies": 1}
+    thresholds = {"min_copies": 1, "min_wait_share_pct": 1.0}
 
     def check(self, a: Analysis):
         m = a.metrics
@@ -108,6 +111,17 @@ class PageableMemcpy(Rule):
         message = (f"{len(pageable)} host↔device copies ({pageable['bytes'].sum() / 2**20:.1f} MiB, "
                    f"{pageable['dur'].sum() / 1e3:.2f} ms of copy time, {len(pageable) / nsteps:.1f} per step) go through "
                    "pageable host memory, so each one blocks the CPU until the data is staged.")
+        held_us, waiting_us = _thread_time(pageable, calls)
+        window = max(float(m.per_step["dur_us"].sum()), 1e-9)
+        if 100 * waiting_us / window >= self.thresholds["min_wait_share_pct"]:
+            # a few µs of copying can hold the thread for milliseconds: say so, or the copy time hides it
+            message += (f" Their calls hold the training thread {held_us / nsteps / 1e3:.2f} ms per step "
+                        f"({100 * held_us / window:.1f}% of step time), {waiting_us / nsteps / 1e3:.2f} ms of it waiting "
+                        "for earlier GPU work before the copy could start: implicit syncs, which host-sync counts with "
+                        "the other blocking calls.")
+            if basis.startswith("critical-path") and saving < 1.0:
+                message += (f" The replay predicts {saving:.1f}% from ending those waits: the GPU side (its work and "
+                            "what it waits for) paces the steps, not this thread.")
         op_names = sorted({o for o in ops if o})
         evidence = Evidence(
             steps=sorted({int(s.number) for s in m.steps}) if m.steps else [],
@@ -117,7 +131,8 @@ class PageableMemcpy(Rule):
             numbers={"copies": int(len(pageable)), "bytes": int(pageable["bytes"].sum()),
                      "copy_ms": a.ms(pageable["dur"].sum()), "issued_by": op_names[:5],
                      "pageable_gbps": round(float(pageable["bytes"].sum()) / max(float(pageable["dur"].sum()), 1e-9) / 1e3, 2),
-                     "pinned_gbps": round(gbps, 1)},
+                     "pinned_gbps": round(gbps, 1), "held_ms_per_step": a.ms(held_us / nsteps),
+                     "waiting_ms_per_step": a.ms(waiting_us / nsteps)},
         )
         advice = "Pin the host side of these copies and make them asynchronous."
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice,
@@ -128,6 +143,16 @@ class PageableMemcpy(Rule):
 
     def negative(self) -> TraceBuilder:
         return _loop(src="Pinned", copy_us=3_000)  # pinned copies run at full PCIe speed
+
+
+def _thread_time(pageable, calls) -> tuple[float, float]:
+    """(µs the copies' calls held the thread, µs of that before their copy started on the GPU: waiting for
+    the stream, or another stream it waits on, to reach it)."""
+    call = calls.drop_duplicates("correlation").set_index("correlation")
+    start = pageable.groupby("correlation")["ts"].min()
+    call = call[call.index.isin(start.index)]
+    waited = np.clip(start.reindex(call.index).to_numpy() - call["ts"].to_numpy(), 0.0, call["dur"].to_numpy())
+    return float(call["dur"].sum()), float(waited.sum())
 
 
 def _pinned_bandwidth(a: Analysis, pageable) -> tuple[float, str]:

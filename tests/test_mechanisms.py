@@ -132,3 +132,54 @@ def test_profiler_overhead_is_taken_per_recorded_op(tmp_path):
     # the layers are GPU-bound once the profiler's share is gone: faster GEMMs pay off
     bf16 = finding(report, "no-tensor-cores").evidence.numbers["saving_by_fix_pct"]["bf16"]
     assert within(bf16, mx.PAPER["per_op_bf16"]), bf16
+
+
+def test_a_blocking_copy_behind_collectives_is_a_host_sync(analysed):
+    # the copy waits through an event for the compute stream, which runs a step behind the CPU behind an
+    # all-reduce and CUDA-graph work the trace does not record
+    report = analysed("blocking_copy_behind_collectives")
+    assert report.figures.median_step_ms == pytest.approx(20.0, rel=0.02)  # the paper's traced step
+    f = finding(report, "host-sync")
+    assert within(f.impact.est_step_saving_pct, mx.PAPER["blocking_copy"]), (f.impact.est_step_saving_pct, f.impact.basis)
+    assert "pageable device→host copy" in f.message and "aten::copy_" in f.message
+
+
+def test_pageable_memcpy_says_how_long_its_copies_hold_the_thread(analysed):
+    # 2 µs of copying, ~14 ms of waiting per step: the copy time alone would hide the problem
+    report = analysed("blocking_copy_behind_collectives")
+    f = finding(report, "pageable-memcpy")
+    n = f.evidence.numbers
+    assert n["held_ms_per_step"] > 10 and n["waiting_ms_per_step"] > 10 and n["copy_ms"] < 0.1, n
+    assert "host-sync" in f.message
+    # both findings replay the same fix (the copies stop blocking): they agree on what it saves
+    hs = finding(report, "host-sync")
+    assert f.impact.est_step_saving_pct == pytest.approx(hs.impact.est_step_saving_pct, abs=1.0)
+
+
+@pytest.mark.parametrize("budget", [200, 400])
+def test_a_replay_of_middle_steps_reproduces_them_and_predicts_the_same(budget, tmp_path, monkeypatch):
+    # a window of middle steps starts with the previous step's GPU work queued (left out) and ends with its
+    # own last step's GPU work still running: the unrecorded graph work must be a wait of its length, not a
+    # fixed time, or the replay over-runs the steps and the copies' fix saves nothing
+    from gpuadvise.analyzer.measure import whatif
+    from gpuadvise.analyzer.measure.metrics import compute
+
+    model = load_trace(mx.blocking_copy_behind_collectives().write(tmp_path / "t.json.gz"), cache=False)
+    metrics = compute(model)
+    monkeypatch.setattr(whatif, "NODE_BUDGET", budget)  # room for only a few of the 6 steps
+    replay = whatif.build(model, metrics)
+    assert 2 <= replay.steps < len(metrics.steps) and replay.window[0] > metrics.steps[0].start
+    assert replay.baseline_us == pytest.approx(replay.actual_us, rel=0.05)
+    copies = whatif.Scenario("copies stop blocking", unblock=lambda c: c["name"].eq("cudaMemcpyAsync").to_numpy())
+    assert within(replay.saving_pct(copies), mx.PAPER["blocking_copy"]), replay.saving_pct(copies)
+
+
+def test_a_blocking_copy_on_a_gpu_paced_loop_is_no_host_sync_but_still_named(tmp_path):
+    # the same copy, with almost no Python after it: the GPU has work queued throughout, so ending the wait
+    # saves ~0.2 % (paper): no host-sync finding, but pageable-memcpy still gives the thread time and says why
+    model = load_trace(mx.blocking_copy_behind_collectives(python_us=20).write(tmp_path / "t.json.gz"), cache=False)
+    report = analyze_model(model)
+    assert not [f for f in report.findings if f.topic == "host-sync"]
+    f = finding(report, "pageable-memcpy")
+    assert f.evidence.numbers["waiting_ms_per_step"] > 10
+    assert f.impact.est_step_saving_pct < 1.0 and "the GPU side" in f.message and "paces the steps" in f.message

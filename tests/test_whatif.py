@@ -302,3 +302,22 @@ def test_cudafree_waits_for_the_gpu_once_the_cpu_gets_there_sooner(load_built):
     both = replay.simulate(Scenario("no syncs, no frees", unblock=sync,
                                     remove=lambda c: c["name"].eq("cudaFree").to_numpy()))
     assert both < gone - 3 * 3_000 * 0.9  # the frees' device syncs kept ~3 steps of Python serialised
+
+
+def test_cheaper_launches_do_not_shrink_a_driver_stall(load_built):
+    # one launch takes 200 ms (the driver loading its modules on first use) among 200 of 6 µs: a scenario
+    # that halves CPU and launch overhead halves the 4 × 50 × 106 µs of loop (21.2 ms → 10.6 ms) and leaves
+    # the stall: 221.2 ms → 210.6 ms, 4.8 % (halving the stall too would claim 50 %)
+    b = TraceBuilder()
+    for step in range(4):
+        with b.step():
+            for i in range(50):
+                b.idle(100)
+                if step == 0 and i == 0:
+                    b.launch_us = 200_000.0
+                b.kernel(GEMM, 20)
+                b.launch_us = 6.0
+    b.finish()
+    replay = replay_of(load_built(b))
+    saving = replay.saving_pct(Scenario("launch and CPU overhead halved", cpu_scale=0.5))
+    assert saving == pytest.approx(4.8, abs=1.0)

@@ -20,6 +20,14 @@ returns memory) wait for every GPU op launched before them, even when the trace 
 then: under a faster CPU (a fix, or a profiler that no longer slows it) that wait is what serialises the
 steps.
 
+A GPU op that started later than its launch, its stream and every op it could have waited for allow
+waited for something the trace does not show (kernels the profiler missed, such as CUDA-graph nodes,
+or another rank's signal). That wait keeps its length, after whatever the op follows in the replay, and
+never its clock time: a fixed start would carry the trace's lag into the window (the backlog is left
+out, so the window's work starts earlier) and push the GPU work its last step launched as late as it ran
+in the trace, behind the next step's CPU work. An op that waited, through an event, for the backlog is
+explained by it, like an op behind the backlog on its own stream.
+
 A full launch queue is a wait, not CPU work. CUDA holds only so many pending ops per context; once the
 GPU is that far behind, `cudaLaunchKernel`, `cudaMemsetAsync` and `cudaMemcpyAsync` block until an op
 finishes and frees a slot. Such a call (far above its name's usual cost in the window, returning just
@@ -67,7 +75,7 @@ class Scenario:
     name: str
     cpu_removed: tuple[np.ndarray, np.ndarray] | None = None  # CPU intervals that disappear
     cpu_shrink: tuple[tuple[np.ndarray, np.ndarray], float] | None = None  # (intervals, factor): CPU time there × factor
-    cpu_scale: float = 1.0  # multiplies CPU time between GPU calls (and launch cost)
+    cpu_scale: float = 1.0  # multiplies CPU time between GPU calls (and launch cost, not a driver stall)
     # (sorted start times of recorded events, µs): each CPU gap loses that much per event starting in it, in
     # proportion to what the other edits left of it, and each call its own share (the profiler's per-op cost,
     # calibration.py)
@@ -89,6 +97,9 @@ class Replay:
     baseline_us: float
     actual_us: float  # the window's steps on the GPU timeline (sum of Step.dur), or its span without steps
     _edges: dict = field(default_factory=dict)
+    # per call (row of `calls`): µs of a stall inside it beyond its name's usual cost (driver work such as
+    # lazy module loading on a first launch), which cheaper launches or a lighter profiler do not shrink
+    _stall_us: np.ndarray | None = None
 
     def compile(self) -> None:
         """Freeze the graph into edge arrays in topological order (networkx does the sort once)."""
@@ -152,6 +163,9 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
     own_start = float(gpu.loc[launched, "ts"].min()) if launched.any() else ws
     spill_in = unknown & (gpu["ts"] >= max(ws, own_start)) & (gpu["ts"] < we)
     ops = gpu[launched | spill_in].sort_values("ts", ignore_index=True)
+    # what earlier steps left queued (launched before the window): an op may have waited for it
+    rest = gpu[~(launched | spill_in)]
+    backlog = rest[~rest["correlation"].isin(rt.loc[rt["ts"] >= we, "correlation"])]
     # cudaMemcpyAsync to or from pageable memory returns only once the data is staged: it blocks too
     pageable = name_mask(ops["name"], lambda n: "Pageable" in n)
     calls.loc[calls["correlation"].isin(ops.loc[pageable, "correlation"]), "blocking"] = True
@@ -182,14 +196,18 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
     blocking_calls = calls["blocking"].to_numpy()
     launch_ts = np.full(len(ops), -np.inf)
     owner = np.full(len(ops), -1)
+    all_ends = np.sort(model.gpu["end"].to_numpy(dtype=np.float64))  # every stream, the backlog included
     for stream, o in ops.groupby("stream", sort=False):
         prev, prev_end = None, -np.inf
         for k, ts, dur, corr in zip(o.index, o["ts"].to_numpy(), o["dur"].to_numpy(), o["correlation"].to_numpy()):
             i = call_of.get(corr)
             if i is not None:
                 if blocking_calls[i]:
-                    # a synchronous copy stages its data inside the call before the DMA starts: keep that time
-                    staged = min(max(latency, ts - max(call_ts[i], prev_end)), float(call_end[i] - call_ts[i]))
+                    # a synchronous copy stages its data inside the call before the DMA starts: keep that time,
+                    # but not the time the copy waited for GPU work to finish (its stream's, or another's it
+                    # waits on through an event): that is a wait on the GPU, which the replay ties it to
+                    ready = max(call_ts[i], prev_end, _last_end_before(all_ends, ts))
+                    staged = min(max(latency, ts - ready), float(call_end[i] - call_ts[i]))
                     g.add_edge(("c", i), ("gs", k), base=staged, kind="launch")
                     launch_ts[k] = call_ts[i] + staged - latency
                 else:
@@ -233,7 +251,7 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
     # else, usually an event recorded on another stream (cudaStreamWaitEvent): tie it to the op on another
     # stream that ended just before it started.
     if len(ops):
-        _unexplained_starts(g, ops, launch_ts, latency, ws)
+        _unexplained_starts(g, ops, launch_ts, latency, backlog)
 
     if not nx.is_directed_acyclic_graph(g):  # orderings we cannot see (clock skew, threads): drop the guesses
         g.remove_edges_from([(u, v) for u, v, d in g.edges(data=True) if d["kind"] in ("wait", "dep")])
@@ -241,7 +259,8 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
     cut = metrics.one_time_cut
     if cut is not None:  # one-time costs no step could be left out for: their time is not the steps'
         actual = max(0.0, actual - float(iv.covered(*cut, [ws], [we])[0]))
-    replay = Replay(graph=g, calls=calls, ops=ops, window=(ws, we), steps=nsteps, baseline_us=0.0, actual_us=actual)
+    replay = Replay(graph=g, calls=calls, ops=ops, window=(ws, we), steps=nsteps, baseline_us=0.0, actual_us=actual,
+                    _stall_us=_stalls(calls, usual))
     replay.compile()
     if cut is not None:
         _cut_out(replay, cut)
@@ -260,12 +279,26 @@ def _cut_out(replay: Replay, cut: tuple[np.ndarray, np.ndarray]) -> None:
     e["base"][call] = np.maximum(0.0, e["base"][call] - iv.covered(*cut, ts, end))
 
 
+def _last_end_before(ends_sorted: np.ndarray, ts: float) -> float:
+    """The latest end of any GPU op at or before `ts` (-inf: none)."""
+    j = np.searchsorted(ends_sorted, ts, side="right") - 1
+    return float(ends_sorted[j]) if j >= 0 else -np.inf
+
+
 def _usual_cost(calls: pd.DataFrame) -> np.ndarray:
     """Per call, the median duration of the window's calls of that name (what one costs without a wait);
     NaN-free, and infinite for calls that never wait on a queue (syncs, frees, blocking copies)."""
     med = calls.groupby("name", sort=False)["dur"].transform("median").to_numpy(dtype=np.float64)
     is_async = calls["name"].isin(QUEUEING_CALLS).to_numpy()
     return np.where(is_async, med, np.inf)
+
+
+def _stalls(calls: pd.DataFrame, usual: np.ndarray) -> np.ndarray:
+    """Per call, the time beyond its usual cost of an async call that was far above it without waiting
+    for a queue slot (a queued call is replayed at its usual cost already): a stall in the driver."""
+    dur = calls["dur"].to_numpy(dtype=np.float64)
+    far = ~calls["blocking"].to_numpy() & ~calls["queued"].to_numpy() & (dur > np.maximum(QUEUE_X * usual, usual + QUEUE_MIN_US))
+    return np.where(far, dur - usual, 0.0)
 
 
 def _queued(calls: pd.DataFrame, ops: pd.DataFrame, usual: np.ndarray) -> np.ndarray:
@@ -359,30 +392,42 @@ def _idle_launch_latency(launches: pd.DataFrame) -> float:
     return float(np.clip(np.median(d), 1.0, 20.0)) if d.size else 2.0
 
 
-def _unexplained_starts(g: nx.DiGraph, ops: pd.DataFrame, launch_ts: np.ndarray, latency: float, ws: float,
-                        slack_us: float = 5.0, tie_us: float = 20.0, anchor_us: float = 100.0) -> None:
+def _unexplained_starts(g: nx.DiGraph, ops: pd.DataFrame, launch_ts: np.ndarray, latency: float,
+                        backlog: pd.DataFrame, slack_us: float = 5.0, tie_us: float = 20.0,
+                        unseen_us: float = 100.0) -> None:
     """Ops that started later than their launch and stream allow waited for something: another stream's
-    op that ended just before (an event wait), or, failing that, something the trace does not show; those
-    keep their real start as a floor so the replay never invents time that was not there."""
+    op that ended just before (an event wait) becomes a dependency, or nothing when that op is backlog;
+    failing that, something the trace does not show, kept as a wait of its traced length after whatever
+    the op follows (module docstring: never a fixed start)."""
     ts, end, stream = ops["ts"].to_numpy(), ops["end"].to_numpy(), ops["stream"].to_numpy()
     # what ran before each op on its stream in the trace, backlog included: an op that waited for an
     # earlier step's work is explained (and, with that work outside the replay, starts at its launch)
     prev_end = ops["prev_end_traced"].to_numpy(dtype=float)
     earliest = np.maximum(launch_ts + latency, prev_end)  # launch_ts: when the call let the op go
-    order = np.argsort(end, kind="stable")
-    ends_sorted = end[order]
+    # candidates for a cross-stream wait: the replay's ops (index ≥ 0) and the backlog's (index -1)
+    c_end = np.concatenate([end, backlog["end"].to_numpy(dtype=float)])
+    c_stream = np.concatenate([stream, backlog["stream"].to_numpy()])
+    c_idx = np.concatenate([np.arange(len(ops)), np.full(len(backlog), -1)])
+    c_launch = np.concatenate([launch_ts, np.full(len(backlog), -np.inf)])
+    order = np.argsort(c_end, kind="stable")
+    ends_sorted = c_end[order]
     for k in np.flatnonzero(ts > earliest + slack_us):
         j = np.searchsorted(ends_sorted, ts[k] + 1.0, side="right") - 1
         tied = False
         while j >= 0 and ends_sorted[j] >= ts[k] - tie_us:
             cand = int(order[j])
-            if stream[cand] != stream[k] and launch_ts[cand] <= launch_ts[k]:
-                g.add_edge(("ge", cand), ("gs", int(k)), base=0.0, kind="dep")
+            if c_stream[cand] != stream[k] and c_launch[cand] <= launch_ts[k]:
+                if c_idx[cand] >= 0:
+                    g.add_edge(("ge", int(c_idx[cand])), ("gs", int(k)), base=0.0, kind="dep")
                 tied = True
                 break
             j -= 1
-        if not tied and ts[k] > earliest[k] + anchor_us and np.isfinite(launch_ts[k]):
-            g.add_edge("S", ("gs", int(k)), base=max(0.0, ts[k] - ws), kind="anchor")
+        if not tied and ts[k] > earliest[k] + unseen_us and np.isfinite(launch_ts[k]):
+            wait = float(ts[k] - earliest[k])
+            for p in list(g.predecessors(("gs", int(k)))):
+                d = g.edges[p, ("gs", int(k))]
+                if d["kind"] in ("launch", "stream"):
+                    d["base"] += wait
 
 
 def _choose_window(model: TraceModel, metrics: Metrics):
@@ -450,7 +495,9 @@ def _weights(replay: Replay, s: Scenario) -> np.ndarray:
         if s.unscaled is not None:
             keep = np.asarray(s.unscaled(calls), dtype=bool)
             scaled &= ~np.isin(e["call"], calls.index[keep].to_numpy())
-        w[scaled] *= s.cpu_scale
+        stall = np.zeros(len(w)) if replay._stall_us is None else np.where(call, replay._stall_us[np.maximum(e["call"], 0)], 0.0)
+        stall = np.minimum(stall, w)  # the call's own cost once any wait is taken out
+        w[scaled] = (w[scaled] - stall[scaled]) * s.cpu_scale + stall[scaled]
     if s.unblock is not None:
         mask = np.asarray(s.unblock(calls), dtype=bool)
         freed = np.isin(e["call"], calls.index[mask].to_numpy())
