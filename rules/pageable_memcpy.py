@@ -26,9 +26,10 @@ where the value is really needed.
 ## Thresholds
 Any pageable host↔device copy inside the profiled steps (Nsight Systems' `cuda_memcpy_async` rule
 flags every one). Severity follows the predicted saving. When the calls spend at least 1 % of step time
-before their copies start (waiting for the GPU to reach them: implicit syncs, which host-sync counts too),
-the message gives the thread time they hold per step, not only the copy time, and, when the replay
-predicts under 1 % from ending the waits (host-sync's threshold), says the GPU side paces the steps. The replay frees the CPU from each copy and
+before their copies start in the median step (waiting for the GPU to reach them: implicit syncs, which
+host-sync counts too), the message gives the thread time they hold in the median step, not only the copy time, and, when the
+replay predicts under 1 % from ending the waits (host-sync's threshold, so host-sync stays quiet too),
+says the GPU side paces the steps. The replay frees the CPU from each copy and
 gives the copy the time a pinned one of its size takes: bytes at the bandwidth of the trace's own
 large (≥ 1 MiB) pinned copies in that direction, or, without any, at what the GPU's PCIe generation
 delivers (`kernels.pinned_copy_gbps`: ~50 GB/s PCIe 5, ~25 PCIe 4, ~12 PCIe 3), plus 5 µs, never
@@ -42,6 +43,7 @@ import numpy as np
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.model.kernels import pinned_copy_gbps
+from gpuadvise.analyzer.measure import perstep
 from gpuadvise.analyzer.measure.metrics import attribute
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
@@ -107,21 +109,23 @@ class PageableMemcpy(Rule):
         items = [{"name": f"Memcpy {r.direction} ({r.src} -> {r.dst})", "count": int(r.count),
                   "MiB": round(float(r.bytes) / 2**20, 2), "total_ms": a.ms(r.total_us),
                   "GB/s": round(float(r.bytes) / max(r.total_us, 1e-9) / 1e3, 2)} for r in by_dir.itertuples()]
-        nsteps = max(len(m.steps), 1)
+        held_ps, waiting_ps = _thread_time(m, pageable, calls)  # per step, in per_step order
+        held_us, waiting_us = perstep.median(held_ps), perstep.median(waiting_ps)  # the header's statistic
+        step_us = max(float(m.median_step_us), 1e-9)
+        per_step = perstep.median(perstep.sums(m, calls.drop_duplicates("correlation")["ts"]))
         message = (f"{len(pageable)} host↔device copies ({pageable['bytes'].sum() / 2**20:.1f} MiB, "
-                   f"{pageable['dur'].sum() / 1e3:.2f} ms of copy time, {len(pageable) / nsteps:.1f} per step) go through "
+                   f"{pageable['dur'].sum() / 1e3:.2f} ms of copy time, a median {per_step:.0f} per step) go through "
                    "pageable host memory, so each one blocks the CPU until the data is staged.")
-        held_us, waiting_us = _thread_time(pageable, calls)
-        window = max(float(m.per_step["dur_us"].sum()), 1e-9)
-        if 100 * waiting_us / window >= self.thresholds["min_wait_share_pct"]:
+        if 100 * waiting_us / step_us >= self.thresholds["min_wait_share_pct"]:
             # a few µs of copying can hold the thread for milliseconds: say so, or the copy time hides it
-            message += (f" Their calls hold the training thread {held_us / nsteps / 1e3:.2f} ms per step "
-                        f"({100 * held_us / window:.1f}% of step time), {waiting_us / nsteps / 1e3:.2f} ms of it waiting "
-                        "for earlier GPU work before the copy could start: implicit syncs, which host-sync counts with "
-                        "the other blocking calls.")
+            message += (f" Their calls hold the training thread a median {held_us / 1e3:.2f} ms of each "
+                        f"{step_us / 1e3:.1f} ms step ({100 * held_us / step_us:.1f}%), {waiting_us / 1e3:.2f} ms of it "
+                        "waiting for earlier GPU work before the copy could start: implicit syncs")
             if basis.startswith("critical-path") and saving < 1.0:
-                message += (f" The replay predicts {saving:.1f}% from ending those waits: the GPU side (its work and "
+                message += (f". The replay predicts {saving:.1f}% from ending those waits: the GPU side (its work and "
                             "what it waits for) paces the steps, not this thread.")
+            else:
+                message += ", which host-sync counts with the other blocking calls."
         op_names = sorted({o for o in ops if o})
         evidence = Evidence(
             steps=sorted({int(s.number) for s in m.steps}) if m.steps else [],
@@ -131,8 +135,8 @@ class PageableMemcpy(Rule):
             numbers={"copies": int(len(pageable)), "bytes": int(pageable["bytes"].sum()),
                      "copy_ms": a.ms(pageable["dur"].sum()), "issued_by": op_names[:5],
                      "pageable_gbps": round(float(pageable["bytes"].sum()) / max(float(pageable["dur"].sum()), 1e-9) / 1e3, 2),
-                     "pinned_gbps": round(gbps, 1), "held_ms_per_step": a.ms(held_us / nsteps),
-                     "waiting_ms_per_step": a.ms(waiting_us / nsteps)},
+                     "pinned_gbps": round(gbps, 1), "held_ms_per_step": a.ms(held_us),
+                     "waiting_ms_per_step": a.ms(waiting_us), "statistic": "median step"},
         )
         advice = "Pin the host side of these copies and make them asynchronous."
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice,
@@ -145,14 +149,14 @@ class PageableMemcpy(Rule):
         return _loop(src="Pinned", copy_us=3_000)  # pinned copies run at full PCIe speed
 
 
-def _thread_time(pageable, calls) -> tuple[float, float]:
-    """(µs the copies' calls held the thread, µs of that before their copy started on the GPU: waiting for
-    the stream, or another stream it waits on, to reach it)."""
+def _thread_time(m, pageable, calls) -> tuple[np.ndarray, np.ndarray]:
+    """Per step: (µs the copies' calls held the thread, µs of that before their copy started on the GPU:
+    waiting for the stream, or another stream it waits on, to reach it)."""
     call = calls.drop_duplicates("correlation").set_index("correlation")
     start = pageable.groupby("correlation")["ts"].min()
     call = call[call.index.isin(start.index)]
     waited = np.clip(start.reindex(call.index).to_numpy() - call["ts"].to_numpy(), 0.0, call["dur"].to_numpy())
-    return float(call["dur"].sum()), float(waited.sum())
+    return perstep.sums(m, call["ts"], call["dur"]), perstep.sums(m, call["ts"], waited)
 
 
 def _pinned_bandwidth(a: Analysis, pageable) -> tuple[float, str]:
