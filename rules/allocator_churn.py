@@ -55,8 +55,10 @@ trails the GPU, make the CPU wait. The high end is the same replay with that CPU
 largest slowdown `gpuadvise profile`'s default capture caused on the H100 pairs' loops; the calls keep
 their time) and is the headline: an `empty_cache()` per step costs more than the time inside its calls
 (H100: 5.2 ms of calls, 8.1 ms measured). The factor stays fixed even with run.json's step time: the
-calibrated replay (the low end then) gives 28.5 % on the H100 emptycache pair against 43.0 % measured,
-so the run's own fitted slowdown does not yet account for what the calls cost there. From a snapshot
+calibrated replay (the low end then) gives 28.5 % on the H100 emptycache pair against 43.0 % measured.
+Its calibration fits 3.0 µs per recorded event where the same loop without empty_cache() (emptycache-
+after) fits 4.9 µs, and at 4.9 µs the replay gives 43.4 %: the unprofiled step holds ~1.8 ms of churn
+cost the replay does not model yet, which the calibration takes as less profiler overhead. From a snapshot
 alone the calls cannot be timed (0).
 """
 
@@ -141,7 +143,8 @@ class AllocatorChurn(Rule):
                              range_pct=span)]
 
     def _range(self, a: Analysis, replayed: float, basis: str, calls_us: float):
-        """(headline, basis, range). The replay runs at the traced CPU speed. The allocator calls are driver
+        """(headline, basis, range). The replay runs at the traced CPU speed, or the calibrated one with
+        run.json's step time (which can take part of the calls' cost for profiler overhead). The allocator calls are driver
         time, which the profiler barely slows, while it slows the Python and launch work around them: without
         it the step is shorter, the calls a larger share of it, and their device syncs (which cannot bind
         while the profiled CPU is slower than the GPU) start to cost. The high end replays the steps with
@@ -155,13 +158,17 @@ class AllocatorChurn(Rule):
         high = max(0.0, 100.0 * (1 - after / before)) if before > 0 else 0.0
         if high <= replayed:
             return replayed, basis, None
-        basis += (f" gives {replayed:.1f} % at the traced CPU speed. The calls are {calls_us / 1e3:.1f} ms of driver "
+        calibrated = a.calibration is not None and a.calibration.applied
+        speed = "on the calibrated replay" if calibrated else "at the traced CPU speed"
+        unknown = ("The calibration can take part of the calls' unprofiled cost for profiler overhead (H100 "
+                   "emptycache pair: 28.5 % calibrated, 43.0 % measured)" if calibrated else
+                   "The trace cannot tell how far the profiler slowed this loop")
+        basis += (f" gives {replayed:.1f} % {speed}. The calls are {calls_us / 1e3:.1f} ms of driver "
                   f"time per step, which the profiler hardly slows, while it slows the Python and launch work around "
                   f"them (up to {f:g}× with `gpuadvise profile`'s default capture on the H100 pairs' loops): without it the calls "
                   f"are a larger share of a shorter step, and the calls' device syncs make the CPU wait for the GPU. "
                   f"Replayed with that CPU work {f:g}× faster: {high:.1f} %, the headline, as an empty_cache() per "
-                  f"step costs more than the time inside the calls. The trace cannot tell how far the profiler "
-                  f"slowed this loop: {replayed:.1f}–{high:.1f} %")
+                  f"step costs more than the time inside the calls. {unknown}: {replayed:.1f}–{high:.1f} %")
         return high, basis, (replayed, high)
 
     def _from_history(self, a: Analysis):
