@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import pytest
 
+from gpuadvise.analyzer.measure.analysis import Analysis
+from gpuadvise.analyzer.measure.calibration import recorded_starts
+from gpuadvise.analyzer.measure.metrics import compute
+from gpuadvise.analyzer.measure.whatif import Scenario, baseline_of
 from gpuadvise.analyzer.read.loader import load_trace
 from gpuadvise.analyzer.run.single import analyze_model
 from gpuadvise.fixtures import mechanisms as mx
@@ -183,3 +187,38 @@ def test_a_blocking_copy_on_a_gpu_paced_loop_is_no_host_sync_but_still_named(tmp
     f = finding(report, "pageable-memcpy")
     assert f.evidence.numbers["waiting_ms_per_step"] > 10
     assert f.impact.est_step_saving_pct < 1.0 and "the GPU side" in f.message and "paces the steps" in f.message
+
+
+def test_allocator_churn_counts_cudamalloc_as_a_device_sync(tmp_path):
+    # the same loop without the profiler is the paper's: its step is what run.json records
+    plain = mx.allocator_churn_many_blocks(overhead_us=0.0).write(tmp_path / "plain.json.gz")
+    report = analyze_model(load_trace(plain, cache=False))
+    assert report.figures.median_step_ms == pytest.approx(mx.CHURN_UNPROFILED_MS, rel=0.02)
+    f = finding(report, "allocator-churn")
+    assert within(f.impact.est_step_saving_pct, mx.PAPER["churn_many_blocks"]), (f.impact.est_step_saving_pct, f.impact.basis)
+    # profiled: no cudaMalloc waits in the trace, yet the calibrated prediction still finds the syncs' cost
+    b = mx.allocator_churn_many_blocks()
+    f = finding(analyze_model(load_trace(b.write(tmp_path / "traced.json.gz"), cache=False), facts=b.facts), "allocator-churn")
+    assert within(f.impact.est_step_saving_pct, mx.PAPER["churn_many_blocks"]), (f.impact.est_step_saving_pct, f.impact.basis)
+
+
+def test_allocator_syncs_are_the_churn_scenarios_alone(tmp_path):
+    """The profiled churn loop with the planted per-event cost taken off: replayed with allocator syncs it
+    is the unprofiled loop, and the calibration in that mode finds the planted cost; the default mode (every
+    other rule's) keeps cudaMalloc as CPU time, and so its baseline."""
+    b = mx.allocator_churn_many_blocks()
+    model = load_trace(b.write(tmp_path / "traced.json.gz"), cache=False)
+    a = Analysis(model, compute(model), b.facts)
+    replay = a.replay
+    events = recorded_starts(model, replay.calls)
+    planted = (events, mx.PROFILER_US_PER_OP)
+    synced = replay.simulate(Scenario("unprofiled", cpu_per_event=planted, alloc_syncs=True)) / replay.steps
+    as_cpu = replay.simulate(Scenario("unprofiled", cpu_per_event=planted)) / replay.steps
+    assert synced / 1e3 == pytest.approx(mx.CHURN_UNPROFILED_MS, rel=0.03)
+    assert as_cpu / 1e3 == pytest.approx(mx.CHURN_AS_CPU_MS, rel=0.03)
+    # the mode's calibration takes the measured step as the planted per-event cost, not as less of it
+    cal = a._calibration(baseline_of(Scenario("churn", alloc_syncs=True)))
+    assert cal.per_event_us == pytest.approx(mx.PROFILER_US_PER_OP, rel=0.15), cal
+    assert a.calibration.per_event_us < 0.5 * mx.PROFILER_US_PER_OP, a.calibration
+    # the switch is off unless asked for: the default baseline is the as-CPU replay
+    assert replay.baseline_us == pytest.approx(replay.simulate(Scenario("default")))

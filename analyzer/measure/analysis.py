@@ -6,6 +6,7 @@ docs/rule-api.md documents every field here and the tables behind them.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cached_property
 
 from . import whatif
@@ -59,17 +60,30 @@ class Analysis:
     @cached_property
     def calibration(self) -> Calibration | None:
         """The profiler's own cost, from run.json's unprofiled step time (calibration.py)."""
+        return self._calibration(whatif.baseline_of(whatif.Scenario(name="")))
+
+    def _calibration(self, mode: whatif.Scenario) -> Calibration | None:
+        """The calibration of the replay in `mode` (whatif.baseline_of: its switches), cached per mode."""
         if self.metrics is None:
             return None
-        measured, _ = unprofiled_step_ms(self.facts)  # no run.json times: no need to build the replay here
-        if not measured:
-            return calibrate(None, float(self.metrics.median_step_us), self.facts)
-        return calibrate(self.replay, float(self.metrics.median_step_us), self.facts,
-                         recorded_starts(self.model, self.replay.calls if self.replay is not None else None))
+        cache = self.__dict__.setdefault("_calibrations", {})
+        key = repr(mode)
+        if key not in cache:
+            measured, _ = unprofiled_step_ms(self.facts)  # no run.json times: no need to build the replay here
+            if not measured:
+                cache[key] = calibrate(None, float(self.metrics.median_step_us), self.facts)
+            else:
+                cache[key] = calibrate(self.replay, float(self.metrics.median_step_us), self.facts,
+                                       recorded_starts(self.model, self.replay.calls if self.replay is not None else None),
+                                       mode=mode)
+        return cache[key]
 
-    @cached_property
-    def _calibrated_baseline_us(self) -> float:
-        return self.replay.simulate(scenario_on(self.calibration, whatif.Scenario(name="calibrated")))
+    def _calibrated_baseline_us(self, mode: whatif.Scenario) -> float:
+        cache = self.__dict__.setdefault("_calibrated_baselines", {})
+        key = repr(mode)
+        if key not in cache:
+            cache[key] = self.replay.simulate(scenario_on(self._calibration(mode), replace(mode, name="calibrated")))
+        return cache[key]
 
     def predicted_saving(self, scenario: whatif.Scenario) -> tuple[float | None, str]:
         """(% of step time the scenario saves, how that was predicted); None when no replay is possible.
@@ -78,11 +92,12 @@ class Analysis:
         replay = self.replay
         if replay is None or replay.baseline_us <= 0:
             return None, ""
-        cal = self.calibration
+        mode = whatif.baseline_of(scenario)  # the baseline and its calibration replayed the way the scenario is
+        cal = self._calibration(mode)
         basis = (f"critical-path replay of {replay.steps or 'the'} step{'s' if replay.steps != 1 else ''} "
                  f"({replay.actual_us / 1e3:.1f} ms traced, {replay.baseline_us / 1e3:.1f} ms replayed): {scenario.name}")
         if cal is not None and cal.applied:
-            base = self._calibrated_baseline_us
+            base = self._calibrated_baseline_us(mode)
             after = replay.simulate(scenario_on(cal, scenario))
             pct = max(0.0, 100.0 * (1.0 - after / base)) if base > 0 else 0.0
             return pct, f"{basis}; {cal.describe()}"

@@ -105,27 +105,32 @@ def unprofiled_step_ms(facts: dict) -> tuple[float | None, str]:
     return float(v), clock
 
 
-def calibrate(replay, traced_step_us: float, facts: dict, events: np.ndarray | None = None) -> Calibration:
+def calibrate(replay, traced_step_us: float, facts: dict, events: np.ndarray | None = None,
+              mode: Scenario | None = None) -> Calibration:
     """Find the profiler's cost for `replay` (a whatif.Replay over `replay.steps` steps) from run.json's
     unprofiled time: c µs per recorded event in `events` (sorted start times, `recorded_starts`) first, up
-    to C_MAX; only what that cannot explain is scaled by k. Without `events`, k alone."""
+    to C_MAX; only what that cannot explain is scaled by k. Without `events`, k alone. `mode` (a
+    baseline scenario, whatif.baseline_of) replays the steps with its switches (allocator syncs), so that a
+    scenario in that mode is compared with a baseline calibrated the same way."""
     ms, clock = unprofiled_step_ms(facts)
     cal = Calibration(ms * 1e3 if ms else None, traced_step_us, source="run.json" if ms else "", clock=clock)
-    if ms is None or replay is None or replay.baseline_us <= 0 or traced_step_us <= ms * 1e3 * NOISE:
+    mode = mode or Scenario(name="calibration")
+    baseline = replay.baseline_for(mode) if replay is not None else 0.0
+    if ms is None or replay is None or baseline <= 0 or traced_step_us <= ms * 1e3 * NOISE:
         return cal
     # The replay's window may not be exactly `steps` medians long: aim at the same ratio instead.
-    target = replay.baseline_us * (ms * 1e3) / traced_step_us
+    target = baseline * (ms * 1e3) / traced_step_us
     if events is not None and len(events):
         ws, we = replay.window
         cal.events = events
         n = np.searchsorted(events, we) - np.searchsorted(events, ws) + len(replay.calls)  # the calls are events too
         cal.events_per_step = float(n) / max(1, replay.steps)
-        c = _bisect(lambda c: replay.simulate(_scaled(1.0, events, c)), target, 0.0, C_MAX, rising=False, tol=0.01)
+        c = _bisect(lambda c: replay.simulate(_scaled(mode, 1.0, events, c)), target, 0.0, C_MAX, rising=False, tol=0.01)
         cal.per_event_us = round(c, 2)
         if c < C_MAX:  # per-op cost explains it all
             return cal
     c = cal.per_event_us
-    cal.cpu_factor = round(_bisect(lambda k: replay.simulate(_scaled(k, events, c)), target, K_MIN, 1.0,
+    cal.cpu_factor = round(_bisect(lambda k: replay.simulate(_scaled(mode, k, events, c)), target, K_MIN, 1.0,
                                    rising=True, tol=1e-3), 4)
     return cal
 
@@ -148,8 +153,9 @@ def _bisect(f, target: float, lo: float, hi: float, rising: bool, tol: float) ->
     return (lo + hi) / 2
 
 
-def _scaled(k: float, events: np.ndarray | None = None, c: float = 0.0) -> Scenario:
-    return Scenario(name="calibration", cpu_scale=k, cpu_per_event=(events, c) if events is not None and c > 0 else None)
+def _scaled(mode: Scenario, k: float, events: np.ndarray | None = None, c: float = 0.0) -> Scenario:
+    return replace(mode, name="calibration", cpu_scale=k,
+                   cpu_per_event=(events, c) if events is not None and c > 0 else None)
 
 
 def scenario_on(cal: Calibration, scenario):

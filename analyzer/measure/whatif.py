@@ -28,6 +28,18 @@ out, so the window's work starts earlier) and push the GPU work its last step la
 in the trace, behind the next step's CPU work. An op that waited, through an event, for the backlog is
 explained by it, like an op behind the backlog on its own stream.
 
+Allocator syncs (`Scenario.alloc_syncs`, off by default; allocator-churn turns it on for its baseline, its
+calibration and its fix alike). A device memory allocation is an implicit synchronization (CUDA
+programming guide): once the allocator has handed memory back (a cudaFree earlier in the trace, or in
+the replayed steps, as `empty_cache()` does every step: the first replayed step's mallocs follow the
+previous step's release) each cudaMalloc maps new memory and waits for the device like cudaFree.
+With the switch on, such a cudaMalloc waits for every GPU op launched before it, and a cudaMalloc or
+cudaFree does its own driver work (its traced time after the drain, or all of it where the trace shows
+no drain) after that wait. Under the profiler the slowed CPU reaches these calls after the GPU has
+drained, so the trace shows them as CPU time; the wait binds once the CPU is faster. Other rules replay
+cudaMalloc as CPU time: a trace that mixes cuDNN workspace mallocs with frees outside any churn keeps its
+baseline.
+
 A full launch queue is a wait, not CPU work. CUDA holds only so many pending ops per context; once the
 GPU is that far behind, `cudaLaunchKernel`, `cudaMemsetAsync` and `cudaMemcpyAsync` block until an op
 finishes and frees a slot. Such a call (far above its name's usual cost in the window, returning just
@@ -85,6 +97,15 @@ class Scenario:
     remove: Callable[[pd.DataFrame], np.ndarray] | None = None  # calls that disappear (no CPU cost, no wait)
     gpu_scale: Callable[[pd.DataFrame], np.ndarray] | None = None  # per GPU op duration factor
     gpu_time: Callable[[pd.DataFrame], np.ndarray] | None = None  # per GPU op new duration in µs (NaN: as is), overrides gpu_scale
+    # cudaMalloc after a cudaFree waits for the device like cudaFree, and both do their driver work after
+    # the drain (module docstring). Compare only with a baseline replayed the same way (`baseline_of`).
+    alloc_syncs: bool = False
+
+
+def baseline_of(scenario: Scenario) -> Scenario:
+    """The no-change scenario replayed the way `scenario` is (its mode switches): what its saving is taken
+    against."""
+    return Scenario(name="baseline", alloc_syncs=scenario.alloc_syncs)
 
 
 @dataclass
@@ -114,6 +135,8 @@ class Replay:
         e["base"] = np.array([d["base"] for _, _, d in edges], dtype=np.float64)
         e["call"] = np.array([d.get("call", -1) for _, _, d in edges], dtype=np.int64)
         e["op"] = np.array([d.get("op", -1) for _, _, d in edges], dtype=np.int64)
+        # a call's own cost with allocator syncs on (its driver work after a drain the trace shows)
+        e["synced"] = np.array([d.get("synced", d["base"]) for _, _, d in edges], dtype=np.float64)
         gaps = [d.get("gap", (0.0, 0.0)) for _, _, d in edges]
         e["gap_a"] = np.array([a for a, _ in gaps], dtype=np.float64)
         e["gap_b"] = np.array([b for _, b in gaps], dtype=np.float64)
@@ -133,11 +156,17 @@ class Replay:
                 dl[v] = cand
         return float(max(dl[e["end"]], 0.0))
 
+    def baseline_for(self, scenario: Scenario) -> float:
+        """The baseline replayed in `scenario`'s mode (`baseline_us` for the default one)."""
+        base = baseline_of(scenario)
+        return self.baseline_us if base == baseline_of(Scenario("")) else self.simulate(base)
+
     def saving_pct(self, scenario: Scenario) -> float:
-        if self.baseline_us <= 0:
+        base = self.baseline_for(scenario)
+        if base <= 0:
             return 0.0
         t = self.simulate(scenario)
-        return max(0.0, 100.0 * (1.0 - t / self.baseline_us))
+        return max(0.0, 100.0 * (1.0 - t / base))
 
 
 def build(model: TraceModel, metrics: Metrics) -> Replay | None:
@@ -246,6 +275,8 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
         if launches_block:
             _tie_idle_syncs(g, calls, ops, owner, call_ts)
         _device_wide_waits(g, calls, ops, owner, call_ts)
+        frees = rt.loc[names_in(rt["name"], set(FREE_CALLS)), "ts"]
+        _allocator_drains(g, calls, ops, owner, call_ts, float(frees.min()) if len(frees) else np.inf)
 
     # An op that started well after both its launch and its stream's previous op waited for something
     # else, usually an event recorded on another stream (cudaStreamWaitEvent): tie it to the op on another
@@ -254,7 +285,9 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
         _unexplained_starts(g, ops, launch_ts, latency, backlog)
 
     if not nx.is_directed_acyclic_graph(g):  # orderings we cannot see (clock skew, threads): drop the guesses
-        g.remove_edges_from([(u, v) for u, v, d in g.edges(data=True) if d["kind"] in ("wait", "dep")])
+        g.remove_edges_from([(u, v) for u, v, d in g.edges(data=True) if d["kind"] in ("wait", "dep", "alloc_wait")])
+        for _, _, d in g.edges(data=True):
+            d.pop("synced", None)  # a call's cost after a drain means nothing without the wait
 
     cut = metrics.one_time_cut
     if cut is not None:  # one-time costs no step could be left out for: their time is not the steps'
@@ -277,6 +310,7 @@ def _cut_out(replay: Replay, cut: tuple[np.ndarray, np.ndarray]) -> None:
     i = e["call"][call]
     ts, end = calls["ts"].to_numpy(dtype=float)[i], calls["end"].to_numpy(dtype=float)[i]
     e["base"][call] = np.maximum(0.0, e["base"][call] - iv.covered(*cut, ts, end))
+    e["synced"][call] = np.minimum(e["synced"][call], e["base"][call])
 
 
 def _last_end_before(ends_sorted: np.ndarray, ts: float) -> float:
@@ -368,6 +402,49 @@ def _device_wide_waits(g: nx.DiGraph, calls: pd.DataFrame, ops: pd.DataFrame, ow
         for i, j in zip(wide[js >= 0].tolist(), js[js >= 0].tolist()):
             if not g.has_edge(("ge", int(best[j])), ("d", i)):
                 g.add_edge(("ge", int(best[j])), ("d", i), base=WAKE_US, kind="wait", call=int(i))
+
+
+def _allocator_drains(g: nx.DiGraph, calls: pd.DataFrame, ops: pd.DataFrame, owner: np.ndarray,
+                      call_ts: np.ndarray, first_free: float) -> None:
+    """Edges that only `Scenario.alloc_syncs` turns on (kind "alloc_wait", -inf otherwise): every cudaFree, and
+    every cudaMalloc after a release (after the trace's first cudaFree, or anywhere in a window whose steps
+    free memory), waits for the last op (by end) of each stream among those launched before it, then does
+    its driver work: what the call took after the latest of those ends when that fell inside the call (the
+    call's "synced" own cost too), else its whole traced time.
+    The edges run through a node per call, ("dw", i), so they sit beside a sync's own "wait" edges."""
+    names = calls["name"]
+    frees = names.isin(FREE_CALLS)
+    # a loop whose steps free memory released it before each step's mallocs, the first replayed one's too
+    # (the previous step, maybe before the trace began)
+    released = (calls["ts"] > first_free) | bool(frees.any())
+    driver = (frees | (names.isin(ALLOC_CALLS) & released)).to_numpy()
+    idx = np.flatnonzero(driver)
+    if not idx.size or not len(ops):
+        return
+    launched_at = np.where(owner >= 0, call_ts[np.maximum(owner, 0)], -np.inf)
+    ends, streams = ops["end"].to_numpy(), ops["stream"].to_numpy()
+    call_end = calls["end"].to_numpy(dtype=np.float64)
+    waits: dict[int, list[int]] = {int(i): [] for i in idx}
+    for stream in np.unique(streams):
+        on = np.flatnonzero((streams == stream) & (owner >= 0))
+        if not on.size:
+            continue
+        by_launch = on[np.argsort(launched_at[on], kind="stable")]
+        best = by_launch[_argmax_accumulate(ends[by_launch])]
+        js = np.searchsorted(launched_at[by_launch], call_ts[idx], side="left") - 1
+        for i, j in zip(idx[js >= 0].tolist(), js[js >= 0].tolist()):
+            waits[i].append(int(best[j]))
+    for i, ks in waits.items():
+        if not ks:
+            continue
+        drained = max(float(ends[k]) for k in ks)
+        own = float(call_end[i] - call_ts[i])
+        waited = call_ts[i] < drained < call_end[i]
+        work = max(WAKE_US, float(call_end[i] - drained)) if waited else max(WAKE_US, own)
+        g.edges[("c", i), ("d", i)]["synced"] = min(work, own)
+        for k in ks:
+            g.add_edge(("ge", k), ("dw", i), base=work, kind="alloc_wait", call=i)
+        g.add_edge(("dw", i), ("d", i), base=0.0, kind="alloc_wait", call=i)
 
 
 def _argmax_accumulate(x: np.ndarray) -> np.ndarray:
@@ -474,6 +551,11 @@ def _weights(replay: Replay, s: Scenario) -> np.ndarray:
     e, calls, ops = replay._edges, replay.calls, replay.ops
     kind, w = e["kind"], e["base"].copy()
     cpu, call, wait, gpu = kind == "cpu", kind == "call", kind == "wait", kind == "gpu"
+    drain = kind == "alloc_wait"
+    if s.alloc_syncs:
+        w[call] = e["synced"][call]
+    else:
+        w[drain] = -np.inf
     if s.cpu_removed is not None and len(s.cpu_removed[0]):
         removed = iv.covered(s.cpu_removed[0], s.cpu_removed[1], e["gap_a"][cpu], e["gap_b"][cpu])
         w[cpu] = np.maximum(0.0, w[cpu] - removed)
@@ -489,6 +571,8 @@ def _weights(replay: Replay, s: Scenario) -> np.ndarray:
         traced = e["base"][cpu]
         w[cpu] *= np.where(traced > 0, np.clip(1.0 - us * n / np.where(traced > 0, traced, 1.0), 0.0, 1.0), 1.0)
         w[call] = np.maximum(0.0, w[call] - us)  # each runtime call the replay keeps is a recorded event too
+        if s.alloc_syncs:  # and so is an allocator call whose driver work follows a drain
+            w[drain] = np.maximum(0.0, w[drain] - us)
     w[cpu] *= s.cpu_scale
     if s.cpu_scale < 1:  # cheaper launches: the calls' own CPU cost shrinks too
         scaled = call.copy()
@@ -502,12 +586,12 @@ def _weights(replay: Replay, s: Scenario) -> np.ndarray:
         mask = np.asarray(s.unblock(calls), dtype=bool)
         freed = np.isin(e["call"], calls.index[mask].to_numpy())
         w[call & freed] = np.minimum(w[call & freed], WAKE_US)
-        w[wait & freed] = -np.inf  # the call no longer waits for the GPU
+        w[(wait | drain) & freed] = -np.inf  # the call no longer waits for the GPU
     if s.remove is not None:
         mask = np.asarray(s.remove(calls), dtype=bool)
         gone = np.isin(e["call"], calls.index[mask].to_numpy())
         w[call & gone] = 0.0
-        w[wait & gone] = -np.inf
+        w[(wait | drain) & gone] = -np.inf
     if s.gpu_scale is not None:
         factor = np.asarray(s.gpu_scale(ops), dtype=np.float64)
         w[gpu] *= factor[e["op"][gpu]]
