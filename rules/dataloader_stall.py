@@ -37,7 +37,8 @@ never enough to fire. With workers running, each batch still costs the training 
 workers cannot remove: the share that fires, the figures and the saving are of the wait beyond it. The
 hand-over is, with run.json's measured loading, all of the wait when the workers keep up (B/k ≤ C, below)
 and what the lag B/k − C does not explain otherwise; from the trace alone, the shortest wait of the
-steps, at most 2 ms. Severity follows the predicted saving: high from 10 %,
+steps; never more than 2 ms (a longer wait from workers that keep up on average is batches arriving
+unevenly, which more prefetching or workers absorb). Severity follows the predicted saving: high from 10 %,
 medium from 3 %. When the fix adds worker processes, the replay also slows the training thread's own
 CPU work by 10 %: workers compete with it for cores (measured 10–25 % slower ops in the kineto
 ResNet-50 `num_workers` 0 → 4 pair).
@@ -216,10 +217,12 @@ def handover_floor_us(waits, median_wait: float, measured: dict | None, cap_us: 
     """The part of a multi-process loader's wait that more workers cannot remove: the training process
     receiving (unpickling) a batch a worker has ready. Measured (run.json `capture.loader`): workers
     that keep up (B/k ≤ C) leave all of the wait to it, else what the lag B/k − C does not explain. From
-    the trace alone: the shortest wait of the steps (a batch that was ready), at most `cap_us`."""
+    the trace alone: the shortest wait of the steps (a batch that was ready). Never more than `cap_us`."""
     if measured and measured.get("num_workers") and measured.get("between_batches_ms") is not None:
         lag = max(0.0, measured["build_ms_per_batch"] / measured["num_workers"] - measured["between_batches_ms"]) * 1e3
-        return max(0.0, median_wait - lag)
+        # no more than a hand-over takes: a longer wait from workers that keep up on average is batches
+        # arriving unevenly (a slow batch, a worker short of CPU), which more prefetching absorbs
+        return min(max(0.0, median_wait - lag), cap_us)
     return min(float(np.min(waits)), cap_us) if len(waits) else 0.0
 
 
