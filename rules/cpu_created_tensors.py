@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpuadvise.analyzer.measure import perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.measure.metrics import ops_inside, python_source, user_frame_from_stack
@@ -103,8 +104,12 @@ class CpuCreatedTensors(Rule):
         sources = sorted({s for s in found["source"] if s})
         by_op = found.groupby("created_by").size().sort_values(ascending=False)
         size = f"{hits['bytes'].median() / 1024:.1f} KiB median, " if hits["bytes"].notna().any() else ""
-        message = (f"{len(hits) / nsteps:.1f} small host→device copies per step ({size}"
-                   f"{hits['dur'].sum() / nsteps / 1e3:.3f} ms of copy time) copy tensors that were just created on the CPU "
+        # per step: the median over the steps, the report's statistic (perstep)
+        copies_per_step = perstep.median(perstep.by_index(m, hits["step"]))
+        copy_ms = perstep.median(perstep.by_index(m, hits["step"], hits["dur"])) / 1e3
+        per = "per step" if m.steps else "in the trace"
+        message = (f"{'A median ' if m.steps else ''}{perstep.count_text(copies_per_step)} small host→device copies {per} ({size}"
+                   f"{copy_ms:.3f} ms of copy time) copy tensors that were just created on the CPU "
                    f"({', '.join(f'{n} ×{c}' for n, c in by_op.head(3).items())}); each pageable copy makes the CPU wait "
                    "for the GPU work queued before it.")
         evidence = Evidence(
@@ -112,7 +117,8 @@ class CpuCreatedTensors(Rule):
             time_ranges_ms=[(a.rel_ms(s), a.rel_ms(e)) for s, e in zip(found["chain_ts"].head(6), found["copy_end"].head(6))],
             items=[{"name": f"{n} → aten::to", "count": int(c)} for n, c in by_op.items()][:6],
             sources=sources[:5],
-            numbers={"copies_per_step": round(len(hits) / nsteps, 2),
+            numbers={"copies_per_step": round(copies_per_step, 2), "copy_ms_per_step": round(copy_ms, 3),
+                     "statistic": "median step" if m.steps else "traced window",
                      "bytes_median": float(hits["bytes"].median()) if hits["bytes"].notna().any() else None,
                      "steps_with_copies": int(steps_hit), "copy_src": sorted(set(hits["src"]))},
         )

@@ -24,7 +24,7 @@ every new shape is benchmarked again. With `torch.backends.cudnn.deterministic =
 considers deterministic algorithms.
 
 ## Thresholds
-Convolution kernels ≥ 10 % of the profiled steps' time, `cudnn_benchmark` recorded False, and the same
+Convolution kernels ≥ 10 % of the median step (the median step's convolution time over it), `cudnn_benchmark` recorded False, and the same
 multiset of convolution input shapes in every step (silent when they vary). The saving is predicted only
 for what the trace shows the heuristic got wrong: convolution kernels without Tensor Cores on a GPU that
 has them, replayed at half their time (the H100 convnet's generic kernel was replaced by one 2.05× as
@@ -78,7 +78,7 @@ class CudnnBenchmark(Rule):
         ps = m.per_step
         lo, hi = ps["start_us"].to_numpy(), ps["start_us"].to_numpy() + ps["dur_us"].to_numpy()
         conv_us = iv.covered(*iv.union(conv["ts"], conv["end"]), lo, hi)
-        pct = 100.0 * conv_us.sum() / max(ps["dur_us"].sum(), 1e-9)
+        pct = 100.0 * perstep.median(conv_us) / max(m.median_step_us, 1e-9)  # the median step's share (perstep)
         if pct < self.thresholds["min_conv_pct_of_step"]:
             return []
         fixed, shapes = _fixed_shapes(model, m)
@@ -98,15 +98,16 @@ class CudnnBenchmark(Rule):
                 gpu_scale=lambda ops: np.where(ops["correlation"].isin(gen_corr), factor, 1.0)))
             if predicted is not None:
                 saving, basis = predicted, how
-        nsteps = max(len(m.steps), 1)
         shape_note = {True: f"the same {shapes} convolution input shapes in every step",
                       None: "input shapes were not recorded (run with record_shapes), so whether they are fixed is unknown"}[fixed]
         conv_ms = perstep.median(conv_us) / 1e3  # conv_us is per step already: the report's statistic (perstep)
-        message = (f"cudnn.benchmark was off; convolution kernels took {pct:.1f} % of the step time "
-                   f"({conv_ms:.2f} ms per step (median), {len(conv) / nsteps:.0f} kernels), with {shape_note}.")
+        conv_n = perstep.median(perstep.sums(m, conv["ts"]))
+        message = (f"cudnn.benchmark was off; convolution kernels took {pct:.1f} % of the median step "
+                   f"(a median {conv_ms:.2f} ms and {perstep.count_text(conv_n)} kernels per step), with {shape_note}.")
         if len(generic):
             generic_ms = perstep.median(perstep.sums(m, generic["ts"], generic["dur"])) / 1e3
-            message += (f" {len(generic) / nsteps:.0f} of them per step ({generic_ms:.2f} ms) are generic "
+            generic_n = perstep.median(perstep.sums(m, generic["ts"]))
+            message += (f" A median {perstep.count_text(generic_n)} of them per step ({generic_ms:.2f} ms) are generic "
                         "kernels without Tensor Cores, which the autotuner can replace.")
         by_name = conv.groupby("name", observed=True)["dur"].agg(["size", "sum"]).sort_values("sum", ascending=False)
         evidence = Evidence(
@@ -114,6 +115,7 @@ class CudnnBenchmark(Rule):
             items=[{"name": str(n), "count": int(r["size"]), "total_ms": round(float(r["sum"]) / 1e3, 3),
                     "tensor_cores": precision_class(str(n)) == "tensor-core"} for n, r in by_name.head(6).iterrows()],
             numbers={"conv_pct_of_step": round(float(pct), 1), "conv_ms_per_step": round(conv_ms, 3),
+                     "conv_kernels_per_step": round(conv_n, 1), "statistic": "median step",
                      "fixed_shapes": fixed, "distinct_conv_shapes": shapes,
                      "generic_kernels": int(len(generic)), "generic_ms": round(float(generic["dur"].sum()) / 1e3, 3),
                      "cudnn_benchmark": False},

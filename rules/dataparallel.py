@@ -70,15 +70,16 @@ class DataParallelRule(Rule):
             saving, basis = 0.0, "not predicted: no GPU timeline"
         devices = sorted(int(d) for d in a.model.gpu["device"].unique()) if len(a.model.gpu) else []
         m = a.metrics
+        cpu_ms = perstep.median(perstep.sums(m, work["ts"], work["dur"])) / 1e3  # the report's statistic
         message = (f"The model is wrapped in nn.DataParallel ({len(marker) or len(py_marker) or len(wrappers)} forward calls"
                    f"{f', GPU work on devices {devices}' if devices else ''}); its scatter/replicate/gather ops take "
-                   f"{perstep.median(perstep.sums(m, work['ts'], work['dur'])) / 1e3:.2f} ms of CPU time per step (median).")
+                   f"{cpu_ms:.2f} ms of CPU time per step (median).")
         evidence = Evidence(
             steps=[s.number for s in m.steps],
             items=[{"name": n, "count": int(len(g)), "total_ms": round(g["dur"].sum() / 1e3, 2)}
                    for n, g in work.assign(name=work["name"].astype(str)).groupby("name")][:8],
             sources=[w.created_at for w in wrappers],
-            numbers={"devices_with_gpu_work": devices},
+            numbers={"devices_with_gpu_work": devices, "cpu_ms_per_step": round(cpu_ms, 3), "statistic": "median step"},
         )
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis,
                              advice="Switch to DistributedDataParallel, one process per GPU.")]

@@ -37,7 +37,7 @@ detection's NaN checks (after at least half of the backward functions). Predicti
 one: blocking launches, by a replay that runs them as the synchronous calls they were and then lets them
 return at once (how much CPU work can then overlap the GPU depends on where it sits in the step); anomaly
 detection, by a replay without the NaN checks and their syncs (CPU-only
-traces: their share of the step time), a lower bound since the traceback recording in forward is not in
+traces: their time in the median step over the median step), a lower bound since the traceback recording in forward is not in
 the trace. Determinism and the environment variables: not predicted (the trace shows no alternative to
 compare with). Severity follows the prediction, and is at least medium for anomaly detection (its
 prediction is a lower bound) and for the variables `doctor` rates bad; a blocking-launch variable in a run
@@ -88,8 +88,8 @@ class DebugSettings(Rule):
                              "for its kernel (set after CUDA had started?): no cost in this run.")
             elif blocked["launches"]:
                 parts.append(f"{what}: {blocked['blocked']} of {blocked['launches']} kernel launches in the steps returned "
-                             f"only after their kernel finished; the CPU waited {blocked['wait_ms_per_step']:.2f} ms per "
-                             "step inside them.")
+                             f"only after their kernel finished; the CPU waited a median {blocked['wait_ms_per_step']:.2f} ms "
+                             "per step inside them.")
                 predicted.append((blocked["saving"], blocked["basis"]))
             else:
                 parts.append(f"{what} was set, but this run launched {blocked['launches']} GPU kernels in its steps, so it "
@@ -103,7 +103,7 @@ class DebugSettings(Rule):
             source = "recorded on in run.json" if anomaly else "seen in the trace"
             if checks["checks"]:
                 parts.append(f"Autograd anomaly detection ({source}): {checks['checks']} NaN checks after "
-                             f"{checks['backward_functions']} backward functions, {checks['ms_per_step']:.2f} ms per step"
+                             f"{checks['backward_functions']} backward functions, a median {checks['ms_per_step']:.2f} ms per step"
                              + (f" with {checks['syncs']} device syncs." if checks["syncs"] else "."))
                 predicted.append((checks["saving"], checks["basis"]))
             else:
@@ -145,7 +145,8 @@ class DebugSettings(Rule):
         evidence = Evidence(steps=[s.number for s in a.metrics.steps], items=items,
                             numbers={"blocking_launches": {k: v for k, v in blocked.items() if k != "basis"},
                                      "nan_checks": {k: v for k, v in checks.items() if k != "basis"},
-                                     "settings_read_at": runfacts.settings_read_at(a.facts)})
+                                     "settings_read_at": runfacts.settings_read_at(a.facts),
+                                     "statistic": "median step"})
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, severity=severity,
                              advice="Run without these switches unless you are debugging.")]
 
@@ -212,8 +213,8 @@ class DebugSettings(Rule):
         saving, basis = a.predicted_saving(Scenario("anomaly detection off: no NaN checks after backward functions",
                                                     cpu_removed=(lo, hi), unblock=unblock))
         if saving is None:  # a CPU-only trace: the steps are CPU time, and the checks are part of it
-            saving = 100.0 * per_step.sum() / max(ps["dur_us"].sum(), 1e-9)
-            basis = "CPU-only trace: the NaN checks' share of the step time"
+            saving = 100.0 * perstep.median(per_step) / max(m.median_step_us, 1e-9)
+            basis = "CPU-only trace: the NaN checks' share of the median step"
         out["saving"] = round(float(saving), 1)
         out["basis"] = basis + "; a lower bound: anomaly mode's traceback recording in forward is not in the trace"
         return out

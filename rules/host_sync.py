@@ -33,6 +33,10 @@ control flow with tensor ops (`torch.where`), and find hidden syncs with
 Fires when blocking calls inside the steps are predicted (by the critical-path replay) to cost at
 least 1 % of step time, or, with no GPU timeline to replay, when they take at least 1 % of it.
 Syncs while the GPU is saturated cost little and are not reported.
+Figures per step are the median over the steps (the header's statistic): calls, blocked time, and the
+share (the median step's blocked time over the median step). A step whose blocked time exceeds 3× the
+median step's plus 1 ms is named as an outlier: the per-step figures leave it out, the replay's saving
+(over the whole window) counts it.
 Removing a scalar read in a loop also removes the ops that only compute its value (the norm behind
 `p.grad.norm().item()`), their launches, the copy and the Python around them (analyzer/measure/feeding.py
 finds them by repetition): the finding gives both predictions, the syncs alone and the syncs with that
@@ -45,6 +49,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpuadvise.analyzer.measure import perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.measure.feeding import Feeding, feeding_work
 from gpuadvise.analyzer.model.findings import Evidence
@@ -59,7 +64,7 @@ class HostSync(Rule):
     code = "GA104"
     name = "host-sync"
     title = "The CPU waits for the GPU inside the steps"
-    thresholds = {"min_saving_pct": 1.0, "min_share_pct": 1.0}
+    thresholds = {"min_saving_pct": 1.0, "min_share_pct": 1.0, "outlier_x": 3.0}
 
     def check(self, a: Analysis):
         m = a.metrics
@@ -71,8 +76,13 @@ class HostSync(Rule):
             s = s[s["step"] >= 0]
         if s.empty:
             return []
-        window = max(m.per_step["dur_us"].sum(), 1e-9)
-        share = 100 * s["dur"].sum() / window
+        # per step: the median over the steps, the report's statistic (perstep); the share is the median
+        # step's blocked time over the header's median step
+        step_us = max(float(m.median_step_us), 1e-9)
+        blocked_ps = perstep.issued(m, s["ts"], s["dur"])
+        blocked_us = perstep.median(blocked_ps)
+        calls_per_step = perstep.median(perstep.issued(m, s["ts"]))
+        share = 100 * blocked_us / step_us
         keys = set(zip(s["ts"], s["tid"]))
 
         def these(c):
@@ -100,7 +110,6 @@ class HostSync(Rule):
             saving, basis = share, "share of step time (no GPU timeline to replay)"
         elif saving < self.thresholds["min_saving_pct"]:
             return []
-        nsteps = max(len(m.steps), 1)
         scalar_rows = s[s["op"].isin(SCALAR_OPS)]
         scalar = int(scalar_rows["external_id"].nunique()) if len(scalar_rows) else 0  # one .item() = a copy + a sync
         groups = (s.groupby(["name", "kind", "op", "source"]).agg(count=("dur", "size"), total_us=("dur", "sum"))
@@ -112,9 +121,23 @@ class HostSync(Rule):
         scalar_txt = f", {scalar} of them `.item()`-style scalar reads" if scalar else ""
         inside = f" inside `{top['op']}`" if top["op"] else ""
         where = f" at {top['source']}" if top["source"] else ""
-        message = (f"{len(s)} blocking calls ({len(s) / nsteps:.1f} per step{scalar_txt}) hold the CPU for "
-                   f"{s['dur'].sum() / 1e3:.2f} ms in total ({share:.1f}% of step time). The largest share is "
+        if m.steps:
+            per = f" (a median {perstep.count_text(calls_per_step)} per step{scalar_txt})"
+            held = f", a median {blocked_us / 1e3:.2f} ms of each {step_us / 1e3:.1f} ms step ({share:.1f}%)"
+        else:
+            per = f" ({scalar_txt[2:]})" if scalar_txt else ""
+            held = f" ({share:.1f}% of the traced window)"
+        message = (f"{len(s)} blocking calls{per} hold the CPU for {s['dur'].sum() / 1e3:.2f} ms in total{held}. The largest share is "
                    f"{int(top['count'])}× `{top['name']}` ({top['kind']}){inside}{where}: {top['total_us'] / 1e3:.2f} ms.")
+        # a step that blocks far longer than the median one: the per-step figures leave it out, the replay
+        # (over the whole window) counts it; say so, or the saving looks larger than the figures beside it
+        outlier = (blocked_ps > self.thresholds["outlier_x"] * blocked_us + 1_000.0) if m.steps else blocked_ps[:0] > 0
+        outlier_steps = [int(st.number) for st, out in zip(m.steps, outlier) if out]
+        if outlier_steps:
+            many = len(outlier_steps) > 1
+            message += (f" Step{'s' if many else ''} {', '.join(map(str, outlier_steps))} blocked far longer (up to "
+                        f"{float(blocked_ps[outlier].max()) / 1e3:.2f} ms): {'outliers' if many else 'an outlier'} the "
+                        "per-step figures leave out and the predicted saving, over the whole window, counts.")
         advice = "Remove the syncs from the loop, or move them to where the value is really needed."
         if with_work is not None:
             headline = "the larger, headline" if with_work >= alone else "the headline is the syncs alone"
@@ -132,8 +155,9 @@ class HostSync(Rule):
             items=items,
             sources=[x for x in groups["source"].unique().tolist() if x][:5],
             numbers={"blocking_calls": int(len(s)), "saving_syncs_alone_pct": None if alone is None else round(alone, 1),
-                     "saving_with_feeding_work_pct": None if with_work is None else round(with_work, 1), "per_step": round(len(s) / nsteps, 1), "scalar_reads": scalar,
-                     "blocked_ms": a.ms(s["dur"].sum()), "blocked_share_pct": round(share, 1)},
+                     "saving_with_feeding_work_pct": None if with_work is None else round(with_work, 1), "per_step": round(calls_per_step, 1), "scalar_reads": scalar,
+                     "blocked_ms": a.ms(s["dur"].sum()), "blocked_ms_per_step": a.ms(blocked_us),
+                     "blocked_share_pct": round(share, 1), "outlier_steps": outlier_steps, "statistic": "median step" if m.steps else "traced window"},
         )
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice)]
 

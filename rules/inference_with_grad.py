@@ -39,6 +39,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from gpuadvise.analyzer.measure import perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.measure.metrics import python_source, user_frame_from_stack
@@ -97,7 +98,7 @@ class InferenceWithGrad(Rule):
         per_step_nodes = nodes[affected]
         source = _source(a, rows)
         message = (f"{len(affected)} of {len(windows)} profiled {'steps' if m.steps else 'windows'} run forward ops with "
-                   f"autograd recording ({int(np.median(per_step_nodes))} graph nodes per step, median) and no backward pass"
+                   f"autograd recording (a median {perstep.count_text(float(np.median(per_step_nodes)))} graph nodes per step) and no backward pass"
                    f"{f' ({source})' if source else ''}: evaluation or inference without torch.no_grad().")
         evidence = Evidence(
             steps=numbers,
@@ -106,7 +107,8 @@ class InferenceWithGrad(Rule):
             sources=[source] if source else [],
             numbers={"steps_affected": int(len(affected)), "steps": len(windows),
                      "autograd_nodes_per_step": [int(x) for x in per_step_nodes],
-                     "ops_recording_per_step": round(float(hit.sum()) / len(affected), 1)},
+                     "ops_recording_per_step": round(float(np.median(np.bincount(step[hit], minlength=len(windows))[affected])), 1),
+                     "statistic": "median affected step"},
         )
         return [self.finding(
             message=message, evidence=evidence, saving=0.0,

@@ -37,7 +37,7 @@ it becomes once the loader is fixed (the 3 % floor applies to that figure).
 from __future__ import annotations
 
 from gpuadvise.analyzer.measure import intervals as iv
-from gpuadvise.analyzer.measure import launchcost
+from gpuadvise.analyzer.measure import launchcost, perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.model.calls import GRAPH_LAUNCHES
@@ -85,8 +85,14 @@ class LaunchBound(Rule):
         after_fix = saving / max(1 - base / 100, 1e-9)  # the same time as a share of the step once the loader is fixed
         if after_fix < t["min_saving_pct"]:
             return []
-        nsteps = max(len(m.steps), 1)
         la_win = la[la["gpu_ts"].between(*m.window)] if m.steps else la
+        # kernels per step: the median over the steps of the kernels each one launched, the report's statistic
+        if m.steps:
+            la_k = la_win[la_win["correlation"].isin(set(k["correlation"]))]
+            per_step = perstep.median(perstep.issued(m, la_k["launch_ts"]))
+            per_txt = f"A median {perstep.count_text(per_step)} kernels per step"
+        else:
+            per_step, per_txt = float(len(k)), f"{len(k)} kernels in the trace"
         top = (k.groupby("name", observed=True)["dur"].agg(["count", "mean"]).reset_index()
                .sort_values("count", ascending=False).head(8))
         # the CPU time per kernel by where it goes: compilation and CUDA graphs remove the Python and the
@@ -94,13 +100,13 @@ class LaunchBound(Rule):
         cost = launchcost.cpu_per_kernel(a.model, m, len(k))
         per_kernel = (launchcost.describe(cost) if cost is not None else
                       f"each launch call costs the CPU a median {la_win['cpu_us'].median():.1f} µs")
-        message = (f"{len(k) / nsteps:.0f} kernels per step, {short:.0f}% of them shorter than {t['short_kernel_us']:.0f} µs "
+        message = (f"{per_txt}, {short:.0f}% of them shorter than {t['short_kernel_us']:.0f} µs "
                    f"(median {k['dur'].median():.1f} µs), while {per_kernel}. The GPU is busy {busy:.1f}% of the step "
                    f"and {host:.0f}% of its idle time is spent waiting for the next launch.")
         evidence = Evidence(
             steps=[int(s.number) for s in m.steps],
             items=[{"name": str(r.name), "count": int(r.count), "mean_us": round(float(r.mean), 2)} for r in top.itertuples()],
-            numbers={"kernels_per_step": round(len(k) / nsteps, 1), "short_kernel_pct": round(short, 1),
+            numbers={"kernels_per_step": round(per_step, 1), "statistic": "median step" if m.steps else "traced window", "short_kernel_pct": round(short, 1),
                      "median_kernel_us": round(float(k["dur"].median()), 2),
                      "median_launch_cpu_us": round(float(la_win["cpu_us"].median()), 2) if len(la_win) else None,
                      "gpu_busy_pct": round(busy, 1), "host_wait_pct_of_idle": round(host, 1)},

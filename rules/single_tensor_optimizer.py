@@ -21,7 +21,9 @@ PyTorch picks foreach by default when all parameters are on CUDA; check that not
 `foreach=False` and that parameters are not split across devices.
 
 ## Thresholds
-Fires when an optimizer step launches at least 20 kernels, none of them (nor the ops around them)
+Fires when the optimizer launches at least 20 kernels in the median step (the report's statistic; over
+the steps that run it when some do not, as with gradient accumulation; over the optimizer's own steps
+when the trace marks no training steps), none of them (nor the ops around them)
 is a foreach/fused one, and the replay predicts at least 0.5 % saving (an optimizer whose launches
 hide behind GPU work costs nothing). The saving is predicted by replaying the steps with the optimizer's CPU time
 cut to a fifth (fewer, larger launches), a conservative figure for foreach.
@@ -31,11 +33,13 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.measure.metrics import annotation_spans, gpu_ops_launched_in, ops_inside
-from gpuadvise.analyzer.measure import intervals as iv
+from gpuadvise.analyzer.measure import intervals as iv, perstep
 from gpuadvise.analyzer.model.trace import name_mask
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
@@ -57,7 +61,20 @@ class SingleTensorOptimizer(Rule):
         if spans.empty or m.launches.empty:
             return []
         kernels = gpu_ops_launched_in(a.model, m.launches, spans)
-        per_step = len(kernels) / len(spans)
+        # per step: the median over the steps (the report's statistic, perstep), over those that run the
+        # optimizer when some do not (gradient accumulation), or over the optimizer's own steps when the
+        # trace marks no training steps
+        lo, hi = iv.union(spans["ts"], spans["end"])  # nested or repeated annotations count once
+        if m.steps:
+            runs = perstep.issued(m, lo) > 0
+            runs = runs if runs.any() else np.ones(len(runs), dtype=bool)
+            per_step = perstep.median(perstep.issued(m, kernels["launch_ts"])[runs])
+            cpu_us = perstep.median(perstep.issued(m, lo, hi - lo)[runs])
+            every = bool(runs.all())
+            per = "per step" if every else f"per step that runs it ({int(runs.sum())} of {len(runs)})"
+        else:
+            per_step, cpu_us, every = perstep.median(_per_span(kernels, spans)), float(spans["dur"].median()), True
+            per = "per optimizer step"
         if per_step < t["min_kernels_per_step"]:
             return []
         ops = ops_inside(a.model, spans)
@@ -70,13 +87,15 @@ class SingleTensorOptimizer(Rule):
             return []  # the optimizer's launches hide behind GPU work: nothing to win here
         opt = spans["name"].iloc[0].split("#", 1)[-1].split(".")[0]
         recorded = [o.as_dict() for o in runfacts.optimizers(a.facts, cls=opt)]
-        message = (f"Each `{opt}` step launches {per_step:.0f} kernels (median {kernels['gpu_us'].median():.1f} µs each) "
-                   f"and takes {spans['dur'].median() / 1e3:.2f} ms on the CPU; none of them is a foreach or fused kernel.")
+        message = (f"`{opt}` launches a median {perstep.count_text(per_step)} kernels {per} "
+                   f"(median {kernels['gpu_us'].median():.1f} µs each) and takes a median {cpu_us / 1e3:.2f} ms of "
+                   "CPU time in them; none of them is a foreach or fused kernel.")
         evidence = Evidence(
             steps=[s.number for s in m.steps],
             time_ranges_ms=[(a.rel_ms(s), a.rel_ms(e)) for s, e in zip(spans["ts"].head(5), spans["end"].head(5))],
             items=[{"name": str(n), "count": int(c)} for n, c in kernels["gpu_name"].value_counts().head(6).items()],
-            numbers={"kernels_per_step": round(per_step, 1), "optimizer_cpu_ms": round(float(spans["dur"].median()) / 1e3, 3),
+            numbers={"kernels_per_step": round(per_step, 1), "optimizer_cpu_ms": round(cpu_us / 1e3, 3),
+                     "statistic": "median step" if every else "median step running the optimizer",
                      "optimizer": opt, "recorded_settings": recorded[:1]},
         )
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis,
@@ -87,6 +106,13 @@ class SingleTensorOptimizer(Rule):
 
     def negative(self) -> TraceBuilder:
         return _loop("void at::native::multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor<float>>", per_param=0)
+
+
+def _per_span(kernels, spans) -> np.ndarray:
+    """The kernels launched inside each span, on the span's thread."""
+    lt, tid = kernels["launch_ts"].to_numpy(dtype=float), kernels["tid"].to_numpy()
+    return np.array([np.count_nonzero((lt >= s.ts) & (lt <= s.end) & (tid == s.tid)) for s in spans.itertuples()],
+                    dtype=float)
 
 
 def _loop(kernel: str, per_param: int) -> TraceBuilder:

@@ -20,8 +20,9 @@ for p in model.parameters():
 Code that reads `.grad` between steps must then handle `None`.
 
 ## Thresholds
-Fires when at least one `aten::zero_` runs inside `Optimizer.zero_grad` per profiled step (the PyTorch
-profiler's anti-pattern matcher flags any). The saving is the replay without those ops and kernels.
+Fires when at least one `aten::zero_` runs inside `Optimizer.zero_grad` in the median step (the report's
+statistic; over the steps that call it when some do not, as with gradient accumulation; the PyTorch profiler's anti-pattern matcher flags any). The saving is the replay without those
+ops and kernels; without a GPU timeline, the median step's zeroing CPU time over the median step.
 """
 
 from __future__ import annotations
@@ -50,28 +51,39 @@ class ZeroGrad(Rule):
         if spans.empty:
             return []
         zeros = ops_inside(a.model, spans, {"aten::zero_"})
-        nsteps = max(len(m.steps), 1)
-        if len(zeros) < self.thresholds["min_zero_ops_per_step"] * nsteps:
+        if zeros.empty:
+            return []
+        # per step: the median over the steps, the report's statistic (perstep), over those that call
+        # zero_grad when some do not (gradient accumulation)
+        runs = perstep.issued(m, spans["ts"]) > 0
+        runs = runs if runs.any() else np.ones(len(runs), dtype=bool)
+        every = bool(runs.all())
+        zeros_per_step = perstep.median(perstep.issued(m, zeros["ts"])[runs])
+        if zeros_per_step < self.thresholds["min_zero_ops_per_step"]:
             return []
         kernels = gpu_ops_launched_in(a.model, m.launches, spans)
+        kernels_per_step = perstep.median(perstep.issued(m, kernels["launch_ts"])[runs])
         corr = set(kernels["correlation"])
         saving, basis = a.predicted_saving(Scenario(
             "gradients set to None: no zeroing ops or fill kernels",
             cpu_removed=iv.union(zeros["ts"], zeros["end"]),
             gpu_scale=lambda ops: np.where(ops["correlation"].isin(corr), 0.0, 1.0)))
-        if saving is None:
-            saving, basis = 100 * zeros["dur"].sum() / max(m.per_step["dur_us"].sum(), 1e-9), "share of step time"
-        # per step: the median over the steps, the report's statistic (perstep)
-        cpu_ms = perstep.median(perstep.sums(m, zeros["ts"], zeros["dur"])) / 1e3
-        gpu_ms = perstep.median(perstep.sums(m, kernels["gpu_ts"], kernels["gpu_us"])) / 1e3
-        message = (f"`zero_grad` zeroes gradients in place: {len(zeros) / nsteps:.0f} `aten::zero_` ops per step "
-                   f"({cpu_ms:.2f} ms of CPU time and {len(kernels) / nsteps:.0f} fill kernels "
-                   f"({gpu_ms:.2f} ms of GPU time) per step, median).")
+        cpu_us = perstep.median(perstep.issued(m, zeros["ts"], zeros["dur"])[runs])
+        if saving is None:  # the median step's zeroing time over the median step
+            saving, basis = 100 * cpu_us / max(m.median_step_us, 1e-9), "share of the median step's time"
+        cpu_ms = cpu_us / 1e3
+        gpu_ms = perstep.median(perstep.sums(m, kernels["gpu_ts"], kernels["gpu_us"])[runs]) / 1e3
+        per = ("in the trace" if not m.steps else "per step" if every else
+               f"per step that calls it ({int(runs.sum())} of {len(runs)})")
+        message = (f"`zero_grad` zeroes gradients in place: {'a median ' if m.steps else ''}{perstep.count_text(zeros_per_step)} "
+                   f"`aten::zero_` ops {per} ({cpu_ms:.2f} ms of CPU time), launching {'a median ' if m.steps else ''}"
+                   f"{perstep.count_text(kernels_per_step)} fill kernels ({gpu_ms:.2f} ms of GPU time).")
         evidence = Evidence(
             steps=[s.number for s in m.steps],
             time_ranges_ms=[(a.rel_ms(t), a.rel_ms(e)) for t, e in zip(spans["ts"].head(5), spans["end"].head(5))],
             items=[{"name": n, "count": int(len(g))} for n, g in spans.groupby("name")],
-            numbers={"zero_ops_per_step": round(len(zeros) / nsteps, 1), "fill_kernels_per_step": round(len(kernels) / nsteps, 1)},
+            numbers={"zero_ops_per_step": round(zeros_per_step, 1), "fill_kernels_per_step": round(kernels_per_step, 1),
+                     "cpu_ms_per_step": round(cpu_ms, 3), "gpu_ms_per_step": round(gpu_ms, 3), "statistic": "traced window" if not m.steps else "median step" if every else "median step calling zero_grad"},
         )
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis,
                              advice="Call `optimizer.zero_grad(set_to_none=True)`.")]

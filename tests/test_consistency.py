@@ -11,6 +11,8 @@ engineer checks at once, never values:
 - a step length a finding's message quotes is the header's median step (never a mean step), and figures
   per step agree with the per-step table by the same statistic (no per-step figure above what the steps
   hold, no window total quoted as per step);
+- a figure a finding quotes per step is the median over the steps, and its evidence says so (host-sync's
+  blocked time per step is the per-step table's median sync time, never a total divided by the steps);
 - findings are ordered by severity, then saving;
 - a snapshot of several devices reports every one of them.
 
@@ -220,3 +222,33 @@ def test_per_step_figures_agree_with_the_per_step_table(key, tmp_root):
             for cause in f.evidence.numbers.get("cpu_during_idle") or []:
                 if cause["kind"] == "dataloader":  # idle time inside the waits: at most the wait, step by step
                     assert cause["ms_per_step"] <= float(ps["dataloader_us"].median()) / 1e3 + 0.01, (f.topic, cause)
+
+
+JOB_TOPICS = {"straggler", "comm-overlap"}  # they quote ranks' steps, by their own statistic
+
+
+@pytest.mark.parametrize("key", INPUTS)
+def test_a_per_step_figure_is_the_median_step(key, tmp_root):
+    """A finding that quotes a figure per step names its statistic (the median over the steps, as the header's
+    median step), and host-sync's blocked time per step and share agree with the per-step table's sync time
+    by that statistic: a total divided by the number of steps sits above the median whenever one step
+    blocks longer than the others."""
+    import numpy as np
+
+    a = analysed(key, tmp_root)
+    for r in a["reports"]:
+        if r.metrics is None:
+            continue
+        for f in r.findings:
+            if f.topic in JOB_TOPICS:
+                continue
+            n = f.evidence.numbers
+            if "per step" in f.message:
+                assert str(n.get("statistic", "")).startswith("median"), (f.topic, f.message)
+            if f.topic == "host-sync" and r.metrics.steps:
+                ps = r.metrics.per_step
+                median_sync_ms = float(np.median(ps["sync_us"])) / 1e3
+                assert n["blocked_ms_per_step"] == pytest.approx(median_sync_ms, rel=0.1, abs=0.05), \
+                    (n["blocked_ms_per_step"], median_sync_ms, float(ps["sync_us"].mean()) / 1e3)
+                step_ms = r.metrics.median_step_us / 1e3
+                assert n["blocked_share_pct"] == pytest.approx(100 * n["blocked_ms_per_step"] / step_ms, abs=0.15)

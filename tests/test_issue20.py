@@ -556,3 +556,179 @@ def test_item6_trace_only_handover_floor_is_not_a_stall(load_built):
             b.sync()
     b.finish()
     assert "dataloader-stall" in {f.topic for f in _analyze(load_built, b).findings}
+
+
+# ----------------------------------------------------------------------------------------------------
+# item 6, finished: every count and time a finding quotes "per step" is the median over the steps (the
+# header's statistic), never a total divided by the number of steps. Each fixture has three steps, one
+# of them (the middle one) holding ten times the work of the other two: the mean per step is four times
+# the median, so a mean sneaking back shows at once.
+
+OUTLIER = (1, 10, 1)  # work per step, as a multiple of the usual step's
+
+
+def _rule_finding(load_built, builder, topic):
+    r = _analyze(load_built, builder)
+    found = [f for f in r.findings if f.topic == topic]
+    assert found, [f.topic for f in r.findings]
+    return r, found[0]
+
+
+def _syncs_trace():
+    """2 syncs in a usual step, 20 in the outlier: each after GPU work the CPU could have overlapped."""
+    from gpuadvise.fixtures.builder import TraceBuilder
+
+    b = TraceBuilder()
+    for times in OUTLIER:
+        with b.step():
+            for _ in range(2 * times):
+                for _ in range(10):
+                    b.kernel("ampere_tf32_s1688gemm_64x64_nn", 200)
+                b.sync()
+                b.idle(1_500)  # Python work the GPU waits for
+    b.finish()
+    return b
+
+
+def test_item6_host_sync_counts_and_blocked_time_are_the_median_step(load_built):
+    from gpuadvise.analyzer.measure import perstep
+
+    r, f = _rule_finding(load_built, _syncs_trace(), "host-sync")
+    n, m = f.evidence.numbers, r.metrics
+    assert n["blocking_calls"] == 24 and n["per_step"] == 2  # 2, 20 and 2 syncs: the median 2, not the mean 8
+    assert "a median 2 per step" in f.message
+    s = m.syncs[~m.syncs["profiler_sync"]]
+    blocked = sorted(perstep.issued(m, s["ts"], s["dur"]))
+    assert n["blocked_ms_per_step"] == pytest.approx(blocked[1] / 1e3, abs=0.01)  # the middle step of three
+    assert n["blocked_share_pct"] == pytest.approx(100 * blocked[1] / m.median_step_us, abs=0.1)
+    assert f"{n['blocked_share_pct']:.1f}%" in f.message and n["statistic"] == "median step"
+    # the step that blocks ten times as long is named: the replay's saving counts it, the figures do not
+    assert n["outlier_steps"] == [m.steps[1].number] and f"Step {m.steps[1].number} blocked far longer" in f.message
+
+
+def _launches_trace():
+    """200 tiny kernels in a usual step, 2000 in the outlier, each behind 8 µs of Python."""
+    from gpuadvise.fixtures.builder import TraceBuilder
+
+    b = TraceBuilder(launch_us=12.0)
+    for times in OUTLIER:
+        with b.step():
+            for _ in range(200 * times):
+                b.kernel("void at::native::vectorized_elementwise_kernel<4, add>", 3)
+                b.idle(8)
+            b.sync()
+    b.finish()
+    return b
+
+
+def test_item6_launch_bound_kernels_per_step_are_the_median_step(load_built):
+    _, f = _rule_finding(load_built, _launches_trace(), "launch-bound")
+    assert f.evidence.numbers["kernels_per_step"] == 200  # not the mean 800
+    assert f.message.startswith("A median 200 kernels per step")
+
+
+def _zeroing_trace(work=OUTLIER):
+    """zero_grad(set_to_none=False): 40 parameters zeroed in a usual step, 400 in the outlier (`work`: the
+    multiple per step; 0, a micro-step of gradient accumulation that does not call zero_grad)."""
+    from gpuadvise.fixtures.builder import TraceBuilder
+
+    b = TraceBuilder()
+    for times in work:
+        with b.step():
+            if not times:
+                for _ in range(30):
+                    b.kernel("ampere_tf32_s1688gemm_64x64_nn", 150)
+                b.sync()
+                continue
+            with b.op("Optimizer.zero_grad#SGD.zero_grad", cat="user_annotation"):
+                for _ in range(40 * times):
+                    with b.op("aten::zero_"):
+                        with b.op("aten::fill_"):
+                            b.kernel("void at::native::vectorized_elementwise_kernel<4, FillFunctor<float>>", 8)
+                b.idle(5)
+            for _ in range(30):
+                b.kernel("ampere_tf32_s1688gemm_64x64_nn", 150)
+            b.sync()
+    b.finish()
+    return b
+
+
+def test_item6_zero_grad_counts_are_the_median_step(load_built):
+    _, f = _rule_finding(load_built, _zeroing_trace(), "zero-grad")
+    n = f.evidence.numbers
+    assert n["zero_ops_per_step"] == 40 and n["fill_kernels_per_step"] == 40  # not the mean 160
+    assert "a median 40 `aten::zero_` ops per step" in f.message and "a median 40 fill kernels" in f.message
+    assert f"({n['cpu_ms_per_step']:.2f} ms of CPU time)" in f.message
+
+
+def _per_tensor_optimizer_trace(work=OUTLIER):
+    """AdamW on the per-tensor path: 60 parameters × 3 kernels in a usual step, 600 × 3 in the outlier
+    (`work`: the multiple per step; 0, a micro-step of gradient accumulation without an optimizer step)."""
+    from gpuadvise.fixtures.builder import TraceBuilder
+
+    b = TraceBuilder()
+    for times in work:
+        with b.step():
+            for _ in range(30):
+                b.kernel("ampere_tf32_s1688gemm_64x64_nn", 20)
+            if not times:
+                b.sync()
+                continue
+            with b.op("Optimizer.step#AdamW.step", cat="user_annotation"):
+                for _ in range(60 * times):
+                    for _ in range(3):
+                        b.kernel("void at::native::vectorized_elementwise_kernel<4, AddFunctor<float>>", 3)
+                        b.idle(10)
+            b.sync()
+    b.finish()
+    return b
+
+
+def test_item6_single_tensor_optimizer_counts_are_the_median_step(load_built):
+    _, f = _rule_finding(load_built, _per_tensor_optimizer_trace(), "single-tensor-optimizer")
+    n = f.evidence.numbers
+    assert n["kernels_per_step"] == 180 and n["statistic"] == "median step"  # not the mean 720
+    assert "a median 180 kernels per step" in f.message
+    assert f"takes a median {n['optimizer_cpu_ms']:.2f} ms of CPU time" in f.message
+
+
+def _cpu_created_trace():
+    """A position tensor built on the CPU and copied: 2 in a usual step, 20 in the outlier."""
+    from gpuadvise.fixtures.builder import TraceBuilder
+
+    gemm = "ampere_tf32_s1688gemm_64x64_nn"
+    b = TraceBuilder()
+    for times in OUTLIER:
+        with b.step():
+            for _ in range(2 * times):
+                for _ in range(10):
+                    with b.op("aten::linear"):
+                        b.kernel(gemm, 300)
+                b.cpu("aten::arange", 12)
+                with b.op("aten::to"):
+                    with b.op("aten::_to_copy"):
+                        with b.op("aten::copy_"):
+                            b.copy("HtoD", "Pageable", "Device", nbytes=4096, dur=3)
+                b.idle(1_500)
+            b.sync()
+    b.finish()
+    return b
+
+
+def test_item6_cpu_created_tensors_copies_per_step_are_the_median_step(load_built):
+    _, f = _rule_finding(load_built, _cpu_created_trace(), "cpu-created-tensors")
+    n = f.evidence.numbers
+    assert n["copies_per_step"] == 2 and n["statistic"] == "median step"  # not the mean 8
+    assert f.message.startswith("A median 2 small host→device copies per step")
+    assert f"{n['copy_ms_per_step']:.3f} ms of copy time" in f.message
+
+
+def test_item6_optimizer_counts_under_gradient_accumulation_are_the_median_step_that_runs_it(load_built):
+    """One optimizer step (and zero_grad) in four micro-steps: the median over all steps would be 0 and
+    silence both rules; the figures are the median over the steps that run them, and say so."""
+    _, f = _rule_finding(load_built, _per_tensor_optimizer_trace(work=(0, 0, 0, 1)), "single-tensor-optimizer")
+    assert f.evidence.numbers["kernels_per_step"] == 180
+    assert "a median 180 kernels per step that runs it (1 of 4)" in f.message
+    _, f = _rule_finding(load_built, _zeroing_trace(work=(0, 1, 0, 1)), "zero-grad")
+    assert f.evidence.numbers["zero_ops_per_step"] == 40
+    assert "a median 40 `aten::zero_` ops per step that calls it (2 of 4)" in f.message

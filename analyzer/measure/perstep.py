@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import intervals as iv
-from .metrics import Metrics, step_windows
+from .metrics import Metrics, launch_steps, step_windows
 
 
 def windows(m: Metrics) -> tuple[np.ndarray, np.ndarray]:
@@ -27,6 +27,36 @@ def sums(m: Metrics, ts, values=None) -> np.ndarray:
     k = np.searchsorted(lo, ts, side="right") - 1
     inside = (k >= 0) & (ts < hi[np.clip(k, 0, None)]) if len(lo) else np.zeros(ts.shape, dtype=bool)
     return np.bincount(k[inside], weights=v[inside], minlength=len(lo)).astype(float)
+
+
+def issued(m: Metrics, ts, values=None) -> np.ndarray:
+    """Per step: the sum of `values` (a count without them) of the CPU-side events (calls, ops, launches
+    by their launch time) issued at `ts` in that step's iteration: the step whose CPU span holds them, a
+    call between two spans belonging to the earlier (`launch_steps`). Without steps: those in the window.
+    Unlike `sums`, which places events on the steps' timeline windows (a GPU-bound step's window is its
+    GPU time, later than the CPU span that issued its work), this counts what each iteration issued."""
+    if not m.steps:
+        return sums(m, ts, values)
+    ts = np.asarray(ts, dtype=float)
+    v = np.ones(ts.shape) if values is None else np.asarray(values, dtype=float)
+    k = launch_steps(m.steps, ts)
+    return np.bincount(k[k >= 0], weights=v[k >= 0], minlength=len(m.steps)).astype(float)
+
+
+def by_index(m: Metrics, step, values=None) -> np.ndarray:
+    """Per step: the sum of `values` (a count without them) of rows already placed on a step by index into
+    `m.steps` (a table's `step` column; −1: outside every step). Without steps: every row."""
+    step = np.asarray(step, dtype=np.int64)
+    v = np.ones(step.shape) if values is None else np.asarray(values, dtype=float)
+    if not m.steps:
+        return np.array([v.sum()], dtype=float)
+    return np.bincount(step[step >= 0], weights=v[step >= 0], minlength=len(m.steps)).astype(float)
+
+
+def count_text(n: float) -> str:
+    """A median count as the report writes it: whole, or with one decimal (the median of an even number
+    of steps can fall between two counts)."""
+    return f"{n:.0f}" if float(n).is_integer() else f"{n:.1f}"
 
 
 def covered(m: Metrics, starts, ends) -> np.ndarray:
