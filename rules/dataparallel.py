@@ -70,7 +70,7 @@ class DataParallelRule(Rule):
             saving, basis = 0.0, "not predicted: no GPU timeline"
         devices = sorted(int(d) for d in a.model.gpu["device"].unique()) if len(a.model.gpu) else []
         m = a.metrics
-        cpu_ms = perstep.median(perstep.sums(m, work["ts"], work["dur"])) / 1e3  # the report's statistic
+        cpu_ms = perstep.median(perstep.issued(m, work["ts"], work["dur"])) / 1e3  # the report's statistic
         message = (f"The model is wrapped in nn.DataParallel ({len(marker) or len(py_marker) or len(wrappers)} forward calls"
                    f"{f', GPU work on devices {devices}' if devices else ''}); its scatter/replicate/gather ops take "
                    f"{cpu_ms:.2f} ms of CPU time per step (median).")

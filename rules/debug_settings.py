@@ -172,7 +172,7 @@ class DebugSettings(Rule):
             return out
         ps = m.per_step
         wait = np.maximum(la["cpu_us"].to_numpy() - t["launch_cost_us"], 0.0) * blocked
-        out["wait_ms_per_step"] = round(perstep.median(perstep.sums(m, la["launch_ts"], wait)) / 1e3, 3)  # the report's statistic
+        out["wait_ms_per_step"] = round(perstep.median(perstep.issued(m, la["launch_ts"], wait)) / 1e3, 3)  # the report's statistic
         if out["blocking"]:
             # the replay runs these launches as the synchronous calls they were, then lets them go
             saving, basis = a.predicted_saving(Scenario("kernel launches no longer wait for their kernels",

@@ -112,9 +112,9 @@ class PageableMemcpy(Rule):
         held_ps, waiting_ps = _thread_time(m, pageable, calls)  # per step, in per_step order
         held_us, waiting_us = perstep.median(held_ps), perstep.median(waiting_ps)  # the header's statistic
         step_us = max(float(m.median_step_us), 1e-9)
-        per_step = perstep.median(perstep.sums(m, calls.drop_duplicates("correlation")["ts"]))
+        per_step = perstep.median(perstep.issued(m, calls.drop_duplicates("correlation")["ts"]))
         message = (f"{len(pageable)} host↔device copies ({pageable['bytes'].sum() / 2**20:.1f} MiB, "
-                   f"{pageable['dur'].sum() / 1e3:.2f} ms of copy time, a median {per_step:.0f} per step) go through "
+                   f"{pageable['dur'].sum() / 1e3:.2f} ms of copy time, a median {perstep.count_text(per_step)} per step) go through "
                    "pageable host memory, so each one blocks the CPU until the data is staged.")
         if 100 * waiting_us / step_us >= self.thresholds["min_wait_share_pct"]:
             # a few µs of copying can hold the thread for milliseconds: say so, or the copy time hides it
@@ -156,7 +156,7 @@ def _thread_time(m, pageable, calls) -> tuple[np.ndarray, np.ndarray]:
     start = pageable.groupby("correlation")["ts"].min()
     call = call[call.index.isin(start.index)]
     waited = np.clip(start.reindex(call.index).to_numpy() - call["ts"].to_numpy(), 0.0, call["dur"].to_numpy())
-    return perstep.sums(m, call["ts"], call["dur"]), perstep.sums(m, call["ts"], waited)
+    return perstep.issued(m, call["ts"], call["dur"]), perstep.issued(m, call["ts"], waited)
 
 
 def _pinned_bandwidth(a: Analysis, pageable) -> tuple[float, str]:
