@@ -35,8 +35,8 @@ least 1 % of step time, or, with no GPU timeline to replay, when they take at le
 Syncs while the GPU is saturated cost little and are not reported.
 Figures per step are the median over the steps (the header's statistic): calls, blocked time, and the
 share (the median step's blocked time over the median step). A step whose blocked time exceeds 3× the
-median step's plus 1 ms is named as an outlier: the per-step figures leave it out, the replay's saving
-(over the whole window) counts it.
+median step's plus 1 ms is named as an outlier (a one-off evaluation or checkpoint sync): the per-step
+figures and the replayed saving leave its syncs out, so one such step never carries the finding.
 Removing a scalar read in a loop also removes the ops that only compute its value (the norm behind
 `p.grad.norm().item()`), their launches, the copy and the Python around them (analyzer/measure/feeding.py
 finds them by repetition): the finding gives both predictions, the syncs alone and the syncs with that
@@ -53,6 +53,7 @@ from gpuadvise.analyzer.measure import perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.measure.feeding import Feeding, feeding_work
 from gpuadvise.analyzer.model.findings import Evidence
+from gpuadvise.analyzer.measure.metrics import launch_steps
 from gpuadvise.analyzer.model.calls import FREE_CALLS, SCALAR_OPS
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
@@ -83,14 +84,24 @@ class HostSync(Rule):
         blocked_us = perstep.median(blocked_ps)
         calls_per_step = perstep.median(perstep.issued(m, s["ts"]))
         share = 100 * blocked_us / step_us
-        keys = set(zip(s["ts"], s["tid"]))
+        # a step that blocks far longer than the median one is an outlier: named, and its syncs left out of
+        # the saving, so the saving stands on the same steps as the figures beside it
+        outlier = (blocked_ps > self.thresholds["outlier_x"] * blocked_us + 1_000.0) if m.steps else blocked_ps[:0] > 0
+        outlier_steps = [int(st.number) for st, out in zip(m.steps, outlier) if out]
+        counted = s
+        if outlier_steps:
+            k = launch_steps(m.steps, s["ts"].to_numpy(dtype=float))
+            counted = s[~((k >= 0) & outlier[np.maximum(k, 0)])]
+        left_out = (f" (outlier step{'s' if len(outlier_steps) > 1 else ''} {', '.join(map(str, outlier_steps))} left as "
+                    "they are)" if outlier_steps else "")
+        keys = set(zip(counted["ts"], counted["tid"]))
 
         def these(c):
             return np.array([(t, tid) in keys for t, tid in zip(c["ts"], c["tid"])], dtype=bool)
 
-        saving, basis = a.predicted_saving(Scenario("these syncs removed", unblock=these))
+        saving, basis = a.predicted_saving(Scenario("these syncs removed" + left_out, unblock=these))
         alone = saving
-        feeding = feeding_work(a.model, s, len(m.steps))
+        feeding = feeding_work(a.model, counted, len(m.steps))
         with_work = None
         if feeding.reads and saving is not None:
             with_work, work_basis = a.predicted_saving(_without_feeding(these, feeding, a.replay))
@@ -129,15 +140,11 @@ class HostSync(Rule):
             held = f" ({share:.1f}% of the traced window)"
         message = (f"{len(s)} blocking calls{per} hold the CPU for {s['dur'].sum() / 1e3:.2f} ms in total{held}. The largest share is "
                    f"{int(top['count'])}× `{top['name']}` ({top['kind']}){inside}{where}: {top['total_us'] / 1e3:.2f} ms.")
-        # a step that blocks far longer than the median one: the per-step figures leave it out, the replay
-        # (over the whole window) counts it; say so, or the saving looks larger than the figures beside it
-        outlier = (blocked_ps > self.thresholds["outlier_x"] * blocked_us + 1_000.0) if m.steps else blocked_ps[:0] > 0
-        outlier_steps = [int(st.number) for st, out in zip(m.steps, outlier) if out]
         if outlier_steps:
             many = len(outlier_steps) > 1
             message += (f" Step{'s' if many else ''} {', '.join(map(str, outlier_steps))} blocked far longer (up to "
-                        f"{float(blocked_ps[outlier].max()) / 1e3:.2f} ms): {'outliers' if many else 'an outlier'} the "
-                        "per-step figures leave out and the predicted saving, over the whole window, counts.")
+                        f"{float(blocked_ps[outlier].max()) / 1e3:.2f} ms): {'outliers' if many else 'an outlier'}, left "
+                        "out of the per-step figures and of the predicted saving.")
         advice = "Remove the syncs from the loop, or move them to where the value is really needed."
         if with_work is not None:
             headline = "the larger, headline" if with_work >= alone else "the headline is the syncs alone"

@@ -602,8 +602,29 @@ def test_item6_host_sync_counts_and_blocked_time_are_the_median_step(load_built)
     assert n["blocked_ms_per_step"] == pytest.approx(blocked[1] / 1e3, abs=0.01)  # the middle step of three
     assert n["blocked_share_pct"] == pytest.approx(100 * blocked[1] / m.median_step_us, abs=0.1)
     assert f"{n['blocked_share_pct']:.1f}%" in f.message and n["statistic"] == "median step"
-    # the step that blocks ten times as long is named: the replay's saving counts it, the figures do not
+    # the step that blocks ten times as long is named, and left out of the figures and of the saving alike
     assert n["outlier_steps"] == [m.steps[1].number] and f"Step {m.steps[1].number} blocked far longer" in f.message
+    assert f"outlier step {m.steps[1].number} left as" in f.impact.basis
+
+
+def test_item6_one_steps_syncs_never_carry_host_sync(load_built):
+    # syncs in one step of five (a one-off evaluation or checkpoint): an outlier, not the loop's habit
+    from gpuadvise.fixtures.builder import TraceBuilder
+
+    b = TraceBuilder()
+    for i in range(5):
+        with b.step():
+            for _ in range(20 if i == 2 else 1):
+                for _ in range(10):
+                    b.kernel("ampere_tf32_s1688gemm_64x64_nn", 200)
+                if i == 2:
+                    b.sync()
+                    b.idle(1_500)
+    b.finish()
+    from gpuadvise.analyzer.run.single import analyze_model
+
+    r = analyze_model(load_built(b))
+    assert "host-sync" not in {f.topic for f in r.findings}
 
 
 def _launches_trace():
