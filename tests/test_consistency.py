@@ -144,21 +144,27 @@ def test_no_fix_is_advertised_at_zero(key, tmp_root):
 
 @pytest.mark.parametrize("key", INPUTS)
 def test_a_finding_quotes_the_reports_own_steps(key, tmp_root):
-    a = analysed(key, tmp_root)
+    for r, f in _step_findings(analysed(key, tmp_root), skip={"straggler"}):
+        n = f.evidence.numbers
+        if "median_step_ms" in n:
+            assert n["median_step_ms"] == pytest.approx(r.metrics.median_step_us / 1e3, abs=0.02), f.topic
+        if f.topic == "dataloader-stall":
+            # the headline share is the median step's: its wait over its length (per-step spread aside)
+            assert n["statistic"] == "median step"
+            removable = n["median_dataloader_ms_per_step"] - n.get("handover_floor_ms", 0.0)  # beyond the hand-over
+            ratio = 100 * removable / max(n["median_step_ms"], 1e-9)
+            assert n["dataloader_share_pct"] == pytest.approx(ratio, rel=0.35, abs=1.0)
+
+
+def _step_findings(a: dict, skip: set[str]):
+    """(report, finding) for every finding of a report with step metrics, but those whose topic is in
+    `skip` (job findings quote ranks' steps, not this report's)."""
     for r in a["reports"]:
         if r.metrics is None:
             continue
-        median_ms = r.metrics.median_step_us / 1e3
         for f in r.findings:
-            n = f.evidence.numbers
-            if "median_step_ms" in n and f.topic != "straggler":
-                assert n["median_step_ms"] == pytest.approx(median_ms, abs=0.02), f.topic
-            if f.topic == "dataloader-stall":
-                # the headline share is the median step's: its wait over its length (per-step spread aside)
-                assert n["statistic"] == "median step"
-                removable = n["median_dataloader_ms_per_step"] - n.get("handover_floor_ms", 0.0)  # beyond the hand-over
-                ratio = 100 * removable / max(n["median_step_ms"], 1e-9)
-                assert n["dataloader_share_pct"] == pytest.approx(ratio, rel=0.35, abs=1.0)
+            if f.topic not in skip:
+                yield r, f
 
 
 @pytest.mark.parametrize("key", INPUTS)
@@ -193,18 +199,12 @@ STEP_QUOTE = re.compile(r"(?:median|mean) step (\d+(?:\.\d+)?) ms|each (\d+(?:\.
 
 @pytest.mark.parametrize("key", INPUTS)
 def test_a_quoted_step_is_the_headers_median_step(key, tmp_root):
-    a = analysed(key, tmp_root)
-    for r in a["reports"]:
-        if r.metrics is None:
-            continue
+    for r, f in _step_findings(analysed(key, tmp_root), skip={"straggler"}):
         median_ms = r.metrics.median_step_us / 1e3
-        for f in r.findings:
-            if f.topic == "straggler":  # quotes ranks' steps, not this report's
-                continue
-            assert "mean step" not in f.message, (f.topic, f.message)
-            for hit in STEP_QUOTE.finditer(f.message):
-                quoted = float(next(g for g in hit.groups() if g))
-                assert quoted == pytest.approx(median_ms, abs=0.051), (f.topic, hit.group(0), median_ms)
+        assert "mean step" not in f.message, (f.topic, f.message)
+        for hit in STEP_QUOTE.finditer(f.message):
+            quoted = float(next(g for g in hit.groups() if g))
+            assert quoted == pytest.approx(median_ms, abs=0.051), (f.topic, hit.group(0), median_ms)
 
 
 @pytest.mark.parametrize("key", INPUTS)
@@ -235,20 +235,14 @@ def test_a_per_step_figure_is_the_median_step(key, tmp_root):
     blocks longer than the others."""
     import numpy as np
 
-    a = analysed(key, tmp_root)
-    for r in a["reports"]:
-        if r.metrics is None:
-            continue
-        for f in r.findings:
-            if f.topic in JOB_TOPICS:
-                continue
-            n = f.evidence.numbers
-            if "per step" in f.message:
-                assert str(n.get("statistic", "")).startswith("median"), (f.topic, f.message)
-            if f.topic == "host-sync" and r.metrics.steps:
-                ps = r.metrics.per_step
-                median_sync_ms = float(np.median(ps["sync_us"])) / 1e3
-                assert n["blocked_ms_per_step"] == pytest.approx(median_sync_ms, rel=0.1, abs=0.05), \
-                    (n["blocked_ms_per_step"], median_sync_ms, float(ps["sync_us"].mean()) / 1e3)
-                step_ms = r.metrics.median_step_us / 1e3
-                assert n["blocked_share_pct"] == pytest.approx(100 * n["blocked_ms_per_step"] / step_ms, abs=0.15)
+    for r, f in _step_findings(analysed(key, tmp_root), skip=JOB_TOPICS):
+        n = f.evidence.numbers
+        if "per step" in f.message:
+            assert str(n.get("statistic", "")).startswith("median"), (f.topic, f.message)
+        if f.topic == "host-sync" and r.metrics.steps:
+            ps = r.metrics.per_step
+            median_sync_ms = float(np.median(ps["sync_us"])) / 1e3
+            assert n["blocked_ms_per_step"] == pytest.approx(median_sync_ms, rel=0.1, abs=0.05), \
+                (n["blocked_ms_per_step"], median_sync_ms, float(ps["sync_us"].mean()) / 1e3)
+            step_ms = r.metrics.median_step_us / 1e3
+            assert n["blocked_share_pct"] == pytest.approx(100 * n["blocked_ms_per_step"] / step_ms, abs=0.15)

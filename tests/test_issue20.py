@@ -151,13 +151,14 @@ def test_item6_compare_reports_the_fixed_dataloader_stall_resolved(tmp_path):
     assert desc in outs["text"] and desc in outs["md"]
 
 
-def _loader_trace(first_wait_us: float, wait_us: float, steps: int = 3):
+def _loader_trace(first_wait_us: float, wait_us: float, steps: int = 3,
+                  loader: str = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"):
     from gpuadvise.fixtures.builder import TraceBuilder
 
     b = TraceBuilder()
     for i in range(steps):
         with b.step():
-            b.cpu("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", first_wait_us if i == 0 else wait_us)
+            b.cpu(loader, first_wait_us if i == 0 else wait_us)
             for _ in range(20):
                 b.kernel("ampere_bf16_s16816gemm_bf16_128x128_nn", 400)
             b.sync()
@@ -544,17 +545,9 @@ def test_item6_trace_only_handover_floor_is_not_a_stall(load_built):
     assert 100 * float(r.metrics.per_step["dataloader_us"].median()) / r.metrics.median_step_us >= 5.0
     assert "dataloader-stall" not in {f.topic for f in r.findings}
     # the same waits on the training thread (num_workers=0) are loading: a stall
-    from gpuadvise.fixtures.builder import TraceBuilder
     from gpuadvise.rules.dataloader_stall import SINGLE
 
-    b = TraceBuilder()
-    for _ in range(4):
-        with b.step():
-            b.cpu(SINGLE, 1_500)
-            for _ in range(20):
-                b.kernel("ampere_bf16_s16816gemm_bf16_128x128_nn", 400)
-            b.sync()
-    b.finish()
+    b = _loader_trace(1_500, 1_500, steps=4, loader=SINGLE)
     assert "dataloader-stall" in {f.topic for f in _analyze(load_built, b).findings}
 
 

@@ -387,7 +387,15 @@ def _device_wide_waits(g: nx.DiGraph, calls: pd.DataFrame, ops: pd.DataFrame, ow
     last op (by end) of each stream among those. Where the op had long finished in the trace, the edge
     costs nothing in the baseline; it binds when a scenario makes the CPU reach the call sooner."""
     wide = calls.index[calls["name"].isin(DEVICE_WIDE).to_numpy()].to_numpy()
-    if not len(wide) or not len(ops):
+    for i, k in _last_ops_before(wide, ops, owner, call_ts):
+        if not g.has_edge(("ge", k), ("d", i)):
+            g.add_edge(("ge", k), ("d", i), base=WAKE_US, kind="wait", call=i)
+
+
+def _last_ops_before(idx: np.ndarray, ops: pd.DataFrame, owner: np.ndarray, call_ts: np.ndarray):
+    """(call i, op k) for each call in `idx` and each stream: k is the op with the latest end among those
+    the stream had launched before the call, the one a device-wide wait at that call waits for."""
+    if not len(idx) or not len(ops):
         return
     launched_at = np.where(owner >= 0, call_ts[np.maximum(owner, 0)], -np.inf)
     ends, streams = ops["end"].to_numpy(), ops["stream"].to_numpy()
@@ -398,10 +406,9 @@ def _device_wide_waits(g: nx.DiGraph, calls: pd.DataFrame, ops: pd.DataFrame, ow
         by_launch = on[np.argsort(launched_at[on], kind="stable")]
         # running "op with the latest end" in launch order: the one a sync at time t waits for
         best = by_launch[_argmax_accumulate(ends[by_launch])]
-        js = np.searchsorted(launched_at[by_launch], call_ts[wide], side="left") - 1
-        for i, j in zip(wide[js >= 0].tolist(), js[js >= 0].tolist()):
-            if not g.has_edge(("ge", int(best[j])), ("d", i)):
-                g.add_edge(("ge", int(best[j])), ("d", i), base=WAKE_US, kind="wait", call=int(i))
+        js = np.searchsorted(launched_at[by_launch], call_ts[idx], side="left") - 1
+        for i, j in zip(idx[js >= 0].tolist(), js[js >= 0].tolist()):
+            yield int(i), int(best[j])
 
 
 def _allocator_drains(g: nx.DiGraph, calls: pd.DataFrame, ops: pd.DataFrame, owner: np.ndarray,
@@ -421,19 +428,11 @@ def _allocator_drains(g: nx.DiGraph, calls: pd.DataFrame, ops: pd.DataFrame, own
     idx = np.flatnonzero(driver)
     if not idx.size or not len(ops):
         return
-    launched_at = np.where(owner >= 0, call_ts[np.maximum(owner, 0)], -np.inf)
-    ends, streams = ops["end"].to_numpy(), ops["stream"].to_numpy()
+    ends = ops["end"].to_numpy()
     call_end = calls["end"].to_numpy(dtype=np.float64)
     waits: dict[int, list[int]] = {int(i): [] for i in idx}
-    for stream in np.unique(streams):
-        on = np.flatnonzero((streams == stream) & (owner >= 0))
-        if not on.size:
-            continue
-        by_launch = on[np.argsort(launched_at[on], kind="stable")]
-        best = by_launch[_argmax_accumulate(ends[by_launch])]
-        js = np.searchsorted(launched_at[by_launch], call_ts[idx], side="left") - 1
-        for i, j in zip(idx[js >= 0].tolist(), js[js >= 0].tolist()):
-            waits[i].append(int(best[j]))
+    for i, k in _last_ops_before(idx, ops, owner, call_ts):
+        waits[i].append(k)
     for i, ks in waits.items():
         if not ks:
             continue
