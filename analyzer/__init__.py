@@ -11,10 +11,3 @@ The rules (gpuadvise.rules) sit between measure/ and report/: they read `measure
 and return `model.findings.Finding`s.
 """
 
-
-def __getattr__(name):
-    if name == "analyze_paths":  # public entry point, imported lazily so `import gpuadvise.analyzer` stays cheap
-        from gpuadvise.analyzer.run.engine import analyze_paths
-
-        return analyze_paths
-    raise AttributeError(name)

@@ -9,13 +9,13 @@ cycling through the modes for `--rounds` rounds:
 - plain: no profiler;
 - CPU activity only (plus CUDA activity on a GPU): the leanest recording;
 - + shapes / + stacks / + profile_memory: one option on top;
-- old defaults: what `gpuadvise profile` recorded before issue 12 (shapes on; on a GPU also CUDA
+- old defaults: what `gpuadvise profile` recorded before the lean defaults (shapes on; on a GPU also CUDA
   memory history, which ran through the window);
 - new defaults: the window `gpuadvise profile` records now (no shapes: the matmul shapes come from
   a probe step outside the window; CUDA memory history runs after it);
-- new defaults + loader sampling: the same with the DataLoader sampler on (capture/loaderprobe.py:
+- new defaults + loader sampling: the same with the DataLoader sampler on (harness/loaderprobe.py:
   pyinstrument inside each batch build, the waits timed), as `gpuadvise profile` records the window
-  since issue 23. Its cost is on the training thread only with `num_workers=0` (train_stall.py);
+  with DataLoader sampling. Its cost is on the training thread only with `num_workers=0` (train_stall.py);
   with workers it is paid in the workers.
 Each step's wall time and thread CPU time are taken at the hook, outside the profiler's start/stop;
 the first step of every segment, and a step without profiler between segments, are dropped (for
@@ -29,7 +29,7 @@ Part 2 (`--e2e N`): the whole `gpuadvise profile` command, old and new defaults,
 ratio it writes into run.json (`steps.overhead_x`, recorded steps over the same run's unprofiled
 ones) and the wall time of the run.
 
-Part 3 (`--compiled N`): the torch.compile recorder (gpuadvise/capture/compiled.py) on its own: an
+Part 3 (`--compiled N`): the torch.compile recorder (gpuadvise/harness/compiled.py) on its own: an
 uncompiled loop (train_healthy.py) and a compiled one (train_compiled.py, `--backend`), each run N
 times in fresh processes with the recorder installed and without, alternating: the first step
 (compilation) and the median of steps 10+ (steady state), in thread CPU time at the optimizer hook.
@@ -70,7 +70,7 @@ def child(example: str, rounds: int, seg: int) -> None:
                "+ profile_memory": {"profile_memory": True}, "old defaults": {"record_shapes": True},
                "new defaults": {}, "new defaults + loader sampling": {}}
     sys.path.insert(0, str(REPO))
-    from gpuadvise.capture import loaderprobe
+    from gpuadvise.harness import loaderprobe
 
     probe_dir = tempfile.mkdtemp(prefix="bench-loader-")
     probe = loaderprobe.Probe(probe_dir)
@@ -212,7 +212,7 @@ def compile_child(example: str, mode: str, backend: str) -> None:
     # thread CPU time: on a shared machine wall time mostly measures the wait for a core
     stamps = [time.thread_time()]
     register_optimizer_step_post_hook(lambda *a: stamps.append(time.thread_time()))
-    from gpuadvise.capture import compiled  # imported in both modes: only the install differs
+    from gpuadvise.harness import compiled  # imported in both modes: only the install differs
 
     if mode == "recorder":
         compiled.install(torch, lambda: (len(stamps) - 1, "wait"))

@@ -89,7 +89,7 @@ class DataloaderStall(Rule):
         outlier = waits > self.thresholds["outlier_x"] * median_wait + 1_000.0
         in_window = dl[dl["step"] >= 0] if m.steps else dl
         single = bool(in_window["single_process"].any())
-        measured = runfacts.loader_profile(a.facts)  # gpuadvise profile sampled the loading (issue 23)
+        measured = runfacts.loader_profile(a.facts)  # gpuadvise profile sampled the loading
         # with workers running, part of each wait is the hand-over of a ready batch, which more workers cannot
         # remove: the share that fires, the figures and the saving are of the rest
         floor = 0.0 if single else handover_floor_us(waits[~outlier], median_wait, measured,
@@ -197,7 +197,7 @@ class DataloaderStall(Rule):
         return b
 
 
-# -- issue 23: what `gpuadvise profile` measured of the loading (run.json `capture.loader`) ------------------------
+# -- what `gpuadvise profile` measured of the loading (run.json `capture.loader`) ------------------------
 
 ENTRY_POINTS = {"__getitem__", "__getitems__", "__iter__", "__next__"}
 

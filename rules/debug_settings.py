@@ -53,7 +53,7 @@ from gpuadvise.analyzer.measure import intervals as iv, perstep
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence, severity_for
-from gpuadvise.analyzer.measure.metrics import ops_inside
+from gpuadvise.analyzer.measure.spans import ops_inside
 from gpuadvise.analyzer.model.calls import LAUNCH_CALLS
 from gpuadvise.analyzer.model.trace import name_mask, names_in
 from gpuadvise.analyzer.measure.whatif import Scenario
@@ -170,7 +170,6 @@ class DebugSettings(Rule):
         out["blocking"] = bool(len(la) >= t["min_launches"] and blocked.mean() >= t["blocking_launch_share"])
         if not blocked.any():
             return out
-        ps = m.per_step
         wait = np.maximum(la["cpu_us"].to_numpy() - t["launch_cost_us"], 0.0) * blocked
         out["wait_ms_per_step"] = round(perstep.median(perstep.issued(m, la["launch_ts"], wait)) / 1e3, 3)  # the report's statistic
         if out["blocking"]:

@@ -53,7 +53,7 @@ from gpuadvise.analyzer.measure import perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.measure.feeding import Feeding, feeding_work
 from gpuadvise.analyzer.model.findings import Evidence
-from gpuadvise.analyzer.measure.metrics import launch_steps
+from gpuadvise.analyzer.measure.steps import launch_steps
 from gpuadvise.analyzer.model.calls import FREE_CALLS, SCALAR_OPS
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder

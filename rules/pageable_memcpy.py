@@ -44,7 +44,7 @@ from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.model.kernels import pinned_copy_gbps
 from gpuadvise.analyzer.measure import perstep
-from gpuadvise.analyzer.measure.metrics import attribute
+from gpuadvise.analyzer.measure.source_lines import attribute
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 

@@ -38,7 +38,7 @@ import numpy as np
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.findings import Evidence
-from gpuadvise.analyzer.measure.metrics import annotation_spans, gpu_ops_launched_in, ops_inside
+from gpuadvise.analyzer.measure.spans import annotation_spans, gpu_ops_launched_in, ops_inside
 from gpuadvise.analyzer.measure import intervals as iv, perstep
 from gpuadvise.analyzer.model.trace import name_mask
 from gpuadvise.analyzer.measure.whatif import Scenario

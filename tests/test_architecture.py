@@ -3,7 +3,8 @@ way through the analysis layers, and every package folder is installed.
 
 Imports are read from the source (ast), lazy ones inside functions included: a cycle hidden in a
 function is still a cycle a reader has to untangle. Imports under `if TYPE_CHECKING:` are left out
-(they never run).
+(they never run). Importing `a.b.c` runs `a/b/__init__.py` first, so an import also depends on the
+packages around its target, except those around the importer itself (already running by then).
 """
 
 from __future__ import annotations
@@ -80,8 +81,15 @@ def _imports(module: str, path: Path) -> set[str]:
             visit(child)
 
     visit(tree)
+    out |= {p for dep in out for p in _packages_around(dep)} - _packages_around(module) - {module}
     out.discard(module)
     return out
+
+
+def _packages_around(module: str) -> set[str]:
+    """The project packages whose __init__ runs before `module` (a.b.c → a.b, a)."""
+    parts = module.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in MODULES}
 
 
 def _graph() -> nx.DiGraph:
@@ -101,6 +109,21 @@ def test_the_scan_sees_the_package():
     assert "gpuadvise.analyzer.read.loader" in MODULES and "gpuadvise.rules.dataloader_stall" in MODULES
     assert "gpuadvise.analyzer.read.stream" in set(GRAPH.successors("gpuadvise.analyzer.read.loader"))
     assert GRAPH.number_of_edges() > 100
+
+
+def test_an_import_depends_on_the_package_around_its_target():
+    # guards the scan: the public API imports the harness's session, so it runs the harness's __init__
+    assert "gpuadvise.harness" in set(GRAPH.successors("gpuadvise.api.capture"))
+    assert "gpuadvise.api" not in set(GRAPH.successors("gpuadvise.api.capture"))  # its own package
+
+
+def test_capture_is_a_plain_function():
+    import inspect
+
+    import gpuadvise
+    import gpuadvise.harness.session  # noqa: F401 - importing the harness must not replace it
+
+    assert inspect.isfunction(gpuadvise.capture)
 
 
 def test_no_import_cycles():
@@ -157,12 +180,13 @@ def test_renderers_never_import_the_rule_catalog():
 # The consumers of an analysis get it from run/'s package API (`run.analyze`, `run.resolve_inputs`) and
 # read the model's types; they never read traces, measure or run rules themselves. run.gate (the CI
 # gate's argument parsing) and run.cli (the analyze subcommand) are not analysis.
-CONSUMERS = ("gpuadvise.tui", "gpuadvise.analyzer.compare", "gpuadvise.capture", "gpuadvise.api")
+CONSUMERS = ("gpuadvise.tui", "gpuadvise.analyzer.compare", "gpuadvise.harness", "gpuadvise.api")
 PAST_RUN = ("gpuadvise.analyzer.read", "gpuadvise.analyzer.measure", "gpuadvise.analyzer.run")
 RUN_ALLOWED = ("gpuadvise.analyzer.run", "gpuadvise.analyzer.run.gate")
 # What the timeline draws with, not analysis: interval arithmetic (the call-name lists that lanes are
 # coloured by live in model/calls.py, which any consumer may read).
-DRAWING_HELPERS = {"gpuadvise.tui.timeline_index": ("gpuadvise.analyzer.measure.intervals",)}
+DRAWING_HELPERS = {"gpuadvise.tui.timeline_index": ("gpuadvise.analyzer.measure.intervals",
+                                                    "gpuadvise.analyzer.measure")}  # its package: no code
 
 
 def _inside(mod: str, package: str) -> bool:

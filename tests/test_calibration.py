@@ -1,4 +1,4 @@
-"""The profiler's own cost (issue 12): run.json's unprofiled step time calibrates the replay, and every
+"""The profiler's own cost: run.json's unprofiled step time calibrates the replay, and every
 CPU-dependent prediction is made on the calibrated replay."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 12, the capture side: `gpuadvise profile` times the run it does not profile, records a lean
+"""The capture side of the profiler's cost: `gpuadvise profile` times the run it does not profile, records a lean
 window (matmul shapes from a one-step probe), finds steps in loops without an optimizer or a
 DataLoader, and keeps the profiler's own stderr noise away from the user's.
 
@@ -20,8 +20,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpuadvise.capture import quiet  # noqa: E402
-from gpuadvise.capture.steptimes import StepTimes  # noqa: E402
+from gpuadvise.harness import quiet  # noqa: E402
+from gpuadvise.harness.steptimes import StepTimes  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 EXAMPLES = HERE.parent / "examples"
@@ -549,7 +549,7 @@ def _mm(name, ts, tid=1, **args):
 
 @pytest.mark.parametrize("indent", [None, 2], ids=["compact", "pretty"])
 def test_annotate_copy_adds_the_probes_shapes_and_changes_nothing_else(tmp_path, indent):
-    from gpuadvise.capture import shapes
+    from gpuadvise.harness import shapes
 
     dims_a = {"Input Dims": [[8, 24], [24, 24]], "Input type": ["c10::BFloat16", "c10::BFloat16"]}
     dims_b = {"Input Dims": [[8, 24], [24, 7]], "Input type": ["c10::BFloat16", "c10::BFloat16"]}
@@ -572,7 +572,7 @@ def test_annotate_copy_adds_the_probes_shapes_and_changes_nothing_else(tmp_path,
 
 
 def test_annotate_copy_leaves_a_thread_whose_matmuls_differ(tmp_path):
-    from gpuadvise.capture import shapes
+    from gpuadvise.harness import shapes
 
     dims = {"Input Dims": [[8, 24], [24, 24]], "Input type": ["float", "float"]}
     probe = tmp_path / "probe.json"

@@ -1,4 +1,4 @@
-"""Advice for compiled training (issue 22): what `gpuadvise profile` records about torch.compile, and the
+"""Advice for compiled training: what `gpuadvise profile` records about torch.compile, and the
 findings it leads to.
 
 End to end, with real torch.compile on the CPU (dynamo with the `eager` / `aot_eager` backends: they
@@ -21,7 +21,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpuadvise.capture import compiled  # noqa: E402
+from gpuadvise.harness import compiled  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PROBE = HERE / "probes" / "compiled_train.py"

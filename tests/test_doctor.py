@@ -217,7 +217,7 @@ def fake(monkeypatch):
 
 def test_documented_cuda_api_exists_in_the_installed_torch():
     """The fake stands for these names: they must be real in the torch this project runs with."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     import torch.cuda.nccl
 
     for obj, name in [(torch.cuda, n) for n in ("is_available", "device_count", "get_device_properties",

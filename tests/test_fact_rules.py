@@ -353,7 +353,7 @@ def test_activations_dominate_cheapest_remedy_first():
     assert [r["frees_gib"] for r in n["remedies"]] == [10.0, 10.0, 20.0] and all(r["covers_need"] for r in n["remedies"])
     first = f.recommendation.split("\n")[0]
     assert "30.00 GiB at the peak, 10.00 GiB of it outlives the step" in first and "1. bf16 autocast: frees about 10.00 GiB if the activations are fp32 today" in first
-    assert "(the input does not record their dtype) (enough)" in first  # what the estimate rests on (issue 20)
+    assert "(the input does not record their dtype) (enough)" in first  # what the estimate rests on
 
 
 def test_only_checkpointing_covers_a_large_gap():

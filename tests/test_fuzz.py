@@ -1,4 +1,4 @@
-"""Fuzzing the trace reader and everything behind it (issue 7).
+"""Fuzzing the trace reader and everything behind it.
 
 Property, for every input: loading it, analysing it and rendering it in all three formats either gives a
 clean report or raises `InputError` with a one-line message. Any other exception is a bug, and so is a

@@ -174,7 +174,7 @@ def test_gpu_bound_step_is_the_measured_step(run, report):
     s = doc["traces"][0]
     measured = measured_step_ms(run)
     if (s["gpu_busy_in_steps_pct"] or 0) < GPU_BOUND_BUSY_PCT:
-        pytest.skip(f"{run} is not GPU-bound under the profiler: its step carries profiler overhead (issue 12)")
+        pytest.skip(f"{run} is not GPU-bound under the profiler: its step carries profiler overhead")
     if s["step_breakdown_ms"].get("dataloader", 0) > 0:
         pytest.skip(f"{run} reads from a DataLoader: the three traced steps may sit on prefetched batches")
     assert s["median_step_ms"] == pytest.approx(measured, rel=STEP_TOL), (

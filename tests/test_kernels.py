@@ -127,7 +127,7 @@ def test_pinned_bandwidth_follows_the_pcie_generation():
         > pinned_copy_gbps(Device(0, "Tesla V100", 7, 0))
 
 
-# -- compiled work (issue 22) -------------------------------------------------------------------------
+# -- compiled work ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name, kind", [
     ("triton_poi_fused__unsafe_view_mul_silu_2", "pointwise"),
     ("triton_red_fused_add_mean_mul_pow_rsqrt_0", "reduction"),

@@ -1,4 +1,4 @@
-"""Issue 23, part 1: where the DataLoader's time goes.
+"""Where the DataLoader's time goes.
 
 End to end (real `gpuadvise profile` runs on the CPU): a dataset whose `__getitem__` spends its time
 in one named function, loaded in the training process and in two workers (forked, and spawned); the

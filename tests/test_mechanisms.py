@@ -1,4 +1,4 @@
-"""Predictions that hold on real models (issue 19): one fixture per mechanism the replay must model, each
+"""Predictions that hold on real models: one fixture per mechanism the replay must model, each
 written to a file, loaded with the real loader and analysed as `gpuadvise analyze` would. The expected
 savings are derived on paper in each fixture's docstring (fixtures/mechanisms.py); a prediction must land
 within ±25 % of it, or ±5 points.
@@ -165,16 +165,16 @@ def test_a_replay_of_middle_steps_reproduces_them_and_predicts_the_same(budget, 
     # a window of middle steps starts with the previous step's GPU work queued (left out) and ends with its
     # own last step's GPU work still running: the unrecorded graph work must be a wait of its length, not a
     # fixed time, or the replay over-runs the steps and the copies' fix saves nothing
-    from gpuadvise.analyzer.measure import whatif
+    from gpuadvise.analyzer.measure import replay_graph
     from gpuadvise.analyzer.measure.metrics import compute
 
     model = load_trace(mx.blocking_copy_behind_collectives().write(tmp_path / "t.json.gz"), cache=False)
     metrics = compute(model)
-    monkeypatch.setattr(whatif, "NODE_BUDGET", budget)  # room for only a few of the 6 steps
-    replay = whatif.build(model, metrics)
+    monkeypatch.setattr(replay_graph, "NODE_BUDGET", budget)  # room for only a few of the 6 steps
+    replay = replay_graph.build(model, metrics)
     assert 2 <= replay.steps < len(metrics.steps) and replay.window[0] > metrics.steps[0].start
     assert replay.baseline_us == pytest.approx(replay.actual_us, rel=0.05)
-    copies = whatif.Scenario("copies stop blocking", unblock=lambda c: c["name"].eq("cudaMemcpyAsync").to_numpy())
+    copies = Scenario("copies stop blocking", unblock=lambda c: c["name"].eq("cudaMemcpyAsync").to_numpy())
     assert within(replay.saving_pct(copies), mx.PAPER["blocking_copy"]), replay.saving_pct(copies)
 
 

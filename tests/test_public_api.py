@@ -1,4 +1,4 @@
-"""Issue 23, part 2: gpuadvise from Python and notebooks, through the public API only."""
+"""gpuadvise from Python and notebooks, through the public API only."""
 
 from __future__ import annotations
 

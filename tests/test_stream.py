@@ -3,7 +3,6 @@ the layout, and never the whole text in memory."""
 
 import gzip
 import json
-import os
 import tracemalloc
 from pathlib import Path
 
@@ -15,7 +14,6 @@ from gpuadvise.analyzer.read import forked
 from gpuadvise.analyzer.read import filebytes, loader, parallel
 from gpuadvise.analyzer.read import stream
 from gpuadvise.analyzer.errors import InputError
-from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.rules import find_rule
 
 TABLES = ("gpu", "runtime", "cpu", "python", "memory", "syncs", "gpu_annotations")

@@ -752,7 +752,7 @@ def test_memory_buckets_keep_peaks_and_hold_levels():
 
 
 def test_stall_detail_pane_shows_where_loading_time_goes(tmp_path):
-    # issue 23: a run folder whose run.json holds the DataLoader sampling (`gpuadvise profile`'s `loader`)
+    # a run folder whose run.json holds the DataLoader sampling (`gpuadvise profile`'s `loader`)
     b = find_rule("dataloader-stall").positive()
     b.facts = {"environment": {"machine": {"cpu": {"logical": 8, "usable": 8, "cgroup_limit": None}}},
                "capture": {"loader": {"num_workers": 0, "build_ms_per_batch": 20.0, "between_batches_ms": 4.0,

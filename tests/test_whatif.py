@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from gpuadvise.analyzer.measure import intervals as iv
-from gpuadvise.analyzer.measure import whatif
+from gpuadvise.analyzer.measure import replay_graph
 from gpuadvise.analyzer.measure.metrics import compute
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
@@ -18,7 +18,7 @@ BASELINE = Scenario("baseline")
 
 
 def replay_of(model):
-    replay = whatif.build(model, compute(model))
+    replay = replay_graph.build(model, compute(model))
     assert replay is not None
     return replay
 
@@ -211,7 +211,7 @@ def test_no_runtime_calls_means_no_replay(load_built):
     d = b.to_dict()
     d["traceEvents"] = [e for e in d["traceEvents"] if e.get("cat") != "cuda_runtime"]
     model = load_built(d)
-    assert whatif.build(model, compute(model)) is None
+    assert replay_graph.build(model, compute(model)) is None
 
 
 def test_blocking_pageable_htod_copy_is_not_counted_twice(load_built):
@@ -320,6 +320,6 @@ def test_cheaper_launches_do_not_shrink_a_driver_stall(load_built):
                 b.launch_us = 6.0
     b.finish()
     model = load_built(b)
-    replay = whatif.build(model, compute(model, steady=False))
+    replay = replay_graph.build(model, compute(model, steady=False))
     saving = replay.saving_pct(Scenario("launch and CPU overhead halved", cpu_scale=0.5))
     assert saving == pytest.approx(4.8, abs=1.0)

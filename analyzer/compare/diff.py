@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 from gpuadvise.version import __version__
-from .compiled import compile_facts  # issue 22: torch.compile facts
+from .compiled import compile_facts  # torch.compile facts
 
 KEEP_TABLE_ROWS = 300  # kernels / ops per side kept for the diff (by total time)
 TOP_CHANGES = 10
@@ -351,7 +351,7 @@ def env_facts(side: dict) -> dict[str, object]:
                 for k, v in entry.items():
                     if k not in _SKIP_KEYS:
                         out[f"{name}[{i}].{k}"] = v
-    out.update(compile_facts(facts))  # issue 22: what torch.compile did (compare/compiled.py)
+    out.update(compile_facts(facts))  # what torch.compile did (compare/compiled.py)
     capture = facts.get("capture") or {}
     for part in ("options", "window"):
         for k, v in (capture.get(part) or {}).items():

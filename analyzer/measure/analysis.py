@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import cached_property
 
-from . import whatif
+from . import replay_graph, whatif
 from .compiled import CompiledTrace, compiled_trace
 from .calibration import Calibration, calibrate, recorded_starts, scenario_on, unprofiled_step_ms
 from gpuadvise.analyzer.model.calls import TRAINING
@@ -55,7 +55,7 @@ class Analysis:
     def replay(self) -> whatif.Replay | None:
         if not self.metrics.has_gpu:
             return None
-        return whatif.build(self.model, self.metrics)
+        return replay_graph.build(self.model, self.metrics)
 
     @cached_property
     def calibration(self) -> Calibration | None:

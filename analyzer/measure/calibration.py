@@ -11,7 +11,7 @@ k (≤ 1) on what is left of the CPU time. Every prediction is made on the calib
 launch-bound loop whose CPU was doubled by the profiler is no longer called launch-bound, and host syncs
 that looked free (the GPU had long finished by the time the slowed CPU asked) cost what they cost.
 
-Why per event and not one factor over gap length (issue 19): the cost lands where the events are. A
+Why per event and not one factor over gap length: the cost lands where the events are. A
 forward/backward dense with recorded ops is slowed far more than Python between syncs that records
 nothing; one factor spreads the slowdown evenly, keeps the op-dense part CPU-bound above a GPU the real
 run waits on, and under-predicts removing the syncs (fixtures.mechanisms.per_op_profiler_overhead: paper

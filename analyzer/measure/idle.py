@@ -16,7 +16,9 @@ import pandas as pd
 from . import intervals as iv
 from . import perstep
 from gpuadvise.analyzer.model.calls import ALLOC_CALLS, FREE_CALLS, LAUNCH_CALLS
-from .metrics import Metrics, step_windows, stream_gaps
+from .metrics import Metrics
+from .steps import step_windows
+from .tables import stream_gaps
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask, names_in
 
 OUTSIDE_OPS = "Python / CPU work outside any recorded op"

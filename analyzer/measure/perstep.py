@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import intervals as iv
-from .metrics import Metrics, launch_steps, step_windows
+from .metrics import Metrics
+from .steps import launch_steps, step_windows
 
 
 def windows(m: Metrics) -> tuple[np.ndarray, np.ndarray]:

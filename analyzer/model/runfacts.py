@@ -173,7 +173,7 @@ def optimizers(facts: dict, cls: str | None = None) -> list[OptimizerFact]:
     return [o for o in out if cls is None or o.cls == cls]
 
 
-# -- torch.compile (issue 22) ------------------------------------------------------------------------
+# -- torch.compile -----------------------------------------------------------------------------------
 def compiled(facts: dict) -> dict:
     """run.json's `compiled` (what torch.compile did while the script ran); {} when it never compiled."""
     return _dict(facts.get("compiled"))
@@ -240,7 +240,7 @@ def window_steps(facts: dict) -> list[int]:
     return [n for n, p in zip(steps.get("number") or [], steps.get("phase") or []) if p == "active" and isinstance(n, int)]
 
 
-# -- issue 23: where the DataLoader's time goes (run.json `capture.loader`, written by capture/loaderprobe.py) --------
+# -- where the DataLoader's time goes (run.json `capture.loader`, written by harness/loaderprobe.py) --------
 
 def _num(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 else None

@@ -33,7 +33,7 @@ def analyze_model(model: TraceModel, facts: dict | None = None, source: str = ""
                      + ", ".join(sorted(model.meta.unknown_categories)[:5]))
     if not metrics.steps and metrics.has_gpu:
         notes.append("no ProfilerStep annotations: the whole trace is treated as one step")
-    if analysis.compiled is not None:  # issue 22: how much of each step ran compiled
+    if analysis.compiled is not None:  # how much of each step ran compiled
         notes.append(analysis.compiled.describe())
     rank = model.meta.rank if model.meta.rank is not None else rank
     findings = run_rules(analysis, rules, source, rank, notes)

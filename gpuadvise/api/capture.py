@@ -36,8 +36,8 @@ class Capture:
 
     def __enter__(self) -> Capture:
         from gpuadvise.analyzer.errors import InputError
-        from gpuadvise.capture import runfolder
-        from gpuadvise.capture.session import Session, set_active
+        from gpuadvise.harness import runfolder
+        from gpuadvise.harness.session import Session, set_active
 
         if _RUNNING:
             raise RuntimeError("gpuadvise.capture: another capture is running in this process (one at a time)")
@@ -73,9 +73,9 @@ class Capture:
             self._session.manual_step()
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        from gpuadvise.capture import runfolder
-        from gpuadvise.capture.cli import _finish_run_json
-        from gpuadvise.capture.session import set_active
+        from gpuadvise.harness import runfolder
+        from gpuadvise.harness.cli import _finish_run_json
+        from gpuadvise.harness.session import set_active
 
         session, self._session = self._session, None
         code = 0 if exc_type is None else 130 if issubclass(exc_type, KeyboardInterrupt) else 1
@@ -146,7 +146,7 @@ def _restore_torch_hooks(saved: list) -> None:
 
 
 def _reset_facts() -> None:
-    from gpuadvise.capture import facts
+    from gpuadvise.harness import facts
 
     for v in facts._FACTS.values():
         v.clear()

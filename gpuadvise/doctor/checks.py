@@ -301,7 +301,7 @@ def _triton_line(add, tr: dict, t: dict) -> None:
 
 
 def _compile_line(add, c: dict, t: dict) -> None:
-    """What `gpuadvise profile` can tell about a compiled model with this torch (issue 22)."""
+    """What `gpuadvise profile` can tell about a compiled model with this torch."""
     if not t.get("installed"):
         return
     if c.get("structured_trace"):

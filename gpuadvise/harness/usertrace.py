@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-_OURS = os.path.dirname(os.path.abspath(__file__))  # gpuadvise/capture: the bootstrap and the hooks
+_OURS = os.path.dirname(os.path.abspath(__file__))  # gpuadvise/harness: the bootstrap and the hooks
 
 
 def _is_ours(filename: str) -> bool:

@@ -157,7 +157,7 @@ def main(argv: list[str]) -> int:
     if not args.quiet:
         print(f"{PREFIX}profiling {shlex.join(target)} (steps: wait {args.wait}, warm-up {args.warmup}, "
               f"record {args.active}) → {out}", file=sys.stderr, flush=True)
-    code = _run_child([sys.executable, "-m", "gpuadvise.capture.bootstrap", config_path] + target)
+    code = _run_child([sys.executable, "-m", "gpuadvise.harness.bootstrap", config_path] + target)
     if not (out / runfolder.run_json_name(r)).exists():
         # the script never started (python -m found no module): leave nothing behind
         if made:

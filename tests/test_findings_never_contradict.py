@@ -1,4 +1,5 @@
-"""Issue 20, item by item: findings that never contradict their input, each other, or the next run.
+"""Findings that never contradict their input, each other, or the next run: settings the input records,
+the device that failed, one statistic per report, one-time costs kept out of the steady-state figures.
 Each test builds the input that showed the problem and asserts what a user reading the report checks."""
 
 from __future__ import annotations
@@ -47,12 +48,12 @@ def _finding(report, topic):
     return next(f for f in report.findings if f.topic == topic)
 
 
-def test_item1_never_prescribes_expandable_segments_when_the_snapshot_records_it_on(oom_report):
+def test_never_prescribes_expandable_segments_when_the_snapshot_records_it_on(oom_report):
     for f in oom_report.findings:  # neither the instance's advice nor the rule's general fix
         assert "expandable_segments:True" not in f.recommendation, (f.topic, f.recommendation)
 
 
-def test_item1_fragmentation_keeps_the_rest_of_its_fix_when_expandable_segments_is_on():
+def test_fragmentation_keeps_the_rest_of_its_fix_when_expandable_segments_is_on():
     """memory-fragmentation's general fix opens with the setting: with it recorded on, that part goes and
     the rest (steady shapes, long-lived tensors first) stays; with it off, the setting is prescribed."""
     from gpuadvise.rules.memory_fragmentation import RULE
@@ -67,7 +68,7 @@ def test_item1_fragmentation_keeps_the_rest_of_its_fix_when_expandable_segments_
     assert "expandable_segments:True" in frag({"expandable_segments": False}).recommendation
 
 
-def test_item2_the_oom_is_judged_at_the_failure_not_at_dump_time(oom_report):
+def test_the_oom_is_judged_at_the_failure_not_at_dump_time(oom_report):
     f = _finding(oom_report, "memory-pressure")
     n = f.evidence.numbers
     assert n["allocated_at_oom_gib"] == pytest.approx(77.5, abs=0.01)
@@ -79,7 +80,7 @@ def test_item2_the_oom_is_judged_at_the_failure_not_at_dump_time(oom_report):
     assert "fragmentation first" not in f.advice
 
 
-def test_item3_every_device_is_reported_leading_with_the_one_that_failed(oom_report):
+def test_every_device_is_reported_leading_with_the_one_that_failed(oom_report):
     mem = oom_report.memory
     assert mem.snapshot.device == 1
     assert [d["device"] for d in mem.other_devices] == [0, 2]
@@ -89,7 +90,7 @@ def test_item3_every_device_is_reported_leading_with_the_one_that_failed(oom_rep
     assert [d["device"] for d in f.evidence.numbers["other_devices"]] == [0, 2]
 
 
-def test_item4_a_snapshot_alone_states_what_the_bf16_estimate_rests_on(oom_report):
+def test_a_snapshot_alone_states_what_the_bf16_estimate_rests_on(oom_report):
     f = _finding(oom_report, "memory-pressure")
     assert f.evidence.numbers["half_precision_already"] is None
     line = next(x for x in f.recommendation.split("; ") if "bf16 autocast: frees" in x)
@@ -101,21 +102,21 @@ def _f(severity, saving, rule="GA1"):
                    impact=Impact(est_step_saving_pct=saving, basis=""), advice="")
 
 
-def test_item8_findings_order_by_severity_then_saving():
+def test_findings_order_by_severity_then_saving():
     got = order([_f("info", 0.0, "a"), _f("low", 2.0, "b"), _f("medium", 4.0, "c"), _f("medium", 8.0, "d"),
                  _f("high", 12.0, "e")])
     assert [f.rule for f in got] == ["e", "d", "c", "b", "a"]
 
 
 # ----------------------------------------------------------------------------------------------------
-# item 6: compare on a fixed loader (a CPU example pair: num_workers=0, then 2, with a slow __getitem__)
+# compare on a fixed loader (a CPU example pair: num_workers=0, then 2, with a slow __getitem__)
 # The samples wait (slow storage) rather than compute: two workers then overlap the loading with the
 # step however many cores the test machine has free, so the verdict does not hang on machine load; the
 # step runs on one thread, and a wide model makes it long against the 1-2 ms a batch's hand-over from a
 # worker costs the main process on a busy machine (the rule's 5 % threshold would count it).
 
 
-def test_item6_compare_reports_the_fixed_dataloader_stall_resolved(tmp_path):
+def test_compare_reports_the_fixed_dataloader_stall_resolved(tmp_path):
     import json
     import subprocess
     import sys
@@ -139,7 +140,7 @@ def test_item6_compare_reports_the_fixed_dataloader_stall_resolved(tmp_path):
     resolved = [e["topic"] for e in findings["resolved"]]
     still = [e["topic"] for e in findings["still_there"]]
     assert "dataloader-stall" in resolved and "dataloader-stall" not in still, json.dumps(findings)[:3000]
-    # item 9 on the same CPU run: one device description, the same in every format
+    # on the same CPU run: one device description, the same in every format
     outs = {}
     for fmt in ("text", "md", "json"):
         proc = subprocess.run([sys.executable, "-m", "gpuadvise", "analyze", str(tmp_path / "after"), "--format", fmt],
@@ -172,13 +173,13 @@ def _analyze(load_built, builder):
     return analyze_model(load_built(builder))
 
 
-def test_item6_one_slow_first_step_is_an_outlier_not_a_stall(load_built):
+def test_one_slow_first_step_is_an_outlier_not_a_stall(load_built):
     # the first batch after the workers start waits 20 ms, the others 0.1 ms of an ~8 ms step
     r = _analyze(load_built, _loader_trace(20_000, 100))
     assert "dataloader-stall" not in {f.topic for f in r.findings}
 
 
-def test_item6_share_wait_and_step_come_from_the_median_step(load_built):
+def test_share_wait_and_step_come_from_the_median_step(load_built):
     r = _analyze(load_built, _loader_trace(40_000, 4_000, steps=5))
     f = next(f for f in r.findings if f.topic == "dataloader-stall")
     n = f.evidence.numbers
@@ -187,17 +188,17 @@ def test_item6_share_wait_and_step_come_from_the_median_step(load_built):
     assert n["dataloader_share_pct"] == pytest.approx(100 * removable / n["median_step_ms"], rel=0.05)
     assert f"{n['dataloader_share_pct']:.1f}%" in f.message
     # the slow first step (workers starting) is said as such: an outlier here, or a one-time cost left out
-    # of every figure (item 7), named in the report's header
+    # of every figure (one-time costs), named in the report's header
     first = min(s.number for s in r.metrics.steps + r.metrics.left_out_steps)
     left = [s.step for s in r.figures.steps_left_out]
     assert (n["outlier_steps"] and n["outlier_steps"][0] == first and "outlier" in f.message) or left == [first]
 
 
 # ----------------------------------------------------------------------------------------------------
-# item 7: a warm-up capture (the first forward pass, with lazy module loading inside one launch)
+# one-time costs: a warm-up capture (the first forward pass, with lazy module loading inside one launch)
 
 
-def test_item7_one_time_costs_are_reported_as_a_capture_problem_with_the_way_to_steady_state(load_built):
+def test_one_time_costs_are_reported_as_a_capture_problem_with_the_way_to_steady_state(load_built):
     from gpuadvise.rules import find_rule
 
     r = _analyze(load_built, find_rule("GA111").positive())
@@ -208,14 +209,14 @@ def test_item7_one_time_costs_are_reported_as_a_capture_problem_with_the_way_to_
     assert f.severity == "medium" and "--wait" in f.advice
 
 
-def test_item7_a_steady_capture_has_no_one_time_costs(load_built):
+def test_a_steady_capture_has_no_one_time_costs(load_built):
     from gpuadvise.rules import find_rule
 
     r = _analyze(load_built, find_rule("GA101").positive())
     assert not any(f.topic == "warm-up-capture" for f in r.findings)
 
 
-def test_item7_warm_up_steps_are_left_out_of_every_figure_and_said_so_in_every_format(load_built):
+def test_warm_up_steps_are_left_out_of_every_figure_and_said_so_in_every_format(load_built):
     import json
 
     from gpuadvise.analyzer.report import render
@@ -241,7 +242,7 @@ def test_item7_warm_up_steps_are_left_out_of_every_figure_and_said_so_in_every_f
     assert f.evidence.numbers["steps_left_out"] == [0] and "Step #0 is left out" in f.message
 
 
-def test_item7_nested_one_time_costs_are_counted_once(load_built):
+def test_nested_one_time_costs_are_counted_once(load_built):
     from gpuadvise.rules import find_rule
 
     r = _analyze(load_built, find_rule("GA111").positive())
@@ -277,7 +278,7 @@ def _first_step_compiles():
     return b
 
 
-def test_item7_compilation_in_the_first_step_is_reported_once(tmp_path):
+def test_compilation_in_the_first_step_is_reported_once(tmp_path):
     from gpuadvise.analyzer.run.engine import analyze_paths
     from gpuadvise.fixtures.compiled import WINDOW
 
@@ -292,7 +293,7 @@ def test_item7_compilation_in_the_first_step_is_reported_once(tmp_path):
     assert not {"low-gpu-utilization", "launch-bound"} & set(topics)
 
 
-def test_item7_a_one_step_warm_up_capture_drives_no_other_finding(load_built):
+def test_a_one_step_warm_up_capture_drives_no_other_finding(load_built):
     from gpuadvise.fixtures.builder import TraceBuilder
     from gpuadvise.rules.warmup_capture import CONV, GEMM
 
@@ -320,7 +321,7 @@ def test_item7_a_one_step_warm_up_capture_drives_no_other_finding(load_built):
     assert f.evidence.numbers["cut_from_figures_ms"] == pytest.approx(630.0, abs=1.0)
 
 
-def test_item7_steady_h100_runs_leave_no_step_out():
+def test_steady_h100_runs_leave_no_step_out():
     """A false drop would change every number of a report: `gpuadvise profile` runs (steady, after
     --wait) keep all their steps."""
     import pathlib
@@ -339,10 +340,10 @@ def test_item7_steady_h100_runs_leave_no_step_out():
 
 
 # ----------------------------------------------------------------------------------------------------
-# item 11: launch-bound says where the CPU time per kernel goes
+# launch-bound says where the CPU time per kernel goes
 
 
-def test_item11_launch_bound_splits_the_cpu_time_per_kernel(load_built):
+def test_launch_bound_splits_the_cpu_time_per_kernel(load_built):
     from gpuadvise.fixtures.builder import TraceBuilder
 
     b = TraceBuilder(launch_us=6.0)
@@ -366,7 +367,7 @@ def test_item11_launch_bound_splits_the_cpu_time_per_kernel(load_built):
     assert f.message.index("outside any recorded op") < f.message.index("PyTorch op dispatch") < f.message.index("launch call")
 
 
-def test_item3_text_and_markdown_list_every_device(oom_report):
+def test_text_and_markdown_list_every_device(oom_report):
     from gpuadvise.analyzer.report import render
 
     text, md = render([oom_report], "text"), render([oom_report], "md")
@@ -376,10 +377,10 @@ def test_item3_text_and_markdown_list_every_device(oom_report):
 
 
 # ----------------------------------------------------------------------------------------------------
-# item 10: words and numbers that agree
+# words and numbers that agree
 
 
-def test_item10_header_share_of_the_device_matches_the_finding(load_built):
+def test_header_share_of_the_device_matches_the_finding(load_built):
     from gpuadvise.analyzer.report import render
     from gpuadvise.rules import find_rule
 
@@ -388,7 +389,7 @@ def test_item10_header_share_of_the_device_matches_the_finding(load_built):
     assert f"({f.evidence.numbers['peak_pct_of_capacity']:.1f} % of the device)" in render([r], "text")
 
 
-def test_item10_no_batch_multiple_for_a_forward_pass_only(load_built):
+def test_no_batch_multiple_for_a_forward_pass_only(load_built):
     from gpuadvise.fixtures.builder import TraceBuilder
 
     b = TraceBuilder()
@@ -406,14 +407,14 @@ def test_item10_no_batch_multiple_for_a_forward_pass_only(load_built):
     assert "no training step" in f.recommendation
 
 
-def test_item10_profiler_overhead_below_one_is_no_measurable_overhead():
+def test_profiler_overhead_below_one_is_no_measurable_overhead():
     from gpuadvise.analyzer.model.report import overhead_words
 
     assert overhead_words(0.68) == "no measurable profiler overhead"
     assert overhead_words(1.8) == "the profiler made the traced steps 1.80× slower"
 
 
-def test_item10_a_one_step_capture_is_not_called_a_median_of_1_steps(load_built):
+def test_a_one_step_capture_is_not_called_a_median_of_1_steps(load_built):
     from gpuadvise.analyzer.report import render
     from gpuadvise.fixtures.builder import TraceBuilder
 
@@ -429,7 +430,7 @@ def test_item10_a_one_step_capture_is_not_called_a_median_of_1_steps(load_built)
     assert "1 step," in text and "1 steps" not in text and "median of 1" not in text
 
 
-def test_item9_the_device_is_described_once_from_run_json_first():
+def test_the_device_is_described_once_from_run_json_first():
     from gpuadvise.analyzer.model.runfacts import describe_device
 
     cpu_run = {"environment": {"cuda_available": False}}
@@ -438,7 +439,7 @@ def test_item9_the_device_is_described_once_from_run_json_first():
 
 
 # ----------------------------------------------------------------------------------------------------
-# items 6 and 10: one statistic per report. Python between launches takes 2, 2 and 8 ms in three steps:
+# one statistic per report. Python between launches takes 2, 2 and 8 ms in three steps:
 # the median step idles 2 ms on it, the mean 4 ms; the header quotes the median step.
 
 
@@ -456,7 +457,7 @@ def _uneven_idle():
     return b
 
 
-def test_item6_idle_causes_and_step_are_the_median_step(load_built):
+def test_idle_causes_and_step_are_the_median_step(load_built):
     from gpuadvise.analyzer.report import render
 
     r = _analyze(load_built, _uneven_idle())
@@ -473,12 +474,12 @@ def test_item6_idle_causes_and_step_are_the_median_step(load_built):
     assert f"median {r.figures.median_step_ms:.1f} ms" in render([r], "text")
 
 
-def test_item10_profile_prints_the_profilers_overhead_once(tmp_path, capsys, load_built):
+def test_profile_prints_the_profilers_overhead_once(tmp_path, capsys, load_built):
     """`gpuadvise profile`'s summary: run.json's step-time line and the report header stated two ratios for
     the same overhead (1.17× and 1.18×, from the harness's timing and from the trace); the header's stays."""
     import json
 
-    from gpuadvise.capture import cli, runfolder
+    from gpuadvise.harness import cli, runfolder
 
     _uneven_idle().write(tmp_path / runfolder.trace_name(None))
     traced_ms = 4.0  # about the fixture's median step; the harness's own figure differs a little, as it does
@@ -493,7 +494,7 @@ def test_item10_profile_prints_the_profilers_overhead_once(tmp_path, capsys, loa
 
 
 # ----------------------------------------------------------------------------------------------------
-# item 6, dataloader-stall on a busy machine: with workers running, each batch still costs the training
+# dataloader-stall on a busy machine: with workers running, each batch still costs the training
 # process its hand-over (unpickling a ready batch, 1-2 ms on a busy machine); more workers cannot remove it.
 
 
@@ -517,7 +518,7 @@ def _stall(folder):
     return next((f for f in r.findings if f.topic == "dataloader-stall"), None), r
 
 
-def test_item6_workers_that_keep_up_leave_a_handover_not_a_stall(tmp_path):
+def test_workers_that_keep_up_leave_a_handover_not_a_stall(tmp_path):
     # 4 workers build a batch every 2.5 ms, the step uses one every 8 ms: the 1.5 ms waits are the hand-over
     f, r = _stall(_handover_run(tmp_path, "keeps-up", build_ms=10.0))
     assert f is None, f.message
@@ -525,21 +526,21 @@ def test_item6_workers_that_keep_up_leave_a_handover_not_a_stall(tmp_path):
     assert share >= 5.0  # above the threshold on its own: what used to fire "add workers"
 
 
-def test_item6_workers_that_lag_still_stall_and_get_more_workers(tmp_path):
+def test_workers_that_lag_still_stall_and_get_more_workers(tmp_path):
     # 4 workers build a batch every 11 ms, the step uses one every 8 ms: 3 ms of lag per batch
     f, _ = _stall(_handover_run(tmp_path, "lags", build_ms=44.0, wait_us=3_000))
     assert f is not None and f.evidence.numbers["handover_floor_ms"] == pytest.approx(0.0, abs=0.05)
     assert "num_workers=" in f.recommendation
 
 
-def test_item6_a_long_wait_from_workers_that_keep_up_is_not_all_hand_over(tmp_path):
+def test_a_long_wait_from_workers_that_keep_up_is_not_all_hand_over(tmp_path):
     # workers keep up on average (2.5 ms per batch against 8 ms between batches) yet each step waits 6 ms:
     # no hand-over takes that long, so at most 2 ms of it is left out and the rest is a stall
     f, _ = _stall(_handover_run(tmp_path, "uneven", build_ms=10.0, wait_us=6_000))
     assert f is not None and f.evidence.numbers["handover_floor_ms"] == pytest.approx(2.0, abs=0.05)
 
 
-def test_item6_trace_only_handover_floor_is_not_a_stall(load_built):
+def test_trace_only_handover_floor_is_not_a_stall(load_built):
     # no run.json: steady 1.5 ms waits of a multi-process loader (a batch was ready each time) in a ~9.5 ms step
     r = _analyze(load_built, _loader_trace(1_500, 1_500, steps=4))
     assert 100 * float(r.metrics.per_step["dataloader_us"].median()) / r.metrics.median_step_us >= 5.0
@@ -552,7 +553,7 @@ def test_item6_trace_only_handover_floor_is_not_a_stall(load_built):
 
 
 # ----------------------------------------------------------------------------------------------------
-# item 6, finished: every count and time a finding quotes "per step" is the median over the steps (the
+# one statistic, in every rule: every count and time a finding quotes "per step" is the median over the steps (the
 # header's statistic), never a total divided by the number of steps. Each fixture has three steps, one
 # of them (the middle one) holding ten times the work of the other two: the mean per step is four times
 # the median, so a mean sneaking back shows at once.
@@ -583,7 +584,7 @@ def _syncs_trace():
     return b
 
 
-def test_item6_host_sync_counts_and_blocked_time_are_the_median_step(load_built):
+def test_host_sync_counts_and_blocked_time_are_the_median_step(load_built):
     from gpuadvise.analyzer.measure import perstep
 
     r, f = _rule_finding(load_built, _syncs_trace(), "host-sync")
@@ -600,7 +601,7 @@ def test_item6_host_sync_counts_and_blocked_time_are_the_median_step(load_built)
     assert f"outlier step {m.steps[1].number} left as" in f.impact.basis
 
 
-def test_item6_one_steps_syncs_never_carry_host_sync(load_built):
+def test_one_steps_syncs_never_carry_host_sync(load_built):
     # syncs in one step of five (a one-off evaluation or checkpoint): an outlier, not the loop's habit
     from gpuadvise.fixtures.builder import TraceBuilder
 
@@ -635,7 +636,7 @@ def _launches_trace():
     return b
 
 
-def test_item6_launch_bound_kernels_per_step_are_the_median_step(load_built):
+def test_launch_bound_kernels_per_step_are_the_median_step(load_built):
     _, f = _rule_finding(load_built, _launches_trace(), "launch-bound")
     assert f.evidence.numbers["kernels_per_step"] == 200  # not the mean 800
     assert f.message.startswith("A median 200 kernels per step")
@@ -667,7 +668,7 @@ def _zeroing_trace(work=OUTLIER):
     return b
 
 
-def test_item6_zero_grad_counts_are_the_median_step(load_built):
+def test_zero_grad_counts_are_the_median_step(load_built):
     _, f = _rule_finding(load_built, _zeroing_trace(), "zero-grad")
     n = f.evidence.numbers
     assert n["zero_ops_per_step"] == 40 and n["fill_kernels_per_step"] == 40  # not the mean 160
@@ -698,7 +699,7 @@ def _per_tensor_optimizer_trace(work=OUTLIER):
     return b
 
 
-def test_item6_single_tensor_optimizer_counts_are_the_median_step(load_built):
+def test_single_tensor_optimizer_counts_are_the_median_step(load_built):
     _, f = _rule_finding(load_built, _per_tensor_optimizer_trace(), "single-tensor-optimizer")
     n = f.evidence.numbers
     assert n["kernels_per_step"] == 180 and n["statistic"] == "median step"  # not the mean 720
@@ -729,7 +730,7 @@ def _cpu_created_trace():
     return b
 
 
-def test_item6_cpu_created_tensors_copies_per_step_are_the_median_step(load_built):
+def test_cpu_created_tensors_copies_per_step_are_the_median_step(load_built):
     _, f = _rule_finding(load_built, _cpu_created_trace(), "cpu-created-tensors")
     n = f.evidence.numbers
     assert n["copies_per_step"] == 2 and n["statistic"] == "median step"  # not the mean 8
@@ -737,7 +738,7 @@ def test_item6_cpu_created_tensors_copies_per_step_are_the_median_step(load_buil
     assert f"{n['copy_ms_per_step']:.3f} ms of copy time" in f.message
 
 
-def test_item6_optimizer_counts_under_gradient_accumulation_are_the_median_step_that_runs_it(load_built):
+def test_optimizer_counts_under_gradient_accumulation_are_the_median_step_that_runs_it(load_built):
     """One optimizer step (and zero_grad) in four micro-steps: the median over all steps would be 0 and
     silence both rules; the figures are the median over the steps that run them, and say so."""
     _, f = _rule_finding(load_built, _per_tensor_optimizer_trace(work=(0, 0, 0, 1)), "single-tensor-optimizer")

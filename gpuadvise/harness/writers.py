@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from . import compiled  # issue 22
+from . import compiled
 from . import facts as facts_mod
 from . import runfolder, shapes
 
@@ -91,7 +91,7 @@ def write_run_json(out: Path, rank, config: dict, capture: dict, steps: dict, to
             pass
     f = facts_mod.facts()
     data.update({k: [dict((kk, vv) for kk, vv in d.items() if kk != "id") for d in v] for k, v in f.items()})
-    compile_facts = compiled.summary()  # issue 22: None unless the script called torch.compile
+    compile_facts = compiled.summary()  # None unless the script called torch.compile
     if compile_facts is not None:
         data["compiled"] = compile_facts
     if exit_code is not None:

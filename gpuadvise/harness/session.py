@@ -26,7 +26,7 @@ import time
 import traceback
 from pathlib import Path
 
-from . import compiled  # issue 22: torch.compile recording
+from . import compiled  # torch.compile recording
 from . import facts as facts_mod
 from . import loaderprobe, quiet, runfolder, writers
 from .stepsources import SOURCES, StepSources
@@ -78,13 +78,13 @@ class Session:
         quiet.set_log(self.out / runfolder.log_name(self.rank), errors_to_stderr=cuda(torch))
         try:
             facts_mod.install(torch)
-            compiled.install(torch, lambda: (self.steps, self._phase(self.steps)))  # issue 22: compile facts
+            compiled.install(torch, lambda: (self.steps, self._phase(self.steps)))  # compile facts
             self.prof = self.window.profiler(torch, self.config, self._on_trace_ready)
             with quiet.quiet_fd2():
                 self.prof.start()
         except Exception as exc:
             self._fail("profiler start failed", exc)
-        # issue 23: DataLoader sampling while the window records (window hooks); installed before the
+        # DataLoader sampling while the window records (window hooks); installed before the
         # step sources' DataLoader hook, so its wait timing leaves our step work out
         loaderprobe.attach(self, torch)
         try:  # the step hooks also time an unprofiled run (profiler failed to start)
