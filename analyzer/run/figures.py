@@ -59,9 +59,13 @@ def trace_figures(model: TraceModel, m: Metrics, calibration: Calibration | None
 
 
 def one_time_note(m: Metrics) -> str | None:
-    """What was kept out of the figures for one-time costs, in one sentence (None: nothing was)."""
+    """What was kept out of the figures for one-time costs or a framework's evaluation and checkpoints, in
+    one sentence (None: nothing was)."""
     if m.left_out_steps:
-        return ("Left out of every figure (one-time costs; the capture findings say how to capture steady state): "
+        one_time = any(not _is_phase(m.left_out.get(st.number, "")) for st in m.left_out_steps)
+        why = ("one-time costs; the capture findings say how to capture steady state" if one_time
+               else "the framework's evaluation or checkpointing, not training")
+        return (f"Left out of every figure ({why}): "
                 + "; ".join(f"step #{st.number} ({st.dur / 1e3:.1f} ms): {m.left_out.get(st.number, '')}"
                             for st in m.left_out_steps)
                 + f". The figures describe the other {len(m.steps)} step{'s' if len(m.steps) != 1 else ''}.")
@@ -69,9 +73,16 @@ def one_time_note(m: Metrics) -> str | None:
     if cut is not None and len(cut[0]):
         where = "its only step" if m.steps else "the window"
         gone = float(iv.covered(*cut, [m.window[0]], [m.window[1]])[0])
+        if m.one_time is not None and not m.one_time.costs:  # only the framework's phases were cut
+            return (f"Every step holds the framework's evaluation or checkpointing: its {gone / 1e3:.1f} ms are cut out "
+                    f"of {where}'s figures, which describe the remaining {float(m.per_step['dur_us'].sum()) / 1e3:.1f} ms.")
         return (f"No step without one-time costs remains: {gone / 1e3:.1f} ms of one-time costs are cut out of "
                 f"{where}'s figures, which describe the remaining {float(m.per_step['dur_us'].sum()) / 1e3:.1f} ms.")
     return None
+
+
+def _is_phase(reason: str) -> bool:
+    return reason.startswith("the framework's ")
 
 
 def _step_basis(m: Metrics) -> str:

@@ -33,6 +33,7 @@ class Capture:
         self._session = None
         self._saved: list = []
         self._started = 0.0
+        self.command = ["gpuadvise.capture", str(self.path)]  # run.json `command` (the callbacks name themselves)
 
     def __enter__(self) -> Capture:
         from gpuadvise.analyzer.errors import InputError
@@ -56,7 +57,7 @@ class Capture:
         o = self._options
         config = {"out": str(self.path.resolve()), "stop_after_capture": False, "shapes_probe": True,
                   "profile_memory": False, "memory_steps": 2, "max_entries": 100_000, **o,
-                  "run": {"command": ["gpuadvise.capture", str(self.path)], "script": sys.argv[0] if sys.argv else None,
+                  "run": {"command": list(self.command), "script": sys.argv[0] if sys.argv else None,
                           "cwd": os.getcwd(),
                           "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self._started))}}
         self._saved = _save_torch_hooks()
@@ -85,6 +86,7 @@ class Capture:
         finally:
             set_active(None)
             _restore_torch_hooks(self._saved)
+            _detach_frameworks()
             _RUNNING.clear()
             _finish_run_json(self.path, runfolder.rank(), code, self._started)
 
@@ -146,11 +148,21 @@ def _restore_torch_hooks(saved: list) -> None:
 
 
 def _reset_facts() -> None:
-    from gpuadvise.harness import facts
+    from gpuadvise.harness import facts, frameworks, importwatch
 
     for v in facts._FACTS.values():
         v.clear()
     facts._WINDOW.clear()
+    frameworks.reset()
+    importwatch.ERRORS.clear()
+
+
+def _detach_frameworks() -> None:
+    """Take the session's patches off the framework classes and stop watching imports."""
+    from gpuadvise.harness import frameworks, importwatch
+
+    importwatch.uninstall()
+    frameworks.unpatch_all()
 
 
 _MISSING = object()

@@ -1,8 +1,11 @@
 """Light instrumentation of the settings the rules care about, recorded while the script runs.
 
 Each patch wraps a constructor or function, records a few attributes and where the user called it
-(file:line of the first frame outside torch and gpuadvise), and calls the original. Every recording is
-wrapped so that a failure here can never reach the user's code.
+(file:line of the first frame outside torch, gpuadvise, the standard library and installed packages),
+and calls the original. Every recording is wrapped so that a failure here can never reach the user's code.
+
+An object an installed framework built for the user (the DataLoader a `transformers.Trainer` makes inside
+`trainer.train()`) is placed at the user's line that called the framework, and says which package built it.
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ import functools
 import sys
 
 _FACTS: dict = {"dataloaders": [], "optimizers": [], "autocast": [], "compile": [], "wrappers": []}
-_SKIP_DIRS: list[str] = []  # install folders of torch and gpuadvise: their frames are not the user's
+_SKIP_DIRS: list[str] = []  # install folders of torch, gpuadvise, the standard library, installed packages
+_PACKAGE_DIRS: list[str] = []  # the installed-package folders: a frame there names the package that built an object
 
 
 def _library_dirs(torch) -> list[str]:
@@ -23,8 +27,25 @@ def _library_dirs(torch) -> list[str]:
     for name in ("gpuadvise.analyzer", "gpuadvise.rules", "gpuadvise.fixtures"):
         spec = importlib.util.find_spec(name)
         ours += list(spec.submodule_search_locations or []) if spec else []
-    dirs = {os.path.dirname(torch.__file__), os.path.dirname(os.__file__), *ours}  # + the standard library
+    dirs = {os.path.dirname(torch.__file__), os.path.dirname(os.__file__), *ours, *_package_dirs()}  # + the standard library
     return sorted(os.path.realpath(d) + os.sep for d in dirs)
+
+
+def _package_dirs() -> list[str]:
+    """site-packages and the like: where installed frameworks (transformers, lightning, accelerate) live."""
+    import os
+    import site
+    import sysconfig
+
+    dirs = set()
+    try:
+        dirs.update(site.getsitepackages())
+        dirs.add(site.getusersitepackages())
+    except Exception:  # a virtualenv's old site.py has neither
+        pass
+    paths = sysconfig.get_paths()
+    dirs.update(paths[k] for k in ("purelib", "platlib") if paths.get(k))
+    return sorted(os.path.realpath(d) + os.sep for d in dirs if d)
 
 
 def facts() -> dict:
@@ -33,15 +54,71 @@ def facts() -> dict:
 
 def caller() -> str:
     """file:line of the innermost frame that belongs to the user's code."""
+    f = _user_frame(sys._getframe(2))
+    return f"{_short(f.f_code.co_filename)}:{f.f_lineno}" if f is not None else "?"
+
+
+def _is_user(frame) -> bool:
     import os
 
-    f = sys._getframe(2)
-    while f is not None:
-        name = f.f_code.co_filename
-        if not name.startswith("<") and not any(os.path.realpath(name).startswith(d) for d in _SKIP_DIRS):
-            return f"{_short(name)}:{f.f_lineno}"
+    name = frame.f_code.co_filename
+    if name.startswith("<"):
+        return False
+    real = os.path.realpath(name)
+    return not any(real.startswith(d) for d in _SKIP_DIRS)
+
+
+def _user_frame(f):
+    while f is not None and not _is_user(f):
         f = f.f_back
-    return "?"
+    return f
+
+
+def built(obj, start) -> dict:
+    """Where the user's code made `obj` (its constructor is running, called from frame `start`):
+    `created_at` (file:line) and `in_function`; when an installed package built it for them, also
+    `built_by` (that package: the one the user's line called into; torch, the standard library and
+    gpuadvise's own wrappers are no framework) and `call` (the user's line, as written).
+    Frames that hold `obj` itself are its constructors and their wrappers (a subclass's `__init__`, a
+    framework wrapping `DataLoader.__init__` to record its arguments): they build nothing on their own."""
+    import os
+
+    package, f = None, start
+    while f is not None and not _is_user(f):
+        if not any(v is obj for v in f.f_locals.values()):
+            # a framework frame that asked for the object: the outermost one is what the user's line called
+            package = _package_of(os.path.realpath(f.f_code.co_filename)) or package
+        f = f.f_back
+    if f is None:
+        return {"created_at": "?"}
+    where = user_call(f)
+    out = {"created_at": where["called_at"], "in_function": where["in_function"]}
+    if package:
+        out.update(built_by=package, call=where["call"])
+    return out
+
+
+def user_call(frame) -> dict:
+    """The user's frame at or above `frame`: `called_at` (file:line), `call` (that line as written, for a
+    message like "built by transformers (train.py:41 `trainer.train()`)") and `in_function`."""
+    import linecache
+
+    f = _user_frame(frame)
+    if f is None:
+        return {"called_at": "?", "call": "", "in_function": ""}
+    return {"called_at": f"{_short(f.f_code.co_filename)}:{f.f_lineno}",
+            "call": linecache.getline(f.f_code.co_filename, f.f_lineno).strip()[:120], "in_function": f.f_code.co_name}
+
+
+def _package_of(path: str) -> str | None:
+    """The installed package a file belongs to ("transformers" for …/site-packages/transformers/trainer.py);
+    None for torch (a DataLoader subclass is torch's own) and for files outside the package folders."""
+    for d in _PACKAGE_DIRS:
+        if path.startswith(d):
+            top = path[len(d):].split("/", 1)[0].split("\\", 1)[0]
+            top = top[:-3] if top.endswith(".py") else top
+            return None if top in ("torch", "") else top
+    return None
 
 
 def _short(path: str) -> str:
@@ -68,6 +145,7 @@ def _safe(fn):
 def install(torch) -> None:
     """Patch torch entry points to record facts. Called once, before the user's script runs."""
     _SKIP_DIRS[:] = _library_dirs(torch)
+    _PACKAGE_DIRS[:] = _package_dirs()
     _wrap_init(torch.utils.data.DataLoader, _record_dataloader)
     _wrap_init(torch.nn.DataParallel, lambda obj, a, k, where: _FACTS["wrappers"].append({"kind": "DataParallel", "created_at": where}))
     try:
@@ -101,8 +179,13 @@ def _wrap_init(cls, record) -> None:
 
 
 def _record_dataloader(loader, a, k, where) -> None:
+    add_dataloader(loader, _safe(built)(loader, sys._getframe(3)) or {"created_at": where})  # 3: past our two wrappers
+
+
+def add_dataloader(loader, origin: dict) -> None:
+    """Record a DataLoader's settings; `origin` says where it was made (`built()`)."""
     _FACTS["dataloaders"].append({
-        "created_at": where,
+        **origin,
         "num_workers": loader.num_workers,
         "pin_memory": bool(loader.pin_memory),
         "batch_size": loader.batch_size,

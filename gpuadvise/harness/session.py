@@ -28,7 +28,8 @@ from pathlib import Path
 
 from . import compiled  # torch.compile recording
 from . import facts as facts_mod
-from . import loaderprobe, quiet, runfolder, writers
+from . import importwatch, loaderprobe, quiet, runfolder, writers
+from .active import active, set_active  # noqa: F401 - where gpuadvise.step() and the bootstrap find them
 from .stepsources import SOURCES, StepSources
 from .steptimes import StepTimes
 from .window import ShapeProbe, Window, WindowHooks, cuda
@@ -89,6 +90,7 @@ class Session:
         loaderprobe.attach(self, torch)
         try:  # the step hooks also time an unprofiled run (profiler failed to start)
             self.sources.install(torch)
+            importwatch.install()  # a training framework's own steps, once the script imports one
         except Exception as exc:
             self.status["hooks_error"] = repr(exc)
         if not self.failed:
@@ -181,6 +183,10 @@ class Session:
             self._next_after_write *= 2
             self._write_status()
 
+    def step_phase(self, k: int) -> str:
+        """What the profiler does in step k ("wait", "active", "after", …: run.json `steps.phase`)."""
+        return self._phase(k)
+
     def _phase(self, k: int) -> str:
         if self.failed or self.prof is None:
             return "off"
@@ -270,16 +276,7 @@ class Session:
                        options={k: c.get(k) for k in ("record_shapes", "shapes_probe", "with_stack",
                                                       "profile_memory", "memory_history")},
                        memory_steps=self.memory_steps)
+        if importwatch.ERRORS:
+            capture["framework_errors"] = list(importwatch.ERRORS)
         writers.write_run_json(self.out, self.rank, c, capture, self.times.summary(), self.torch, exit_code)
 
-
-_ACTIVE: Session | None = None
-
-
-def active() -> Session | None:
-    return _ACTIVE
-
-
-def set_active(session: Session | None) -> None:
-    global _ACTIVE
-    _ACTIVE = session

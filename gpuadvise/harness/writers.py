@@ -15,6 +15,7 @@ from pathlib import Path
 
 from . import compiled
 from . import facts as facts_mod
+from . import frameworks
 from . import runfolder, shapes
 
 
@@ -91,6 +92,9 @@ def write_run_json(out: Path, rank, config: dict, capture: dict, steps: dict, to
             pass
     f = facts_mod.facts()
     data.update({k: [dict((kk, vv) for kk, vv in d.items() if kk != "id") for d in v] for k, v in f.items()})
+    framework = frameworks.summary()  # None unless a training framework ran the loop
+    if framework is not None:
+        data["framework"] = framework
     compile_facts = compiled.summary()  # None unless the script called torch.compile
     if compile_facts is not None:
         data["compiled"] = compile_facts
