@@ -276,8 +276,7 @@ def workers_advice(measured: dict, plan: dict | None, fw=None, loader=None) -> s
     if plan["workers"] == plan["workers_now"]:
         return (f"No free core for another worker ({plan['workers_now']} workers + the training process use them): "
                 f"make `{measured['fetch']}` cheaper, starting with the functions listed in the evidence.")
-    switch = switches.num_workers(fw, plan["workers"], loader)
-    text = f"{switch[0].upper()}{switch[1:]} ({plan['free_cores']} free core(s) measured)"
+    text = f"{switches.sentence(switches.num_workers(fw, plan['workers'], loader))} ({plan['free_cores']} free core(s) measured)"
     if plan["workers"] < plan["keeps_up"]:
         text += (f"; {plan['keeps_up']} would keep up, so also make `{measured['fetch']}` cheaper, "
                  "starting with the functions listed in the evidence")

@@ -42,7 +42,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpuadvise.analyzer.measure.analysis import Analysis
-from gpuadvise.analyzer.model import runfacts
+from gpuadvise.analyzer.model import runfacts, switches
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.model.kernels import matrix_speedup
 from gpuadvise.analyzer.model.trace import names_in
@@ -104,13 +104,19 @@ class NoTensorCores(Rule):
                       f"no faster than {floor:g} µs: " + ", ".join(parts))
         values = [v for v, _ in savings.values() if v is not None]
         span = (min(values), max(values)) if len(values) > 1 else None
+        fw = runfacts.framework(a.facts)  # advice names the framework's own switch (TrainingArguments, …)
         if dev and dev.vendor == "amd":
             advice = f"{dev_name} has matrix cores: run matmuls in bf16 with `torch.autocast`."
+        elif amp == "bf16" and switches.already(fw, "bf16"):  # never ask for what the run had on
+            advice = (f"{switches.already(fw, 'bf16')} is set, yet these matmuls ran in fp32: they run outside the "
+                      "autocast region the framework opens (called outside `forward`, or forced to float32).")
         elif amp == "bf16":
             tf32 = savings.get("tf32", (None, ""))[0]
-            advice = (f"Run the forward pass under `torch.autocast('cuda', dtype=torch.bfloat16)` ({saving:.0f} % of the step)."
+            advice = (f"{switches.sentence(switches.bf16(fw))} ({saving:.0f} % of the step)."
                       + (f" If you cannot change precision that far, TF32 is one line, "
                          f"`torch.set_float32_matmul_precision('high')`, and saves about {tf32:.0f} %."
+                         if tf32 is not None and round(tf32) > 0 and fw is None else
+                         f" If you cannot change precision that far, {switches.tf32(fw)} (TF32) saves about {tf32:.0f} %."
                          if tf32 is not None and round(tf32) > 0 else
                          " TF32 alone would not shorten the step measurably: bf16 halves the bytes as well."
                          if tf32 is not None else ""))

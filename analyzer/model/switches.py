@@ -15,6 +15,11 @@ from .runfacts import DataLoaderFact, FrameworkFact
 TRAINING_ARGUMENTS = "`TrainingArguments`"
 
 
+def sentence(phrase: str) -> str:
+    """A phrase from here as the start of a sentence."""
+    return phrase[:1].upper() + phrase[1:]
+
+
 def _hf(fw: FrameworkFact | None) -> bool:
     return fw is not None and fw.name == "transformers"
 

@@ -111,14 +111,18 @@ class StepSources:
         sources = self
 
         def __next__(it):
-            # Without an optimizer (inference, custom update rules) each batch starts a step.
-            if sources.mode == "auto" and sources.optimizer_steps == 0:
-                sources._primary("dataloader")
-            elif sources.mode == "framework" and sources._first_batch_starts:
-                sources.framework_step(sources.framework)
+            sources.batch()
             return original(it)
 
         dl._BaseDataLoaderIter.__next__ = __next__
+
+    def batch(self) -> None:
+        """A DataLoader batch is asked for."""
+        # Without an optimizer (inference, custom update rules) each batch starts a step.
+        if self.mode == "auto" and self.optimizer_steps == 0:
+            self._primary("dataloader")
+        elif self.mode == "framework" and self._first_batch_starts:  # the framework's first step starts here
+            self.framework_step(self.framework)
 
     def _hook_fallbacks(self, torch) -> None:
         sources = self
