@@ -150,7 +150,8 @@ class DataloaderStall(Rule):
                 advice += (f"\nThe DataLoader {switches.loader_origin(fw, d)} has num_workers={d.num_workers}, "
                            f"pin_memory={d.pin_memory}, prefetch_factor={d.prefetch_factor}, "
                            f"persistent_workers={d.persistent_workers}.")
-                sources.append(d.created_at)  # the user's line, also for a loader a framework built
+                if d.created_at != "?":
+                    sources.append(d.created_at)  # the user's line, also for a loader a framework built
         if floor > 0:  # what shortens the hand-over itself (not more workers)
             pinned = any(d.pin_memory for d in loaders) or switches.already(fw, "pin_memory") is not None
             pin = (switches.pin_memory(fw, main) + ": batches are then received on a background thread; "

@@ -157,11 +157,10 @@ class _Enum:
 # -- objects a framework built, placed at the user's line ----------------------------------------------------------
 @pytest.fixture
 def fake_framework(tmp_path, monkeypatch):
-    """An installed package `fakefw` whose `train()` builds an object for the user, and `wrap()` that
-    builds it in the user's frame through a wrapper that holds it (as Lightning wraps DataLoader.__init__)."""
-    from gpuadvise.harness import facts
-
-    site = tmp_path / "site-packages"
+    """An installed package `fakefw` whose `train()` builds an object for the user, and whose
+    `wrapped_init(obj)` records an object the user builds, from a wrapper that holds it (as Lightning
+    wraps `DataLoader.__init__`)."""
+    site = tmp_path / "site-packages"  # model/frames.py: a frame in a site-packages folder is library code
     (site / "fakefw").mkdir(parents=True)
     (site / "fakefw" / "__init__.py").write_text(textwrap.dedent('''
         import sys
@@ -180,9 +179,6 @@ def fake_framework(tmp_path, monkeypatch):
         def wrapped_init(obj):
             obj.origin = facts.built(obj, sys._getframe(0))
     '''))
-    real = str(site.resolve()) + "/"
-    monkeypatch.setattr(facts, "_SKIP_DIRS", [real])
-    monkeypatch.setattr(facts, "_PACKAGE_DIRS", [real])
     monkeypatch.syspath_prepend(str(site))
     sys.modules.pop("fakefw", None)
     yield importlib.import_module("fakefw")

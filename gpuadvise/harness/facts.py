@@ -1,8 +1,8 @@
 """Light instrumentation of the settings the rules care about, recorded while the script runs.
 
 Each patch wraps a constructor or function, records a few attributes and where the user called it
-(file:line of the first frame outside torch, gpuadvise, the standard library and installed packages),
-and calls the original. Every recording is wrapped so that a failure here can never reach the user's code.
+(file:line of the first frame in the user's own code: analyzer/model/frames.py), and calls the original. Every recording is
+wrapped so that a failure here can never reach the user's code.
 
 An object an installed framework built for the user (the DataLoader a `transformers.Trainer` makes inside
 `trainer.train()`) is placed at the user's line that called the framework, and says which package built it.
@@ -11,41 +11,13 @@ An object an installed framework built for the user (the DataLoader a `transform
 from __future__ import annotations
 
 import functools
+import re
 import sys
 
+from gpuadvise.analyzer.model import frames
+
 _FACTS: dict = {"dataloaders": [], "optimizers": [], "autocast": [], "compile": [], "wrappers": []}
-_SKIP_DIRS: list[str] = []  # install folders of torch, gpuadvise, the standard library, installed packages
-_PACKAGE_DIRS: list[str] = []  # the installed-package folders: a frame there names the package that built an object
-
-
-def _library_dirs(torch) -> list[str]:
-    import importlib.util
-    import os
-
-    # gpuadvise's own folders, found without importing the package this module belongs to
-    ours = [os.path.dirname(os.path.dirname(__file__))]
-    for name in ("gpuadvise.analyzer", "gpuadvise.rules", "gpuadvise.fixtures"):
-        spec = importlib.util.find_spec(name)
-        ours += list(spec.submodule_search_locations or []) if spec else []
-    dirs = {os.path.dirname(torch.__file__), os.path.dirname(os.__file__), *ours, *_package_dirs()}  # + the standard library
-    return sorted(os.path.realpath(d) + os.sep for d in dirs)
-
-
-def _package_dirs() -> list[str]:
-    """site-packages and the like: where installed frameworks (transformers, lightning, accelerate) live."""
-    import os
-    import site
-    import sysconfig
-
-    dirs = set()
-    try:
-        dirs.update(site.getsitepackages())
-        dirs.add(site.getusersitepackages())
-    except Exception:  # a virtualenv's old site.py has neither
-        pass
-    paths = sysconfig.get_paths()
-    dirs.update(paths[k] for k in ("purelib", "platlib") if paths.get(k))
-    return sorted(os.path.realpath(d) + os.sep for d in dirs if d)
+_INSTALLED = re.compile(r"(^|/)(site-packages|dist-packages)/")
 
 
 def facts() -> dict:
@@ -53,25 +25,13 @@ def facts() -> dict:
 
 
 def caller() -> str:
-    """file:line of the innermost frame that belongs to the user's code."""
-    f = _user_frame(sys._getframe(2))
-    return f"{_short(f.f_code.co_filename)}:{f.f_lineno}" if f is not None else "?"
+    """file:line of the innermost frame that belongs to the user's code (model/frames.py judges: not
+    torch, not a framework, not the standard library, not gpuadvise); "?" when none does."""
+    return frames.live(1).site or "?"
 
 
 def _is_user(frame) -> bool:
-    import os
-
-    name = frame.f_code.co_filename
-    if name.startswith("<"):
-        return False
-    real = os.path.realpath(name)
-    return not any(real.startswith(d) for d in _SKIP_DIRS)
-
-
-def _user_frame(f):
-    while f is not None and not _is_user(f):
-        f = f.f_back
-    return f
+    return not frames.is_library(frame.f_code.co_filename)
 
 
 def built(obj, start) -> dict:
@@ -81,13 +41,11 @@ def built(obj, start) -> dict:
     gpuadvise's own wrappers are no framework) and `call` (the user's line, as written).
     Frames that hold `obj` itself are its constructors and their wrappers (a subclass's `__init__`, a
     framework wrapping `DataLoader.__init__` to record its arguments): they build nothing on their own."""
-    import os
-
     package, f = None, start
     while f is not None and not _is_user(f):
         if not any(v is obj for v in f.f_locals.values()):
             # a framework frame that asked for the object: the outermost one is what the user's line called
-            package = _package_of(os.path.realpath(f.f_code.co_filename)) or package
+            package = _framework_of(f.f_code.co_filename) or package
         f = f.f_back
     if f is None:
         return {"created_at": "?"}
@@ -103,32 +61,22 @@ def user_call(frame) -> dict:
     message like "built by transformers (train.py:41 `trainer.train()`)") and `in_function`."""
     import linecache
 
-    f = _user_frame(frame)
+    f = frame
+    while f is not None and not _is_user(f):
+        f = f.f_back
     if f is None:
         return {"called_at": "?", "call": "", "in_function": ""}
-    return {"called_at": f"{_short(f.f_code.co_filename)}:{f.f_lineno}",
+    return {"called_at": frames.Frame(f.f_code.co_filename, f.f_lineno).site,
             "call": linecache.getline(f.f_code.co_filename, f.f_lineno).strip()[:120], "in_function": f.f_code.co_name}
 
 
-def _package_of(path: str) -> str | None:
-    """The installed package a file belongs to ("transformers" for …/site-packages/transformers/trainer.py);
-    None for torch (a DataLoader subclass is torch's own) and for files outside the package folders."""
-    for d in _PACKAGE_DIRS:
-        if path.startswith(d):
-            top = path[len(d):].split("/", 1)[0].split("\\", 1)[0]
-            top = top[:-3] if top.endswith(".py") else top
-            return None if top in ("torch", "") else top
-    return None
-
-
-def _short(path: str) -> str:
-    import os
-
-    try:
-        rel = os.path.relpath(path)
-        return rel if not rel.startswith("..") else path
-    except ValueError:
-        return path
+def _framework_of(path: str) -> str | None:
+    """The installed package a library frame belongs to ("transformers" for …/site-packages/transformers/
+    trainer.py); None for torch (a DataLoader subclass is torch's own), gpuadvise, the standard library."""
+    if not _INSTALLED.search(path.replace("\\", "/")):
+        return None
+    name = frames.package(path)
+    return None if name in ("torch", "gpuadvise") else name
 
 
 def _safe(fn):
@@ -144,8 +92,6 @@ def _safe(fn):
 
 def install(torch) -> None:
     """Patch torch entry points to record facts. Called once, before the user's script runs."""
-    _SKIP_DIRS[:] = _library_dirs(torch)
-    _PACKAGE_DIRS[:] = _package_dirs()
     _wrap_init(torch.utils.data.DataLoader, _record_dataloader)
     _wrap_init(torch.nn.DataParallel, lambda obj, a, k, where: _FACTS["wrappers"].append({"kind": "DataParallel", "created_at": where}))
     try:
