@@ -26,6 +26,9 @@ for x, y in loader:
 If workers are already in use and still stall, the per-sample work is too heavy: decode or augment
 on the GPU (torchvision.transforms.v2 on tensors, NVIDIA DALI), store pre-processed data, or read from
 faster storage.
+Under transformers' Trainer the switch is `TrainingArguments(dataloader_num_workers=…,
+dataloader_pin_memory=True)`; under Lightning, the `DataLoader` your `train_dataloader()` (or
+LightningDataModule) returns; the advice names the one the run used, at your line.
 
 ## Thresholds
 Fires when the DataLoader takes at least 5 % of the median step (the PyTorch TensorBoard plugin's

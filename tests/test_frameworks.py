@@ -279,7 +279,7 @@ def test_the_stall_names_the_trainers_switch(load_built):
 
 def test_the_stall_names_the_lightning_train_dataloader(load_built):
     f = _finding(load_built, _stall(), _facts(LIGHTNING, LIGHTNING_LOADERS), "dataloader-stall")
-    assert "pass `num_workers` (more than 0) to the `DataLoader` at model.py:27 (your `train_dataloader()`)" in f.advice
+    assert "pass `num_workers` (more than 0) to the `DataLoader` at model.py:27, in your `train_dataloader()`" in f.advice
     assert "model.py:30" not in f.advice
 
 

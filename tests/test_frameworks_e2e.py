@@ -6,6 +6,8 @@
   the window);
 - `python lightning_callback.py` with `gpuadvise.integrations.lightning.GpuadviseCallback` (gradient
   accumulation, the sanity check, a validation inside the window);
+- `gpuadvise profile lightning_ddp.py` on Lightning's Trainer with `strategy="ddp"`, `devices=2`: Lightning
+  starts the second process itself, and it is profiled too;
 - `accelerate launch --multi_gpu --num_processes 2 -m gpuadvise profile … accelerate_train.py` (two CPU
   processes on gloo: `--cpu` would start one, it needs mpirun for more);
 - the hand-written loop with the same planted problem, which every framework run is held to.
@@ -32,6 +34,7 @@ pytest.importorskip("torch")
 PROBES = Path(__file__).resolve().parent / "probes" / "frameworks"
 WINDOW = ["--wait", "2", "--warmup", "1", "--active", "3"]  # recorded: steps 3, 4 and 5
 TIMEOUT = 300
+JOB_RULES = ("straggler", "comm-overlap")  # findings about a job of several ranks: a single loop has none
 
 
 def _need(module: str, extra: str):
@@ -117,6 +120,14 @@ def hf_callback(tmp_path_factory) -> Run:
     cwd, run = _run_folder(tmp_path_factory, "hfcb")
     proc = _run([sys.executable, str(PROBES / "hf_callback.py"), str(run), str(cwd / "trainer")], PROBES)
     return Run(run, proc, _analyze(run, cwd))
+
+
+@pytest.fixture(scope="module")
+def lightning_ddp(tmp_path_factory) -> tuple[Path, dict]:
+    _need("lightning", "lightning")
+    cwd, run = _run_folder(tmp_path_factory, "lightning_ddp")
+    _profile("lightning_ddp.py", run, PROBES, str(cwd / "logs"))
+    return run, _analyze(run, cwd)
 
 
 @pytest.fixture(scope="module")
@@ -239,12 +250,31 @@ def test_lightning_facts_are_the_trainers_settings(lightning):
 
 def test_lightning_stall_names_the_users_dataloader(lightning, loop):
     stall = lightning.findings["dataloader-stall"]
-    where = _line_of("lightning_callback.py", "SlowPairs(), batch_size=8")
-    assert f"to the `DataLoader` at {where} (your `train_dataloader()`)" in stall["advice"]
+    where = _line_of("lit_model.py", "SlowPairs(), batch_size=8")  # the first: train_dataloader()
+    assert f"to the `DataLoader` at {where}, in your `train_dataloader()`" in stall["advice"]
     assert stall["evidence"]["sources"][-1] == where  # the training loader only: not the validation one
     _no_library_paths(json.dumps(stall))
     assert "gpuadvise dataloader-stall:" in lightning.proc.stderr  # log_findings: through Lightning's log
     assert set(lightning.findings) == set(loop.findings)
+
+
+# -- Lightning starting its own processes, under gpuadvise profile -------------------------------------------
+def test_lightning_ddp_profiles_the_process_lightning_starts(lightning_ddp, loop):
+    run, report = lightning_ddp
+    for name in ("run.json", "run.rank1.json"):
+        facts = _run_json(run, name)
+        assert facts["steps"]["count"] == 7 and set(facts["steps"]["step_sources"]) == {"lightning"}
+        fw = facts["framework"]
+        assert (fw["settings"]["strategy"], fw["settings"]["num_devices"]) == ("DDPStrategy", 2)
+        # validation after optimizer step 4 (in step 5), the checkpoint Lightning saves at its end inside it
+        assert sorted((p["kind"], p["step"]) for p in fw["phases"]) == [("checkpoint", 5), ("evaluation", 5)]
+    assert len(report["traces"]) == 2
+    for t in report["traces"]:
+        assert [s["step"] for s in t["steps_left_out"]] == [5] and t["step_numbers"] == [3, 4]
+    stalls = [f for f in report["findings"] if f["topic"] == "dataloader-stall"]
+    assert len(stalls) == 2 and all("in your `train_dataloader()`" in f["advice"] for f in stalls)
+    for rank in (0, 1):  # each rank gets what the hand-written loop gets (the job rules come on top)
+        assert {f["topic"] for f in report["findings"] if f["rank"] == rank and f["topic"] not in JOB_RULES} == set(loop.findings)
 
 
 # -- accelerate launch, two CPU processes ---------------------------------------------------------------------
@@ -263,4 +293,5 @@ def test_accelerate_launch_profiles_every_process(accelerate_job, loop):
     for f in stalls:  # the user's own DataLoader line, not the copy `prepare` made inside accelerate
         assert f["evidence"]["sources"][-1] == _line_of("accelerate_train.py", "DataLoader(")
         _no_library_paths(json.dumps(f))
-    assert {f["topic"] for f in report["findings"] if f["rank"] in (0, None)} == set(loop.findings)
+    for rank in (0, 1):
+        assert {f["topic"] for f in report["findings"] if f["rank"] == rank and f["topic"] not in JOB_RULES} == set(loop.findings)

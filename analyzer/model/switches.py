@@ -31,7 +31,7 @@ def _lightning(fw: FrameworkFact | None) -> bool:
 def _loader_site(loader: DataLoaderFact | None) -> str:
     if loader is None or loader.created_at == "?":
         return ""
-    return f" at {loader.created_at}" + (f" (your `{loader.in_function}()`)" if loader.in_function not in (None, "", "<module>") else "")
+    return f" at {loader.created_at}" + (f", in your `{loader.in_function}()`" if loader.in_function not in (None, "", "<module>") else "")
 
 
 def num_workers(fw: FrameworkFact | None, n: int | None, loader: DataLoaderFact | None = None) -> str:

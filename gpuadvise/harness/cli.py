@@ -149,7 +149,7 @@ def main(argv: list[str]) -> int:
         "stop_after_capture": args.stop_after_capture, "with_stack": args.with_stack, "record_shapes": args.record_shapes,
         "shapes_probe": args.shapes_probe, "profile_memory": args.profile_memory, "memory_history": args.memory_history,
         "memory_steps": args.memory_steps, "max_entries": args.max_entries,
-        "run": run,
+        "run": run, "rank_argv": rank_argv(args, out.resolve()),
     }
     fd, config_path = tempfile.mkstemp(prefix="gpuadvise-profile-", suffix=".json")
     with os.fdopen(fd, "w") as fh:
@@ -173,6 +173,17 @@ def main(argv: list[str]) -> int:
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return code
+
+
+def rank_argv(args, out: Path) -> list[str]:
+    """The options for `gpuadvise profile` in a process the script itself starts for another rank
+    (Lightning's Trainer re-runs the script once per extra device): the same window and folder, no
+    summary, no --report/--perfetto (they are this process's)."""
+    argv = ["-q", "-o", str(out), "--wait", str(args.wait), "--warmup", str(args.warmup), "--active", str(args.active),
+            "--memory-steps", str(args.memory_steps), "--max-entries", str(args.max_entries)]
+    for name in ("with_stack", "record_shapes", "shapes_probe", "profile_memory", "memory_history"):
+        argv.append(f"--{'' if getattr(args, name) else 'no-'}{name.replace('_', '-')}")
+    return argv + (["--force"] if args.force else []) + (["--stop-after-capture"] if args.stop_after_capture else [])
 
 
 def _run_child(cmd: list[str]) -> int:

@@ -4,7 +4,9 @@ checkpoints are marked as such.
 
 Attached when the script imports the Trainer's module (importwatch.py): every Trainer built from then on
 gets a step callback (unless the user added gpuadvise's own, which is one), and `Trainer.save_checkpoint`
-runs as `Phase("checkpoint")`.
+runs as `Phase("checkpoint")`. Under `gpuadvise profile`, the processes Lightning starts for the other
+devices (`strategy="ddp"`, `devices=N`: it re-runs the script once per device) run under
+`gpuadvise profile` too, into the same folder (files named by rank).
 
 The steps: `on_fit_start` hands the loop to Lightning (the sanity check's validation batches are then no
 steps), `on_train_start` starts the first step, and `on_train_batch_end` ends one each time
@@ -19,6 +21,7 @@ import importlib
 import sys
 
 from . import frameworks
+from .active import active
 
 _CLASSES: dict = {}  # the step callback class, per Lightning package ("lightning.pytorch", "pytorch_lightning")
 
@@ -121,6 +124,29 @@ def attach(module) -> None:
             pass
 
     frameworks.patch(trainer, "__init__", __init__)
+    _profile_every_rank(package)
     method = trainer.__dict__.get("save_checkpoint")
     if method is not None and not hasattr(method, "__gpuadvise_phase__"):
         frameworks.patch(trainer, "save_checkpoint", frameworks.in_phase("checkpoint", method))
+
+
+def _profile_every_rank(package: str) -> None:
+    """The command Lightning starts each extra rank with, put under `gpuadvise profile` with this run's
+    options (only under `gpuadvise profile`: a callback profiles each rank itself, where it runs)."""
+    try:
+        launcher = importlib.import_module(package + ".strategies.launchers.subprocess_script")
+        original = launcher._basic_subprocess_cmd
+    except (ImportError, AttributeError):  # another Lightning layout: the extra ranks run unprofiled
+        return
+
+    @functools.wraps(original)
+    def command():
+        cmd = list(original())
+        session = active()
+        argv = session.config.get("rank_argv") if session is not None else None
+        if not argv:
+            return cmd
+        # [python, script.py, args…] or [python, -m, module, args…]: profile reads both after its options
+        return [cmd[0], "-m", "gpuadvise", "profile", *argv, *cmd[1:]]
+
+    frameworks.patch(launcher, "_basic_subprocess_cmd", command)

@@ -11,9 +11,14 @@ run.json, the keys the capture writes:
   `exit_signal` (if killed by one), `script_exit_code` (as the child saw it), `rank`;
 - `environment` (torch/CUDA/cuDNN/Python versions, device), `settings` (TF32, cudnn.benchmark),
   `dataloaders`, `optimizers`, `autocast`, `compile`, `wrappers` (facts.py);
+- `framework` (frameworks.py; only when transformers' Trainer, Lightning or Accelerate ran the loop):
+  `name`, `version`, `entry`, `called_at`, `call`, `settings` (as the framework reports them),
+  `accelerate` (under the Trainer), `phases` (evaluation and checkpoints: `kind`, `step`, `window`, `ms`);
 - `capture`: `state` ("captured", "waiting for steps", "incomplete: …", "failed: …"), `error`,
   `steps_stepped` (step boundaries seen), `step_source` (what marked the window's steps:
-  "optimizer.step()", "DataLoader batch", "gpuadvise.step()", "backward()", "CUDA graph replay"),
+  "optimizer.step()", "DataLoader batch", "gpuadvise.step()", "backward()", "CUDA graph replay",
+  "transformers Trainer step", "Lightning Trainer step", "Accelerate optimizer step"),
+  `framework_errors` (a framework gpuadvise could not attach to: it ran unmarked),
   `files`, `window` {wait, warmup, active}, `options` {record_shapes, shapes_probe, with_stack,
   profile_memory, memory_history}, `memory_steps` (steps of CUDA memory history after the window;
   0 without a GPU), `memory_stats` (GPU: `torch.cuda.memory_stats()` at the end of the window),
@@ -37,7 +42,8 @@ run.json, the keys the capture writes:
     armed, CUDA tracer on, events discarded), "active" (recorded: these are the trace's steps),
     "memory" (GPU: CUDA memory history on, after the window), "after" (nothing: after the window),
     "off" (nothing: profiling failed or never started). `step_sources` per step: "optimizer",
-    "dataloader", "manual", "backward", "cuda_graph";
+    "dataloader", "manual", "backward", "cuda_graph", or the framework whose step it was ("transformers",
+    "lightning", "accelerate");
   - `count`: steps completed in all; `kept`: "all", or "first N and last M of COUNT" (long runs keep
     the first `wait+warmup+active+100` steps and the last 50);
   - `settle`: steps numbered ≤ settle (2) are the loop's own start-up and count in no median;
