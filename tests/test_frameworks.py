@@ -358,6 +358,18 @@ def test_switch_phrases_per_framework():
     assert switches.compile_model(lit).startswith("compile the model before fitting")
 
 
+def test_compare_lists_the_framework_settings_that_changed():
+    from gpuadvise.analyzer.compare.diff import environment
+
+    def side(workers: int) -> dict:
+        fw = dict(HF, settings=dict(HF["settings"], dataloader_num_workers=workers))
+        return {"report": {"traces": [{}]}, "facts": _facts(fw, HF_LOADERS)}
+
+    rows = environment(side(0), side(4))
+    assert {"key": "framework.settings.dataloader_num_workers", "before": 0, "after": 4} in rows
+    assert not [r for r in rows if r["key"].startswith("framework.") and r["key"] != "framework.settings.dataloader_num_workers"]
+
+
 # -- evaluation and checkpoints inside the window --------------------------------------------------------------------
 def _steps_with_phase(kind: str | None, at: int = 2, gpu: bool = True) -> TraceBuilder:
     b = TraceBuilder() if gpu else TraceBuilder(device=None)
@@ -415,6 +427,19 @@ def test_phases_in_every_step_are_cut_instead(load_built):
     m = compute(load_built(b))
     assert len(m.steps) == 3 and m.one_time_cut is not None
     assert one_time_note(m).startswith("Every step holds the framework's evaluation or checkpointing")
+
+
+def test_a_callback_that_cannot_profile_lets_training_run(tmp_path, capsys):
+    from gpuadvise.integrations.callback_capture import CallbackCapture
+
+    (tmp_path / "run.json").write_text("{}")  # an earlier capture the user did not ask to replace
+    session = CallbackCapture("GpuadviseCallback(test)", tmp_path, {}, summary=True)
+    session.start()
+    assert session.capture is None and not session.complete()
+    session.finish()  # the end of training: nothing to end, nothing printed
+    err = capsys.readouterr().err
+    assert err.startswith("gpuadvise> not profiling this run: ") and str(tmp_path) in err and "force" in err
+    assert err.count("\n") == 1
 
 
 # -- the callbacks without their framework --------------------------------------------------------------------------

@@ -351,6 +351,12 @@ def env_facts(side: dict) -> dict[str, object]:
                 for k, v in entry.items():
                     if k not in _SKIP_KEYS:
                         out[f"{name}[{i}].{k}"] = v
+    fw = facts.get("framework") if isinstance(facts.get("framework"), dict) else {}
+    for k in ("name", "version"):  # the training framework and its own settings (TrainingArguments, …)
+        if fw.get(k) is not None:
+            out[f"framework.{k}"] = fw[k]
+    for k, v in (fw.get("settings") if isinstance(fw.get("settings"), dict) else {}).items():
+        out[f"framework.settings.{k}"] = v
     out.update(compile_facts(facts))  # what torch.compile did (compare/compiled.py)
     capture = facts.get("capture") or {}
     for part in ("options", "window"):

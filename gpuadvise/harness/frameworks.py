@@ -75,7 +75,8 @@ def record(key: str, values: dict) -> None:
     """Facts the framework reports beside its settings (Accelerate's state under the Trainer, the loaders
     Lightning attached at the start of training)."""
     try:
-        _FRAMEWORK.setdefault(key, {}).update(_plain(values))
+        if values:
+            _FRAMEWORK.setdefault(key, {}).update(_plain(values))
     except Exception:
         pass
 
@@ -99,12 +100,6 @@ def step(name: str) -> None:
     session = active()
     if session is not None:
         session.sources.framework_step(name)
-
-
-def owner() -> str | None:
-    """The framework whose steps are the steps now (None: none, or not under a session)."""
-    session = active()
-    return session.sources.framework if session is not None else None
 
 
 class Phase:

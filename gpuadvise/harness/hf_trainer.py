@@ -1,8 +1,8 @@
 """transformers' `Trainer` under a profiling session: its optimizer steps are the steps, its
 `TrainingArguments` go into run.json, and its evaluation and checkpoints are marked as such.
 
-Attached when the script imports `transformers.trainer` (importwatch.py): every `Trainer` built from then
-on gets a `StepCallback` (unless the user added gpuadvise's own callback, which is one), and
+Attached when the script imports `transformers.trainer` (importwatch.py): every `Trainer.train()` from
+then on runs with a `StepCallback` (unless the user added gpuadvise's own callback, which is one), and
 `Trainer.evaluate` / `Trainer._save_checkpoint` run as `Phase("evaluation")` / `Phase("checkpoint")`.
 
 The Trainer calls `on_train_begin` before its first batch and `on_step_end` after each optimizer step
@@ -69,18 +69,19 @@ def attach(module) -> None:
     if not frameworks.attach_once("transformers"):
         return
     trainer = module.Trainer
-    original_init = trainer.__init__
+    original_train = trainer.train
 
-    @functools.wraps(original_init)
-    def __init__(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
+    @functools.wraps(original_train)
+    def train(self, *args, **kwargs):
+        # at train(), not at construction: a Trainer built before the session started is marked too
         try:
             if not any(isinstance(cb, StepCallback) for cb in self.callback_handler.callbacks):
                 self.add_callback(StepCallback())
         except Exception:
             pass
+        return original_train(self, *args, **kwargs)
 
-    frameworks.patch(trainer, "__init__", __init__)
+    frameworks.patch(trainer, "train", train)
     for name, kind in (("evaluate", "evaluation"), ("_save_checkpoint", "checkpoint")):
         method = trainer.__dict__.get(name)
         if method is not None and not hasattr(method, "__gpuadvise_phase__"):

@@ -2,9 +2,9 @@
 session: its optimizer steps are the steps, its own settings go into run.json, and its validation and
 checkpoints are marked as such.
 
-Attached when the script imports the Trainer's module (importwatch.py): every Trainer built from then on
-gets a step callback (unless the user added gpuadvise's own, which is one), and `Trainer.save_checkpoint`
-runs as `Phase("checkpoint")`. Under `gpuadvise profile`, the processes Lightning starts for the other
+Attached when the script imports the Trainer's module (importwatch.py): every `Trainer.fit()` from then on
+runs with a step callback (unless the user added gpuadvise's own, which is one), and
+`Trainer.save_checkpoint` runs as `Phase("checkpoint")`. Under `gpuadvise profile`, the processes Lightning starts for the other
 devices (`strategy="ddp"`, `devices=N`: it re-runs the script once per device) run under
 `gpuadvise profile` too, into the same folder (files named by rank).
 
@@ -112,18 +112,19 @@ def attach(module) -> None:
         return
     trainer = module.Trainer
     cls = step_callback_class(package)
-    original_init = trainer.__init__
+    original_fit = trainer.fit
 
-    @functools.wraps(original_init)
-    def __init__(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
+    @functools.wraps(original_fit)
+    def fit(self, *args, **kwargs):
+        # at fit(), not at construction: a Trainer built before the session started is marked too
         try:
             if not any(isinstance(cb, StepCallbackMixin) for cb in self.callbacks):
                 self.callbacks.append(cls())
         except Exception:
             pass
+        return original_fit(self, *args, **kwargs)
 
-    frameworks.patch(trainer, "__init__", __init__)
+    frameworks.patch(trainer, "fit", fit)
     _profile_every_rank(package)
     method = trainer.__dict__.get("save_checkpoint")
     if method is not None and not hasattr(method, "__gpuadvise_phase__"):

@@ -30,9 +30,14 @@ class CallbackCapture:
             return
         out = self.out or runfolder.new_run_dir(sys.argv[0] if sys.argv and sys.argv[0] else "train")
         self.path = Path(out)
-        self.capture = Capture(out, **self.options)
-        self.capture.command = [self.name, str(out)]
-        self.capture.__enter__()
+        capture = Capture(out, **self.options)
+        capture.command = [self.name, str(out)]
+        try:
+            capture.__enter__()
+        except Exception as exc:  # a folder holding an older capture, one we cannot create: train on, unprofiled
+            print(f"{PREFIX}not profiling this run: {exc}", file=sys.stderr, flush=True)
+            return
+        self.capture = capture
 
     def complete(self) -> bool:
         """Our session has written the trace and recorded what it records after the window."""
