@@ -51,7 +51,8 @@ class ViewData:
         return self.reports[self.current]
 
     @property
-    def trace_summary(self) -> TraceSummary:
+    def current_summary(self) -> TraceSummary:
+        """The current trace's summary (the figures every report format quotes)."""
         return self.summary.traces[self.current]
 
     @property

@@ -72,7 +72,7 @@ idle; and GPU busy % per step (0–100 % scale).
     def _facts(self) -> Text:
         """The trace's summary (the figures every report format quotes), with the device details and
         versions its model records."""
-        r, summary = self.data.report, self.data.trace_summary
+        r, summary = self.data.report, self.data.current_summary
         t = Text(no_wrap=False, end="")
 
         def row(label: str, value: Text | str) -> None:
