@@ -3,8 +3,8 @@
 `compare(before, after)` reads two typed sides (`side.Side`: the analysis's summary, the one every
 report format reads, plus each step's time, kernel and op totals and the run.json facts), so it runs on
 hand-made sides as well (tests) and never touches a trace. Every figure it takes from a side is the
-value the JSON report holds (`report.json.finite`: NaN becomes null), so a comparison never quotes a number the
-reports do not.
+value the JSON report holds (`report.json.finite`: NaN becomes null), so a comparison never quotes a
+number the reports do not.
 
 Findings are matched by rule: *resolved* (on BEFORE only), *new* (on AFTER only), *still there*
 (both), and *unchecked* when the rule could not run on the other side (a memory rule without memory

@@ -119,6 +119,7 @@ class RunSummary:
 
 
 def summarize(reports: list[TraceReport]) -> RunSummary:
+    """The summary of `reports` (`Reports`, or a plain list of `TraceReport`s: no job then)."""
     traces = tuple(TraceSummary.of(r) for r in reports)
     findings = tuple(all_findings(reports))
     return RunSummary(traces=traces, findings=findings, heading=heading(traces), job=getattr(reports, "job", None),
