@@ -360,10 +360,11 @@ def test_switch_phrases_per_framework():
 
 def test_compare_lists_the_framework_settings_that_changed():
     from gpuadvise.analyzer.compare.diff import environment
+    from gpuadvise.analyzer.compare.side import Side
 
-    def side(workers: int) -> dict:
+    def side(workers: int) -> Side:
         fw = dict(HF, settings=dict(HF["settings"], dataloader_num_workers=workers))
-        return {"report": {"traces": [{}]}, "facts": _facts(fw, HF_LOADERS)}
+        return Side(label=f"{workers} workers", facts=_facts(fw, HF_LOADERS))
 
     rows = environment(side(0), side(4))
     assert {"key": "framework.settings.dataloader_num_workers", "before": 0, "after": 4} in rows
