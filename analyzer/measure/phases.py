@@ -18,6 +18,12 @@ from . import intervals as iv
 from .spans import annotation_spans
 
 MIN_SHARE = 0.01  # a phase that takes under 1 % of a step (a checkpoint call with nothing to save) changes nothing
+REASON = "the framework's "  # how a left-out step's reason starts when a phase put it there
+
+
+def is_phase(reason: str) -> bool:
+    """Whether a left-out step's reason (`Metrics.left_out`) is a framework phase, not a one-time cost."""
+    return reason.startswith(REASON)
 
 
 def phase_spans(model) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -41,7 +47,7 @@ def apply(plan, model, steps) -> None:
         held = [(kind, float(iv.covered(s, e, [lo], [hi])[0])) for kind, (s, e) in phases.items()]
         held = [(kind, us) for kind, us in held if st.dur > 0 and us >= MIN_SHARE * st.dur]
         if held:
-            reasons[st.number] = "; ".join(f"the framework's {kind} ran in it ({us / 1e3:.0f} ms of its "
+            reasons[st.number] = "; ".join(f"{REASON}{kind} ran in it ({us / 1e3:.0f} ms of its "
                                            f"{st.dur / 1e3:.0f} ms): not a training step" for kind, us in held)
     left = {**plan.left_out, **reasons}
     if len(left) < len(steps):

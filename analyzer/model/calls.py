@@ -47,7 +47,6 @@ STEP = re.compile(r"^ProfilerStep#(\d+)$")
 # marks it with a CPU annotation named PHASE_PREFIX + the phase ("gpuadvise: evaluation"), and a step that
 # holds one is no ordinary training step.
 PHASE_PREFIX = "gpuadvise: "
-PHASES = ("evaluation", "checkpoint")
 # A GPU copy's name: "Memcpy HtoD (Pinned -> Device)" gives direction, source and destination memory.
 COPY_NAME = re.compile(r"^Memcpy (\w+) \(([\w ]+?) -> ([\w ]+?)\)")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpuadvise.analyzer.measure.calibration import Calibration
-from gpuadvise.analyzer.measure import perstep
+from gpuadvise.analyzer.measure import perstep, phases
 from gpuadvise.analyzer.measure.idle import idle_split
 from gpuadvise.analyzer.measure.metrics import Metrics
 from gpuadvise.analyzer.model import runfacts
@@ -62,7 +62,7 @@ def one_time_note(m: Metrics) -> str | None:
     """What was kept out of the figures for one-time costs or a framework's evaluation and checkpoints, in
     one sentence (None: nothing was)."""
     if m.left_out_steps:
-        one_time = any(not _is_phase(m.left_out.get(st.number, "")) for st in m.left_out_steps)
+        one_time = any(not phases.is_phase(m.left_out.get(st.number, "")) for st in m.left_out_steps)
         why = ("one-time costs; the capture findings say how to capture steady state" if one_time
                else "the framework's evaluation or checkpointing, not training")
         return (f"Left out of every figure ({why}): "
@@ -79,10 +79,6 @@ def one_time_note(m: Metrics) -> str | None:
         return (f"No step without one-time costs remains: {gone / 1e3:.1f} ms of one-time costs are cut out of "
                 f"{where}'s figures, which describe the remaining {float(m.per_step['dur_us'].sum()) / 1e3:.1f} ms.")
     return None
-
-
-def _is_phase(reason: str) -> bool:
-    return reason.startswith("the framework's ")
 
 
 def _step_basis(m: Metrics) -> str:
