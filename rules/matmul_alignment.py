@@ -130,7 +130,7 @@ class MatmulAlignment(Rule):
         if len(ref) >= t["min_reference_ops"]:
             rate = float(ref["flops"].sum() / ref["kernel_us"].sum())
             return rate, f"of a similar size reach {rate / 1e6:.0f} TFLOP/s in this trace ({len(ref)} ops)", None
-        peak = half_peak_tflops(a.device)
+        peak = half_peak_tflops(a.device, a.model.meta.platform)
         if peak is None:
             return None, "", None
         lo, hi = t["peak_fraction_range"]

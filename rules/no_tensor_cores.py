@@ -75,7 +75,7 @@ class NoTensorCores(Rule):
         dev = a.device
         cc = (dev.compute_major, dev.compute_minor) if dev and dev.compute_major is not None else None
         dev_name = dev.name if dev and dev.name else "this GPU"
-        ratios = matrix_speedup(dev)
+        ratios = matrix_speedup(dev, a.model.meta.platform)
         # the recommended fix (AMP in the 16-bit type the GPU has) and the one-line alternative (TF32)
         amp = "bf16" if "bf16" in ratios else "fp16" if "fp16" in ratios else None
         options = [(k, ratios[k]) for k in (amp, "tf32") if k in ratios]

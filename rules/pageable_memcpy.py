@@ -167,7 +167,7 @@ def _pinned_bandwidth(a: Analysis, pageable) -> tuple[float, str]:
     if len(pinned):
         gbps = float(pinned["bytes"].sum()) / max(float(pinned["dur"].sum()), 1e-9) / 1e3
         return gbps, f"{gbps:.0f} GB/s, measured on {len(pinned)} pinned copies of ≥ 1 MiB in this trace"
-    gbps = pinned_copy_gbps(a.device)
+    gbps = pinned_copy_gbps(a.device, a.model.meta.platform)
     dev = a.device.name if a.device is not None and a.device.name else "an unknown GPU"
     return gbps, f"expected {gbps:.0f} GB/s for {dev}'s PCIe generation (no large pinned copy in the trace)"
 

@@ -13,7 +13,7 @@ from . import replay_graph, whatif
 from .compiled import CompiledTrace, compiled_trace
 from .calibration import Calibration, calibrate, recorded_starts, scenario_on, unprofiled_step_ms
 from gpuadvise.analyzer.model.calls import TRAINING
-from gpuadvise.analyzer.model.kernels import has_matrix_units
+from gpuadvise.analyzer.model import devices
 from .memory import MemorySummary
 from .metrics import Metrics
 from gpuadvise.analyzer.model.trace import TraceModel
@@ -40,9 +40,15 @@ class Analysis:
         return self.model.device if self.model is not None else None
 
     @cached_property
+    def device_spec(self) -> devices.Spec:
+        """The GPU's row of the device table (model/devices.py): its peaks and bandwidth, and how it was matched."""
+        names = self.metrics.kernels["name"].head(200) if self.metrics is not None and len(self.metrics.kernels) else []
+        platform = self.model.meta.platform if self.model is not None else "unknown"
+        return devices.spec(self.device, platform, names)
+
+    @property
     def matrix_units(self) -> bool | None:
-        names = self.metrics.kernels["name"].head(200) if len(self.metrics.kernels) else []
-        return has_matrix_units(self.device, self.model.meta.platform, names)
+        return self.device_spec.has_matrix_units
 
     @cached_property
     def compiled(self) -> CompiledTrace | None:
