@@ -11,7 +11,7 @@ from functools import cached_property
 
 from . import replay_graph, whatif
 from .compiled import CompiledTrace, compiled_trace
-from .calibration import Calibration, calibrate, recorded_starts, scenario_on, unprofiled_step_ms
+from .calibration import NOISE, Calibration, calibrate, recorded_starts, scenario_on, unprofiled_step_ms
 from gpuadvise.analyzer.model.calls import TRAINING
 from gpuadvise.analyzer.model import devices
 from .memory import MemorySummary
@@ -65,7 +65,8 @@ class Analysis:
 
     @cached_property
     def calibration(self) -> Calibration | None:
-        """The profiler's own cost, from run.json's unprofiled step time (calibration.py)."""
+        """The profiler's own cost: fitted to run.json's unprofiled step time, else the typical per-event cost
+        (calibration.py)."""
         return self._calibration(whatif.baseline_of(whatif.Scenario(name="")))
 
     def _calibration(self, mode: whatif.Scenario) -> Calibration | None:
@@ -75,13 +76,13 @@ class Analysis:
         cache = self.__dict__.setdefault("_calibrations", {})
         key = repr(mode)
         if key not in cache:
-            measured, _ = unprofiled_step_ms(self.facts)  # no run.json times: no need to build the replay here
-            if not measured:
-                cache[key] = calibrate(None, float(self.metrics.median_step_us), self.facts)
-            else:
-                cache[key] = calibrate(self.replay, float(self.metrics.median_step_us), self.facts,
-                                       recorded_starts(self.model, self.replay.calls if self.replay is not None else None),
-                                       mode=mode)
+            measured, _ = unprofiled_step_ms(self.facts)
+            replay = self.replay
+            traced = float(self.metrics.median_step_us)
+            calls = replay.calls if replay is not None else None
+            fits = measured and traced > measured * 1e3 * NOISE  # the run shows what the profiler cost it
+            events = recorded_starts(self.model, calls, python=bool(fits)) if replay is not None else None
+            cache[key] = calibrate(replay, traced, self.facts, events, mode=mode)
         return cache[key]
 
     def _calibrated_baseline_us(self, mode: whatif.Scenario) -> float:
