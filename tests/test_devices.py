@@ -73,6 +73,13 @@ def test_the_40gb_a100_has_the_slower_memory():
     assert small.memory_gbps == 1555 < big.memory_gbps
 
 
+def test_pinned_bandwidth_follows_the_pcie_generation():
+    h100, a100, v100 = (devices.spec(Device(0, n, *cc)) for n, cc in
+                        (("NVIDIA H100 80GB HBM3", (9, 0)), ("NVIDIA A100", (8, 0)), ("Tesla V100", (7, 0))))
+    assert (h100.pcie_gen, a100.pcie_gen, v100.pcie_gen) == (5, 4, 3)
+    assert h100.pinned_copy_gbps > a100.pinned_copy_gbps > v100.pinned_copy_gbps == devices.FALLBACK.pinned_copy_gbps
+
+
 # -- the corpus: each vendor and generation, read from the trace's own header ----------------------------
 CORPUS_ROWS = {
     "kineto/tb_plugin/samples/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz": "V100 SXM2",

@@ -542,6 +542,24 @@ def test_a_skinny_gemm_is_bound_by_its_bytes_on_the_matrix_units(load_built):
     assert left == pytest.approx(100 * roofline_us / fp32_us, abs=3)  # GPU-bound: only the GEMMs in the step
 
 
+def test_fp8_is_predicted_only_where_an_fp8_library_is_in_use(load_built):
+    plain = _shaped_gemm_loop(*H100)
+    f = next(f for f in analyze(plain, load_built).findings if f.topic == "no-tensor-cores")
+    assert "fp8" not in f.evidence.numbers["saving_by_fix_pct"]
+    with_te = _shaped_gemm_loop(*H100)
+    with_te.cpu("transformer_engine::fp8_autocast", 20)  # Transformer Engine's ops show in the trace
+    with_te.finish()
+    by_fix = next(f for f in analyze(with_te, load_built).findings if f.topic == "no-tensor-cores").evidence.numbers[
+        "saving_by_fix_pct"]
+    assert by_fix["fp8"] > by_fix["bf16"] > by_fix["tf32"]
+    # an A100 has no fp8 path, whatever library the script imports
+    a100 = _shaped_gemm_loop("NVIDIA A100-SXM4-80GB", (8, 0))
+    a100.cpu("transformer_engine::fp8_autocast", 20)
+    a100.finish()
+    assert "fp8" not in next(f for f in analyze(a100, load_built).findings
+                             if f.topic == "no-tensor-cores").evidence.numbers["saving_by_fix_pct"]
+
+
 def test_turing_is_never_told_to_turn_on_tf32(load_built):
     for device in ("Tesla T4", "NVIDIA GeForce RTX 2080 Ti"):
         f = next(f for f in analyze(_gemm_trace(device, (7, 5), "turing_sgemm_128x64_nn"), load_built).findings

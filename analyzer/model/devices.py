@@ -48,6 +48,10 @@ from dataclasses import dataclass, replace
 from .trace import Device
 
 MATRIX_DTYPES = ("tf32", "bf16", "fp16", "fp8")
+# Host↔device bandwidth of pinned copies over the GPU's PCIe link, GB/s: what PCIe 5.0 / 4.0 / 3.0 x16
+# deliver in practice (64 / 32 / 16 GB/s on paper; ~50 / ~25 / ~12 measured for large pinned copies: 55
+# GB/s on the H100 pairs). Pageable copies are staged through a pinned bounce buffer and reach a fraction.
+PINNED_GBPS = {5: 50.0, 4: 25.0, 3: 12.0}
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,17 @@ class Spec:
         TF32), one decimal."""
         p = self.peak(dtype)
         return round(p / self.fp32, 1) if p and self.fp32 else None
+
+    @property
+    def half_peak(self) -> float | None:
+        """Dense bf16 (else fp16) matrix peak: what an aligned half-precision GEMM can reach when no aligned
+        GEMM in the trace shows what this device really does."""
+        return self.bf16 or self.fp16
+
+    @property
+    def pinned_copy_gbps(self) -> float:
+        """The pinned host↔device bandwidth to expect on this GPU's PCIe generation (12 GB/s if unknown)."""
+        return PINNED_GBPS.get(self.pcie_gen or 3, PINNED_GBPS[3])
 
     def describe(self) -> str:
         how = {"name": "", "architecture": " (by its architecture)", "kernel names": " (by its kernel names)"}

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import re
 
-from . import devices
-from .trace import Device
 
 COMM = re.compile(r"nccl|rccl|^ncclDevKernel|all_?reduce|all_?gather|reduce_?scatter|alltoall", re.I)
 
@@ -103,39 +101,6 @@ def precision_class(name: str) -> str:
     if h.startswith("triton_"):  # tl.dot picks TF32/bf16/fp32 at compile time: the name cannot tell
         return "other"
     return "fp32-simt" if CONV.search(h) or GEMM.search(h) else "other"
-
-
-def has_matrix_units(device: Device | None, platform: str, kernel_names) -> bool | None:
-    """Whether the GPU has Tensor Cores / matrix cores: True, False, or None when we cannot tell
-    (devices.py's table, by name, architecture or kernel names)."""
-    return devices.spec(device, platform, kernel_names).has_matrix_units
-
-
-def matrix_speedup(device: Device | None, platform: str = "unknown") -> dict[str, float]:
-    """How much faster a large fp32 GEMM runs on the device's matrix units, per operand type a precision
-    fix can choose ("tf32", "bf16", "fp16"): the ratio of the dense peaks in devices.py; empty when the
-    device (or its matrix units) is unknown."""
-    row = devices.spec(device, platform)
-    out = {d: row.speedup(d) for d in ("tf32", "bf16", "fp16")}
-    return {d: r for d, r in out.items() if r}
-
-
-def half_peak_tflops(device: Device | None, platform: str = "unknown") -> float | None:
-    """Dense bf16/fp16 matrix peak (devices.py): what an aligned half-precision GEMM can reach when no
-    aligned GEMM in the trace shows what this device really does."""
-    row = devices.spec(device, platform)
-    return row.bf16 or row.fp16
-
-
-# Host↔device bandwidth of pinned copies over the GPU's PCIe link, GB/s: what PCIe 5.0 / 4.0 / 3.0 x16
-# deliver in practice (64 / 32 / 16 GB/s on paper; ~50 / ~25 / ~12 measured for large pinned copies: 55
-# GB/s on the H100 pairs). Pageable copies are staged through a pinned bounce buffer and reach a fraction.
-_PINNED_GBPS = {5: 50.0, 4: 25.0, 3: 12.0}
-
-
-def pinned_copy_gbps(device: Device | None, platform: str = "unknown") -> float:
-    """The pinned host↔device bandwidth to expect on this GPU's PCIe generation (12 GB/s if unknown)."""
-    return _PINNED_GBPS.get(devices.spec(device, platform).pcie_gen or 3, 12.0)
 
 
 # -- compiled work (torch.compile / Inductor) ------------------------------------------------------------
