@@ -35,8 +35,8 @@ kernels it changes (analyzer/measure/precision.py, constants calibrated on the o
 matmuls at the fix's dense peak times the efficiency large GEMMs reach (FLOPs from recorded shapes
 where there are some, with the kernel's achieved fp32 throughput and a bytes/bandwidth floor; else the
 peak ratio), never below 5 µs; under autocast also the memory-bound kernels outside the optimizer at
-0.6× and the weight casts added. Without shapes a small GEMM may reach less of the matrix peak: the
-range reaches down to 40 % of it. The headline is autocast (the recommended fix); the range spans
+0.6× and the weight casts added. Where under 90 % of the SIMT matmul time has known FLOPs, a small
+GEMM may reach less of the matrix peak: the range reaches down to 40 % of it. The headline is autocast (the recommended fix); the range spans
 every fix's low to high end; `saving_by_fix_pct` has each. Without the device in the table, the kernels
 are taken as 2× faster (a floor any Tensor Core GPU clears) and the finding says so. Under 1 %
 predicted (the matmuls hide behind CPU work) the finding is informational.

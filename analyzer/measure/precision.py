@@ -84,12 +84,14 @@ class Work:
 
 
 def work(model: TraceModel, launches: pd.DataFrame, simt_names: set[str], trains: bool) -> Work:
+    """The kernels named in `simt_names` with their ops' FLOPs and shapes where recorded (`trains`: the
+    weights' gradients are cast back too), and the memory-bound kernels around them."""
     k = model.kernels
     simt = k[names_in(k["name"], simt_names)][["name", "correlation", "ts", "dur"]]
     # kernels whose launch the trace holds: the queue left by steps before the window is not replayed
     simt = simt[simt["correlation"].isin(model.runtime["correlation"])]
     joined = kernels_by_op(model)
-    joined = joined[names_in(joined["name"], simt_names)][["correlation", "op_external_id"]]
+    joined = joined[names_in(joined["name"], simt_names)][["correlation", "op_external_id"]].drop_duplicates("correlation")
     simt = simt.merge(joined, on="correlation", how="left")
     simt["flops"], simt["mkn"], simt["cast_bytes"] = np.nan, None, 0.0
     ops = _shaped_ops(model)
@@ -118,20 +120,25 @@ def _shaped_ops(model: TraceModel) -> pd.DataFrame:
     ops = ops[ops["input_dims"].astype(str).str.len() > 2]
     if ops.empty:
         return pd.DataFrame(columns=cols)
-    mkn = [matmul_mkn(n, parse_dims(str(d))) for n, d in zip(ops["name"].astype(str), ops["input_dims"])]
+    keys = list(zip(ops["name"].astype(str), ops["input_dims"].astype(str)))
+    parsed = {k: matmul_mkn(k[0], parse_dims(k[1])) for k in set(keys)}  # each distinct (op, shapes) once
+    mkn = [parsed[k] for k in keys]
     out = pd.DataFrame({"external_id": ops["external_id"].to_numpy(), "mkn": mkn,
                         "flops": [2.0 * x[0] * x[1] * x[2] * x[3] if x else np.nan for x in mkn],
                         "weight_elems": 0.0})
-    # a linear layer's weight is cast once per call; its kernels are launched by the addmm/mm inside it
-    linear = ops["name"].astype(str).to_numpy() == "aten::linear"
-    for i in np.flatnonzero(linear):
-        x = mkn[i]
-        if x is None:
-            continue
-        inner = (ops["tid"].to_numpy() == ops["tid"].iloc[i]) & (ops["ts"].to_numpy() >= ops["ts"].iloc[i]) \
-            & (ops["end"].to_numpy() <= ops["end"].iloc[i]) & ~linear
-        target = np.flatnonzero(inner)[:1] if inner.any() else [i]
-        out.loc[target, "weight_elems"] = float(x[2] * x[3])
+    # a linear layer's weight is cast once per call; its kernels are launched by the addmm/mm inside it: the
+    # next matmul op on its thread, when that one lies within the linear's span
+    order = np.lexsort((ops["ts"].to_numpy(dtype=float), ops["tid"].to_numpy()))
+    names = ops["name"].astype(str).to_numpy()[order]
+    ts, end, tid = (ops[c].to_numpy()[order] for c in ("ts", "end", "tid"))
+    linear = names == "aten::linear"
+    inner = np.zeros(len(order), dtype=bool)
+    inner[:-1] = linear[:-1] & ~linear[1:] & (tid[1:] == tid[:-1]) & (ts[1:] >= ts[:-1]) & (end[1:] <= end[:-1])
+    weights = np.array([float(x[2] * x[3]) if x else 0.0 for x in (mkn[i] for i in order)])
+    target = np.where(inner, np.arange(len(order)) + 1, np.arange(len(order)))  # the inner op, else the linear
+    w = np.zeros(len(order))
+    np.add.at(w, target[linear], weights[linear])
+    out.loc[order, "weight_elems"] = w
     return out.drop_duplicates("external_id", keep="last")
 
 
