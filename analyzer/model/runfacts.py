@@ -122,11 +122,17 @@ class DataLoaderFact:
     batch_size: int | None
     prefetch_factor: int | None
     persistent_workers: bool | None
+    created_via: str | None = None  # the framework call that built it for the user ("`train` in transformers")
     # the installed package that built it for the user ("transformers" inside `trainer.train()`; None: the
     # user's own `DataLoader(...)`), the user's line that called it as written, and the user's function there
     built_by: str | None = None
     call: str | None = None
     in_function: str | None = None
+
+    @property
+    def where(self) -> str:
+        """Where the user's code built it, with the framework call in between: "train.py:40 (through …)"."""
+        return f"{self.created_at} (through {self.created_via})" if self.created_via else self.created_at
 
     def settings(self) -> tuple:
         """Its settings, as a key: frameworks often rebuild a loader with the same ones (Accelerate's prepare)."""
@@ -139,6 +145,7 @@ class WrapperFact:
 
     kind: str
     created_at: str
+    created_via: str | None = None
 
 
 @dataclass(frozen=True)
@@ -180,8 +187,8 @@ def dataloaders(facts: dict) -> list[DataLoaderFact]:
     return [DataLoaderFact(created_at=site(e.get("created_at")) or "?", num_workers=_int(e.get("num_workers")),
                            pin_memory=_bool(e.get("pin_memory")), batch_size=_int(e.get("batch_size")),
                            prefetch_factor=_int(e.get("prefetch_factor")),
-                           persistent_workers=_bool(e.get("persistent_workers")), built_by=_str(e.get("built_by")),
-                           call=_str(e.get("call")), in_function=_str(e.get("in_function")))
+                           persistent_workers=_bool(e.get("persistent_workers")), created_via=_str(e.get("created_via")),
+                           built_by=_str(e.get("built_by")), call=_str(e.get("call")), in_function=_str(e.get("in_function")))
             for e in _entries(facts, "dataloaders")]
 
 
@@ -204,7 +211,8 @@ def training_loaders(facts: dict) -> list[DataLoaderFact]:
 
 def wrappers(facts: dict, kind: str | None = None) -> list[WrapperFact]:
     """The DataParallel / DistributedDataParallel wrappers the script built (only `kind` when given)."""
-    out = [WrapperFact(kind=_str(e.get("kind")) or "?", created_at=site(e.get("created_at")) or "?")
+    out = [WrapperFact(kind=_str(e.get("kind")) or "?", created_at=site(e.get("created_at")) or "?",
+                       created_via=_str(e.get("created_via")))
            for e in _entries(facts, "wrappers")]
     return [w for w in out if kind is None or w.kind == kind]
 

@@ -48,7 +48,7 @@ def num_workers(fw: FrameworkFact | None, n: int | None, loader: DataLoaderFact 
 def loader_origin(fw: FrameworkFact | None, loader: DataLoaderFact) -> str:
     """"created at train.py:12", or "built by transformers' Trainer (train.py:41 `trainer.train()`)"."""
     if not loader.built_by:
-        return f"created at {loader.created_at}"
+        return f"created at {loader.where}"
     by = fw.label if fw is not None and fw.name == loader.built_by else loader.built_by
     return f"built by {by} ({loader.created_at}" + (f" `{loader.call}`" if loader.call else "") + ")"
 

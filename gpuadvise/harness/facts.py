@@ -38,21 +38,24 @@ def built(obj, start) -> dict:
     """Where the user's code made `obj` (its constructor is running, called from frame `start`):
     `created_at` (file:line) and `in_function`; when an installed package built it for them, also
     `built_by` (that package: the one the user's line called into; torch, the standard library and
-    gpuadvise's own wrappers are no framework) and `call` (the user's line, as written).
+    gpuadvise's own wrappers are no framework), `created_via` (that call, "`train` in transformers") and
+    `call` (the user's line, as written).
     Frames that hold `obj` itself are its constructors and their wrappers (a subclass's `__init__`, a
     framework wrapping `DataLoader.__init__` to record its arguments): they build nothing on their own."""
-    package, f = None, start
+    package, via, f = None, None, start
     while f is not None and not _is_user(f):
         if not any(v is obj for v in f.f_locals.values()):
             # a framework frame that asked for the object: the outermost one is what the user's line called
-            package = _framework_of(f.f_code.co_filename) or package
+            name = _framework_of(f.f_code.co_filename)
+            if name:
+                package, via = name, f"`{f.f_code.co_name}` in {name}"
         f = f.f_back
     if f is None:
         return {"created_at": "?"}
     where = user_call(f)
     out = {"created_at": where["called_at"], "in_function": where["in_function"]}
     if package:
-        out.update(built_by=package, call=where["call"])
+        out.update(created_via=via, built_by=package, call=where["call"])
     return out
 
 
@@ -93,12 +96,12 @@ def _safe(fn):
 def install(torch) -> None:
     """Patch torch entry points to record facts. Called once, before the user's script runs."""
     _wrap_init(torch.utils.data.DataLoader, _record_dataloader)
-    _wrap_init(torch.nn.DataParallel, lambda obj, a, k, where: _FACTS["wrappers"].append({"kind": "DataParallel", "created_at": where}))
+    _wrap_init(torch.nn.DataParallel, lambda obj, a, k, where: _FACTS["wrappers"].append({"kind": "DataParallel", **where}))
     try:
         from torch.nn.parallel import DistributedDataParallel
 
         _wrap_init(DistributedDataParallel,
-                   lambda obj, a, k, where: _FACTS["wrappers"].append({"kind": "DistributedDataParallel", "created_at": where}))
+                   lambda obj, a, k, where: _FACTS["wrappers"].append({"kind": "DistributedDataParallel", **where}))
     except ImportError:  # pragma: no cover - distributed not built
         pass
     _wrap_init(torch.autocast, _record_autocast)
@@ -118,14 +121,24 @@ def _wrap_init(cls, record) -> None:
     @functools.wraps(original)
     def __init__(self, *a, **k):
         original(self, *a, **k)
-        where = _safe(caller)() or "?"
+        where = _safe(_created)() or {"created_at": "?"}
         _safe(record)(self, a, k, where)
 
     cls.__init__ = __init__
 
 
+def _created() -> dict:
+    """`created_at`: the user's file:line that built the object; `created_via`: the library call in between
+    when a framework built it for them ("`get_train_dataloader` in transformers")."""
+    chosen = frames.live(3)  # from the code that called the constructor: past _safe and the __init__ wrapper
+    out = {"created_at": chosen.site or "?"}
+    if chosen.user is not None and chosen.library is not None and frames.package(chosen.library.file) != "gpuadvise":
+        out["created_via"] = chosen.library_call
+    return out
+
+
 def _record_dataloader(loader, a, k, where) -> None:
-    add_dataloader(loader, _safe(built)(loader, sys._getframe(3)) or {"created_at": where})  # 3: past our two wrappers
+    add_dataloader(loader, _safe(built)(loader, sys._getframe(3)) or where)  # 3: past our two wrappers
 
 
 def add_dataloader(loader, origin: dict) -> None:
@@ -141,7 +154,7 @@ def add_dataloader(loader, origin: dict) -> None:
 
 
 def _record_autocast(ctx, a, k, where) -> None:
-    entry = {"created_at": where, "device_type": getattr(ctx, "device", None), "dtype": str(getattr(ctx, "fast_dtype", ""))}
+    entry = {"created_at": where["created_at"], "device_type": getattr(ctx, "device", None), "dtype": str(getattr(ctx, "fast_dtype", ""))}
     if len(_FACTS["autocast"]) < 20 and entry not in _FACTS["autocast"]:
         _FACTS["autocast"].append(entry)
 
