@@ -75,9 +75,21 @@ def suffix(r: int | None) -> str:
     return f".rank{r}" if r is not None else ""
 
 
-def trace_name(r: int | None) -> str:
-    # `*.pt.trace.json.gz` is the name TensorBoard's profiler plugin and HTA look for
-    return f"trace{suffix(r)}.pt.trace.json.gz"
+def trace_name(r: int | None, window: int = 1) -> str:
+    """Window 1 keeps the name older tools read; window i is `trace.wI…` (`trace.rank3.wI…`), so a window
+    and a rank never share a name. `*.pt.trace.json.gz` is the name TensorBoard's profiler plugin and HTA
+    look for."""
+    return f"trace{suffix(r)}{f'.w{window}' if window > 1 else ''}.pt.trace.json.gz"
+
+
+def later_traces(folder: Path, r: int | None) -> list[Path]:
+    """The traces of windows after the first that `folder` holds for rank r."""
+    return sorted(folder.glob(f"trace{suffix(r)}.w[0-9]*.pt.trace.json.gz")) if folder.is_dir() else []
+
+
+def steps_name(r: int | None) -> str:
+    """The whole run's step record (steprecord.py)."""
+    return f"steps{suffix(r)}.jsonl"
 
 
 def old_trace_name(r: int | None) -> str:
