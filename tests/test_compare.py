@@ -17,6 +17,8 @@ from _cli_support import call_main
 from _compare_support import (A100, Page, md_table, run_folder, run_json, sections_with_tables, self_contained,
                               svg_texts, unescape_md)
 from gpuadvise.analyzer.compare import diff as cm
+from gpuadvise.analyzer.compare.gate import apply_gate
+from gpuadvise.analyzer.compare.sides import load_side
 from gpuadvise.analyzer.report import compare as rc
 
 # ----------------------------------------------------------------------------------------------------
@@ -31,7 +33,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def sides(runs) -> dict[str, dict]:
-    return {name: cm.load_side(str(path)) for name, path in runs.items()}
+    return {name: load_side(str(path)) for name, path in runs.items()}
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +158,7 @@ def test_a_device_or_script_mismatch_is_said_first(tmp_path):
     b = run_folder(tmp_path, "clean", name="a100")
     a = run_folder(tmp_path, "clean", name="h100", device="NVIDIA H100 80GB HBM3",
                    facts=run_json(8, device="NVIDIA H100 80GB HBM3", script="train_v2.py"))
-    cmp = cm.compare(cm.load_side(str(b)), cm.load_side(str(a)))
+    cmp = cm.compare(load_side(str(b)), load_side(str(a)))
     assert any("different devices" in w and A100 in w and "H100" in w for w in cmp["warnings"])
     assert any("different scripts" in w and "train_v2.py" in w for w in cmp["warnings"])
     md = rc.render_markdown(cmp)
@@ -172,7 +174,7 @@ def test_a_memory_finding_without_the_snapshot_on_the_other_side_is_not_called_r
     before = run_folder(tmp_path, "clean", name="with-snapshot")
     find_rule("memory-fragmentation").positive().write(before / "memory.pickle")
     after = run_folder(tmp_path, "clean", name="no-snapshot")
-    sb, sa = cm.load_side(str(before)), cm.load_side(str(after))
+    sb, sa = load_side(str(before)), load_side(str(after))
     assert "GA120" in rules(sb)
     cmp = cm.compare(sb, sa)
     unchecked = {e["rule"]: e for e in cmp["findings"]["unchecked"]}
@@ -267,7 +269,7 @@ def test_the_gate_needs_step_times(sides):
     cmp = cm.compare(no_steps, sides["slow"])
     assert cmp["step_time"]["saving_pct"] is None and "no step time" in cmp["warnings"][0]
     with pytest.raises(InputError):
-        cm.apply_gate(cmp, None, 5.0)
+        apply_gate(cmp, None, 5.0)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -348,7 +350,7 @@ def test_trace_text_is_escaped_in_markdown_html_and_svg(tmp_path):
     hostile = "<script>alert(1)</script>|*x*\x1b[31m"
     b = run_folder(tmp_path, "clean")
     a = run_folder(tmp_path, "clean", name="hostile", extra_kernel=hostile)
-    cmp = cm.compare(cm.load_side(str(b)), cm.load_side(str(a)))
+    cmp = cm.compare(load_side(str(b)), load_side(str(a)))
     assert any(r["name"] == hostile for r in cmp["kernels"])
     html = rc.render_html(cmp)
     page = Page(html)
@@ -372,7 +374,7 @@ def test_plain_traces_compare_without_run_facts(tmp_path):
 
     b = training(stall_us=20_000).write(tmp_path / "before.json.gz")
     a = training().write(tmp_path / "after.json.gz")
-    cmp = cm.compare(cm.load_side(str(b)), cm.load_side(str(a)))
+    cmp = cm.compare(load_side(str(b)), load_side(str(a)))
     assert cmp["warnings"] == []
     assert cmp["environment"] == []  # no run.json on either side: nothing to say, and nothing invented
     assert "dataloader-stall" in {e["topic"] for e in cmp["findings"]["resolved"]}
@@ -383,7 +385,7 @@ def test_folders_of_rank_traces_compare_by_the_slowest_rank(tmp_path):
 
     b = write_rank_folder(tmp_path / "balanced", stall_us=(0.0, 0.0))
     a = write_rank_folder(tmp_path / "straggler", stall_us=(0.0, 4_000.0))
-    sb, sa = cm.load_side(str(b), jobs=1), cm.load_side(str(a), jobs=1)
+    sb, sa = load_side(str(b), jobs=1), load_side(str(a), jobs=1)
     cmp = cm.compare(sb, sa)
     assert cmp["after"]["traces"] == 2 and cmp["after"]["rank"] == 1  # the straggler sets the job's pace
     assert cmp["after"]["median_step_ms"] == max(t["median_step_ms"] for t in sa["report"]["traces"])

@@ -26,6 +26,7 @@ if not (H100 / "pairs.json").is_file():
     pytest.skip(f"H100 pairs not found at {H100} (set GPUADVISE_TRACES to the corpus folder)", allow_module_level=True)
 
 from gpuadvise.analyzer.compare import diff as cm  # noqa: E402
+from gpuadvise.analyzer.compare.sides import load_side  # noqa: E402
 from gpuadvise.analyzer.report import compare as rc  # noqa: E402
 
 PAIRS = json.loads((H100 / "pairs.json").read_text())["pairs"]
@@ -44,7 +45,7 @@ _SIDES: dict[str, dict] = {}
 def side(folder: str) -> dict:
     """Each run folder analysed once per session (tf32-before is in two pairs)."""
     if folder not in _SIDES:
-        _SIDES[folder] = cm.load_side(str(H100 / folder), jobs=1)
+        _SIDES[folder] = load_side(str(H100 / folder), jobs=1)
     return _SIDES[folder]
 
 

@@ -49,6 +49,8 @@ def run(args) -> int:
     from gpuadvise.analyzer.run.gate import parse_fail_on, parse_regression
 
     from . import diff as cmp_mod
+    from .gate import apply_gate
+    from .sides import load_side
 
     if args.jobs is not None and args.jobs < 1:
         raise InputError(None, f"-j/--jobs: expected a whole number of workers ≥ 1, got {args.jobs}")
@@ -68,10 +70,10 @@ def run(args) -> int:
     for name, path, sources in zip(("BEFORE", "AFTER"), (args.before, args.after), inputs):
         if show:
             print(f"gpuadvise: analysing {name} {path}", file=sys.stderr)
-        sides.append(cmp_mod.load_side(sources, jobs=args.jobs, cache=cache, label=path))
+        sides.append(load_side(sources, jobs=args.jobs, cache=cache, label=path))
     result = cmp_mod.compare(*sides)
     if fail_on or regression is not None:
-        cmp_mod.apply_gate(result, fail_on, regression)
+        apply_gate(result, fail_on, regression)
     if args.output:
         out = Path(args.output)
         for path, text in formats.compare_files(result, fmt, out):  # charts first, the report last

@@ -4,7 +4,8 @@ A *side* is one run: `render_json.document` of its analysis (the stable report i
 few things that document does not carry and a comparison needs: each step's time (for the spread),
 kernel and op totals (for what changed most), and the run's `run.json` facts (for what differs).
 `compare(before, after)` works on two sides only, so it runs on saved or hand-made sides as well
-(tests, the TUI) and never touches a trace.
+(tests, the TUI, the windows of one long run: run/longrun.py) and never touches a trace. Analysing a
+path into a side is sides.py's `load_side`; the CI gate on a comparison is gate.py's.
 
 Findings are matched by rule: *resolved* (on BEFORE only), *new* (on AFTER only), *still there*
 (both), and *unchecked* when the rule could not run on the other side (a memory rule without memory
@@ -35,17 +36,6 @@ BREAKDOWN = (  # summary.step_breakdown_ms keys, in the order they are shown
 
 # ----------------------------------------------------------------------------------------------------
 # Sides
-
-
-def load_side(path, jobs: int | None = None, cache: bool | None = None, label: str | None = None) -> dict:
-    """Analyse one run (a run folder, a trace, or a folder of rank traces; or the sources
-    `run.resolve_inputs` made of one) into a side. The run.json facts come with the reports."""
-    from gpuadvise.analyzer import run
-
-    reports = run.analyze(path if not isinstance(path, str) else [path], jobs=jobs, cache=cache)
-    if label is None:
-        label = path if isinstance(path, str) else " ".join(str(s.path) for s in path)
-    return side_from_reports(reports, label=label)
 
 
 def side_from_reports(reports, label: str, facts: dict | None = None) -> dict:
@@ -97,7 +87,8 @@ def _get(side: dict, key: str):
     return v if v is not None else (side["report"].get("summary") or {}).get(key)
 
 
-INPUT_NAMES = {"trace": "trace", "memory": "memory data", "snapshot": "allocator snapshot", "ranks": "second rank"}
+INPUT_NAMES = {"trace": "trace", "memory": "memory data", "snapshot": "allocator snapshot", "ranks": "second rank",
+               "run": "step record"}
 
 
 def _inputs(side: dict) -> set[str]:
@@ -112,6 +103,8 @@ def _inputs(side: dict) -> set[str]:
                 have.add("snapshot")
     if side["report"].get("job") is not None:
         have.add("ranks")
+    if side["report"].get("runs"):
+        have.add("run")
     return have
 
 
@@ -424,39 +417,3 @@ def warnings(before: dict, after: dict, b: dict, a: dict, step: dict) -> list[st
 
 def _snapshot(side: dict) -> bool:
     return any("snapshot" in ((t.get("memory") or {}).get("sources") or []) for t in side["report"].get("traces") or [])
-
-
-# ----------------------------------------------------------------------------------------------------
-# The CI gate
-
-
-def apply_gate(cmp: dict, fail_on=None, regression_pct: float | None = None) -> dict:
-    """Adds `gate` to the comparison: whether the step got slower by more than `regression_pct`, and
-    the new findings `fail_on` matches (those on AFTER only, including ones BEFORE could not check).
-    `failed` is what the exit code follows."""
-    from gpuadvise.analyzer.errors import InputError
-
-    g = {"fail_on": getattr(fail_on, "text", None) or None, "fail_on_regression_pct": regression_pct,
-         "regressed": None, "failing_findings": [], "failed": False, "reasons": []}
-    if regression_pct is not None:
-        change = cmp["step_time"].get("change_pct")
-        if change is None:
-            raise InputError(None, f"--fail-on-regression: {cmp['step_time'].get('note') or 'no step time to compare'}")
-        g["regressed"] = change > regression_pct
-        if g["regressed"]:
-            g["reasons"].append(f"the step got {change:.1f} % slower ({cmp['step_time']['figure']} median "
-                                f"{cmp['step_time']['before_ms']:.2f} → {cmp['step_time']['after_ms']:.2f} ms), "
-                                f"more than the {regression_pct:g} % allowed")
-    if fail_on:
-        candidates = cmp["findings"]["new"] + [f for f in cmp["findings"]["unchecked"] if f["before"] is None]
-        hits = [f for f in candidates
-                if fail_on.matches({"severity": f["after"]["severity"], "topic": f["topic"], "rule": f["rule"]})]
-        g["failing_findings"] = [{"rule": f["rule"], "topic": f["topic"], "severity": f["after"]["severity"]} for f in hits]
-        if hits:
-            from gpuadvise.analyzer.run.gate import describe
-
-            g["reasons"].append(f"new finding{'s' if len(hits) > 1 else ''} matching --fail-on {fail_on.text}: "
-                                + describe(g["failing_findings"]))
-    g["failed"] = bool(g["reasons"])
-    cmp["gate"] = g
-    return cmp

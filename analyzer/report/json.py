@@ -1,5 +1,6 @@
 """JSON report: `findings` (the finding fields) and `summary`, for scripts and CI; `job` (ranks, per-rank
-stats, the slowest rank per step) when two or more ranks were analysed together."""
+stats, the slowest rank per step) when two or more ranks were analysed together; `runs` (what changed over
+a long run: its step record, windows and levels, run/longrun.py) for a run folder with a step record."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from gpuadvise.analyzer.model.report import TraceReport, all_findings
 def trace_summary(r: TraceReport) -> dict:
     """One trace's entry under `traces`: where it came from, its memory summary, its figures."""
     s: dict = {"trace": r.source, "rank": r.rank, "kind": r.kind}
+    if r.window is not None:
+        s["window"] = r.window
     if r.snapshot:
         s["snapshot"] = r.snapshot
     s["memory"] = r.memory.to_dict() if r.memory is not None else None
@@ -27,7 +30,8 @@ def summary(reports: list[TraceReport]) -> dict:
     """The slowest trace's summary at the top (the usual single-trace case: that one), every trace under
     `traces`."""
     traces = [trace_summary(r) for r in reports]
-    timed = [t for t in traces if t.get("kind") == "trace" and "steps" in t]
+    # a long run's later windows describe other stretches of the same process: window 1 heads the summary
+    timed = [t for t in traces if t.get("kind") == "trace" and "steps" in t and t.get("window", 1) == 1]
     # several ranks: the slowest one sets the pace of the job, so it heads the summary
     main = max(timed, key=lambda t: t.get("median_step_ms") or 0.0) if timed else (traces[0] if traces else {})
     top = {k: main.get(k) for k in ("steps", "median_step_ms", "gpu_busy_pct", "gpu_busy_in_steps_pct", "device",
@@ -56,6 +60,9 @@ def document(reports: list[TraceReport]) -> dict:
     job = getattr(reports, "job", None)
     if job is not None:  # two or more ranks: the job-level view (per-rank table, straggler per step)
         doc["job"] = job.to_dict()
+    runs = getattr(reports, "runs", None)
+    if runs:  # long runs: what changed over each process's run
+        doc["runs"] = [run.to_dict() for run in runs]
     return _finite(doc)
 
 

@@ -96,9 +96,13 @@ class StepRecord:
             if torch is not None and now - self._last_allocator >= ALLOCATOR_EVERY_S and _cuda_ready(torch):
                 self._last_allocator = now
                 allocated, reserved = int(torch.cuda.memory_allocated()), int(torch.cuda.memory_reserved())
-            self._mem.append([number, self._rss(), allocated, reserved])
+            self.sample(number, self._rss(), allocated, reserved)
         except Exception as exc:
             self._disable(exc)
+
+    def sample(self, number: int, rss: int | None, allocated: int | None, reserved: int | None) -> None:
+        """Record a memory sample taken at step boundary `number` (bytes; None: not measured)."""
+        self._mem.append([number, rss, allocated, reserved])
 
     def tick(self) -> None:
         """At a step boundary: write what is pending once `flush_s` has passed (one clock read otherwise)."""
