@@ -41,8 +41,9 @@ from gpuadvise.fixtures.longrun import RunFolder, Window, trace_for
 from .base import RunRule
 
 LOADER = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+# the parts of the step compare's breakdown splits (GPU idle is what the others leave, not a cause)
 PARTS = {"dataloader": "DataLoader wait", "kernel": "GPU compute", "comm": "communication", "memcpy": "copies",
-         "sync": "sync wait", "idle": "GPU idle"}
+         "sync": "sync wait"}
 
 
 class StepTimeDrift(RunRule):
@@ -106,6 +107,9 @@ class StepTimeDrift(RunRule):
                   and (lv.until is None or w.steps[0] <= lv.until)]
         slow = [w for w in inside if (w.level_ms or 0.0) >= mid]
         pool = slow or inside
+        # a window that also holds a stall (an evaluation step) describes the stall as much as the drift
+        steady = [w for w in pool if not (w.report.figures and w.report.figures.slow_steps)]
+        pool = steady or pool
         return max(pool, key=lambda w: w.level_ms or 0.0) if pool else None
 
     def _changes(self, cmp: dict, slow) -> tuple[list[dict], dict | None]:

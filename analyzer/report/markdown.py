@@ -6,6 +6,7 @@ from gpuadvise.analyzer.model.report import TraceReport, all_findings, overhead_
 from gpuadvise.analyzer.model.findings import Finding
 from .finding import finding_lines, fmt, saving
 from .json import trace_summary
+from .longrun import markdown_section as run_section
 from .safe import md, md_cell, md_code, md_text, short
 
 
@@ -33,6 +34,9 @@ def render(reports: list[TraceReport], charts: dict | None = None) -> str:
     job = getattr(reports, "job", None)
     if job is not None:
         out += _job_section(job)
+    runs = getattr(reports, "runs", None) or []
+    for i, run in enumerate(runs):
+        out += run_section(run, len(runs) > 1) + charts.get(f"run-{i}", [])
     for i, r in enumerate(reports):
         steps = _steps_table(r, len(reports) > 1)
         out += steps + (charts.get(i, []) if steps else [])
@@ -46,10 +50,12 @@ def render(reports: list[TraceReport], charts: dict | None = None) -> str:
         out += _kernels_table(r, len(reports) > 1)
     notes = [(r, n) for r in reports for n in r.notes]
     job_notes = job.notes if job is not None else []
-    if notes or job_notes:
+    run_notes = [n for run in runs for n in run.notes]
+    if notes or job_notes or run_notes:
         out += ["## Notes", ""]
         out += [f"- {md(n)}" + (f" ({md(r.source)})" if len(reports) > 1 else "") for r, n in notes]
         out += [f"- {md(n)} (job)" for n in job_notes]
+        out += [f"- {md(n)} (step record)" for n in run_notes]
         out.append("")
     return "\n".join(out).rstrip() + "\n"
 

@@ -6,6 +6,7 @@ import textwrap
 
 from gpuadvise.analyzer.model.report import TraceReport, all_findings, overhead_words
 from .json import trace_summary
+from .longrun import text_lines as run_lines
 from .safe import short, terminal
 
 
@@ -37,6 +38,9 @@ def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
     job = getattr(reports, "job", None)
     if job is not None:
         out += _job_lines(job)
+    runs = getattr(reports, "runs", None) or []
+    for run in runs:
+        out += run_lines(run, len(runs) > 1)
     findings = all_findings(reports)
     if not findings:
         out.append("\nNo findings.")
@@ -59,7 +63,8 @@ def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
             out.append(f"   → {first}")
         if len(findings) > top:
             out.append(f"\n… and {len(findings) - top} more (use --format md for the full report).")
-    notes = [n for r in reports for n in r.notes] + (job.notes if job is not None else [])
+    notes = [n for r in reports for n in r.notes] + (job.notes if job is not None else []) + \
+        [n for run in runs for n in run.notes]
     if notes:
         out.append("")
         out += [f"note: {terminal(n)}" for n in notes]

@@ -42,8 +42,9 @@ run.json, the keys the capture writes:
     the first `wait+warmup+active+100` steps and the last 50);
   - `settle`: steps numbered ≤ settle (2) are the loop's own start-up and count in no median;
   - `unprofiled_median_ms`, `unprofiled_n`: median `ms` of the kept steps with phase "wait", "after"
-    or "off" and number > settle, except the first "after" step (it follows the trace export, or
-    the memory snapshot's dump, and runs on cold caches); null when there are none; `profiled_median_ms`, `profiled_n`:
+    or "off", number > settle and at most 20 steps after the window (and its memory history: the level
+    the window ran at, which a later drift does not move), except the first "after" step (it follows the
+    trace export, or the memory snapshot's dump, and runs on cold caches); null when there are none; `profiled_median_ms`, `profiled_n`:
     median `ms` of the "active" steps; `overhead_x`: profiled_median_ms / unprofiled_median_ms (null
     unless both exist). "warmup", "shapes" and "memory" steps count in neither median;
   - `source`: the source of the recorded steps (else of the last step); `error`: why timing was

@@ -44,6 +44,9 @@ from .windows import Plan, Planned
 # the unprofiled steps on each side of a later window that its recorded steps are compared with (run.json
 # `steps` for window 1 has the steps before it): the level the run was at when the window recorded
 CONTEXT_STEPS = 10
+# run.json's unprofiled median counts the steps before window 1 and this many after it (and its memory
+# history): the level window 1 ran at, which a run that drifts later does not move
+AFTER_WINDOW_STEPS = 20
 LONG_RUN_OPTIONS = ("on_signal", "when_slower", "every")  # any of them: windows after the first
 # status keys the session itself keeps up to date: never what a later window's hooks recorded
 SESSION_KEYS = {"state", "steps_stepped", "step_source", "files", "captured_at", "step_error", "hooks_error", "error",
@@ -455,7 +458,9 @@ class Session:
             capture["windows"] = [w.as_dict() for w in self.plan.windows]
             if self.plan.notes:
                 capture["window_notes"] = list(self.plan.notes)
-        writers.write_run_json(self.out, self.rank, c, capture, self.times.summary(), self.torch, exit_code)
+        upto = self.window.end + self.memory_steps + AFTER_WINDOW_STEPS
+        writers.write_run_json(self.out, self.rank, c, capture, self.times.summary(median_upto=upto), self.torch,
+                               exit_code)
 
 
 _ACTIVE: Session | None = None

@@ -139,9 +139,11 @@ class StepTimes:
     def steps(self) -> list[list]:
         return self.head + list(self.tail)
 
-    def summary(self, first: int | None = None, last: int | None = None) -> dict:
+    def summary(self, first: int | None = None, last: int | None = None, median_upto: int | None = None) -> dict:
         """run.json's `steps` (the keys are documented in runfolder.py): of every kept step, or of the
-        kept steps numbered `first` … `last` (a later window and the unprofiled steps before it)."""
+        kept steps numbered `first` … `last` (a later window and the unprofiled steps around it). The
+        unprofiled median counts the steps up to `median_upto` only: the level the window ran at, not
+        where a long run drifted to later."""
         try:
             self._resolve(wait=False)
             if self.on_final is not None:
@@ -175,8 +177,9 @@ class StepTimes:
         # the first step after a window follows the trace export (cold caches, freed buffers): skipped too
         phase_of = {s[0]: s[1] for s in steps}
         skip = {s[0] for s in steps if s[1] == "after" and phase_of.get(s[0] - 1, "after") not in UNPROFILED}
+        upto = median_upto if median_upto is not None else float("inf")
         unprof = [m for s, m in zip(steps, ms)
-                  if s[1] in UNPROFILED and s[0] > self.settle and s[0] not in skip and m is not None]
+                  if s[1] in UNPROFILED and self.settle < s[0] <= upto and s[0] not in skip and m is not None]
         prof = [m for s, m in zip(steps, ms) if s[1] in PROFILED and m is not None]
         u = round(statistics.median(unprof), 3) if unprof else None
         p = round(statistics.median(prof), 3) if prof else None
