@@ -3,10 +3,11 @@ input (`RunAnalysis`, `requires = ("run",)`; docs/rule-api.md section 9).
 
 - The **series**: the unprofiled steps' times (model/steprecord.py: no profiler, no step right after a
   window), then one point per bucket of the bucketed range (its median, at its middle step).
-- **Levels**: the early level is the median of the first K points, a point's level the median of the K
-  points centred on it (a stall in every other step does not move it), the slow level the highest of
-  those; a drift began at the first step whose level is a quarter of the way from the early level to
-  the slow one (for a jump: the step of the jump), and lasted to the last such step.
+- **Levels**: the early level is the median of the first K points, a point's level the median of the
+  points within K/2 steps of it (a stall in every other step does not move it; a profiled window's gap
+  does not pull in steps far away), the slow level the highest of those; a drift began at the first step
+  whose level is a quarter of the way from the early level to the slow one (for a jump: the step of the
+  jump), and lasted to the last such step.
 - **Periodic stalls**: points well above their level that recur at one distance N (the residue class
   mod N that holds most of them, where they cover most of its steps).
 - **Memory**: the CUDA allocator's allocated bytes where the run used a GPU, else the process's resident
@@ -119,8 +120,9 @@ class RunAnalysis:
 
     @cached_property
     def level(self) -> np.ndarray:
-        """Each point's level: the median of the K points centred on it."""
-        return centred_median(self.series[1], self.k)
+        """Each point's level: the median of the points within K/2 steps of it."""
+        steps, ms = self.series
+        return nearby_median(steps, ms, self.k // 2)
 
     @cached_property
     def levels(self) -> Levels | None:
@@ -147,7 +149,7 @@ class RunAnalysis:
         steps, ms = self.record.unprofiled()
         if len(ms) < 3 * min_repeats:
             return None
-        level = centred_median(ms, self.k)
+        level = nearby_median(steps, ms, self.k // 2)
         hot = (ms >= min_x * level) & (ms - level >= min_excess_ms)
         at = steps[hot].astype(np.int64)
         if len(at) < min_repeats:
@@ -196,15 +198,18 @@ class RunAnalysis:
         return [w for w in self.windows if w.report is not None]
 
 
-def centred_median(values: np.ndarray, k: int) -> np.ndarray:
-    """The median of the k values centred on each one (fewer at the ends)."""
+def nearby_median(steps: np.ndarray, values: np.ndarray, half: int) -> np.ndarray:
+    """For each point, the median of the values whose step is within `half` steps of its own (`steps`
+    sorted; a point far from the others keeps its own value)."""
     n = len(values)
     if n == 0:
         return values.astype(float)
-    h = max(1, k // 2)
-    padded = np.concatenate([np.full(h, np.nan), values.astype(float), np.full(h, np.nan)])
-    windows = np.lib.stride_tricks.sliding_window_view(padded, 2 * h + 1)
-    return np.nanmedian(windows, axis=1)
+    lo = np.searchsorted(steps, steps - max(half, 1), side="left")
+    hi = np.searchsorted(steps, steps + max(half, 1), side="right")
+    width = int((hi - lo).max())
+    idx = lo[:, None] + np.arange(width)[None, :]
+    grid = np.where(idx < hi[:, None], values.astype(float)[np.minimum(idx, n - 1)], np.nan)
+    return np.nanmedian(grid, axis=1)
 
 
 def theil_sen(x: np.ndarray, y: np.ndarray, max_points: int = 400) -> float:

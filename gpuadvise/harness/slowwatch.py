@@ -2,14 +2,15 @@
 a window should record it.
 
 - **Drift**: the median of the last K unprofiled steps is PCT % above the early median (the median of the
-  first K unprofiled steps after the loop's start-up). After a window is asked for, the watch re-arms only
-  when the median climbs PCT % above the level that triggered it (a run that settles at the slow level is
-  recorded once, one that keeps slowing down again).
+  first K unprofiled steps after the loop's start-up). After a window is asked for, the watch takes the
+  median of the next K steps as the new level and fires again only PCT % above it (a run that settles at
+  the slow level is recorded once, one that keeps slowing down again).
 - **Periodic stall**: single steps at least PCT % slower than the median of the last K (and at least
   twice it, and 1 ms longer), three of them at the same distance N (an evaluation, a checkpoint, a log
   line every N steps, a DataLoader restarting its workers each epoch; other slow steps between them do
-  not matter). The window is placed on the next one: predicted at the last stall + N. Each period is
-  recorded once.
+  not matter, and one that fell in a profiled window, unseen, does not break the count; one seen at its
+  normal speed does). The window is placed on the next one: predicted at the last stall + N. Each period
+  is recorded once.
 
 Steps right after a window (the trace export runs before them, on cold caches) and steps the profiler
 touched are not fed in. Cost: a deque append per step, a median of K values every `CHECK_EVERY` steps.
@@ -45,6 +46,8 @@ class SlowWatch:
         self.stalls: deque = deque(maxlen=STALLS_KEPT)
         self.periods_seen: set[int] = set()
         self._since_check = 0
+        self._rearm = False  # a window was asked for: the next K steps set the level to compare with
+        self.checked: list[list[int]] = []  # runs of steps checked for stalls ([first, last]): the others went unseen
 
     @property
     def early_ms(self) -> float | None:
@@ -58,6 +61,10 @@ class SlowWatch:
             if len(self.early) == self.k:
                 self.threshold = statistics.median(self.early) * (1 + self.pct / 100)
         if len(self.recent) >= max(5, self.k // 2):
+            if self.checked and self.checked[-1][1] == number - 1:
+                self.checked[-1][1] = number
+            else:
+                self.checked.append([number, number])
             median = statistics.median(self.recent)
             if ms >= median * max(1 + self.pct / 100, STALL_MIN_X) and ms - median >= STALL_MIN_MS:
                 if self.stalls and self.stalls[-1] == number - 1:  # slow steps in a row: a new level, no stall
@@ -77,28 +84,43 @@ class SlowWatch:
             return None
         self._since_check = 0
         median = statistics.median(self.recent)
+        if self._rearm:  # K steps since the last window: the level the run settled at
+            self._rearm = False
+            self.threshold = max(self.threshold, median * (1 + self.pct / 100))
+            return None
         if median <= self.threshold:
             return None
         early = self.early_ms
-        self.threshold = median * (1 + self.pct / 100)
-        return Slowdown("slower", f"the median of steps {self.recent_steps[0]}–{self.recent_steps[-1]} "
+        seen = Slowdown("slower", f"the median of steps {self.recent_steps[0]}–{self.recent_steps[-1]} "
                                   f"({median:.2f} ms) is {100 * (median / early - 1):.0f} % above the early median "
                                   f"({early:.2f} ms, steps {self.early_steps[0]}–{self.early_steps[-1]})")
+        self._rearm = True
+        self.recent.clear()
+        self.recent_steps.clear()
+        return seen
+
+    def _checked(self, step: int) -> bool:
+        return any(a <= step <= b for a, b in self.checked)
 
     def _stall(self) -> Slowdown | None:
-        """The newest stall t, with stalls at t − N and t − 2N before it: a period N not recorded yet."""
+        """The newest stall t, with two stalls among t − N, t − 2N, t − 3N and none of them seen at normal
+        speed: a period N not recorded yet."""
         if len(self.stalls) < 3:
             return None
         t, seen = self.stalls[-1], set(self.stalls)
         for u in reversed(list(self.stalls)[:-1]):
             period = t - u
-            if period >= 2 and t - 2 * period in seen and period not in self.periods_seen:
+            if period < 2 or period in self.periods_seen:
+                continue
+            before = [t - j * period for j in (1, 2, 3)]
+            hits = [s for s in before if s in seen]
+            if len(hits) >= 2 and not any(self._checked(s) and s not in seen for s in before):
                 break
         else:
             return None
         self.periods_seen.add(period)
         median = statistics.median(self.recent)
-        at = [t - 2 * period, t - period, t]
+        at = sorted(hits) + [t]
         return Slowdown("stall", f"steps {', '.join(map(str, at))} were each ≥ {max(1 + self.pct / 100, STALL_MIN_X):.1f}× "
                                  f"the median step ({median:.2f} ms): a stall every {period} steps; recording the next "
                                  f"one (step {t + period})", at_step=t + period)
