@@ -92,29 +92,27 @@ class Requests:
         """The requests not yet returned, in file order (every `POLL_EVERY` boundaries unless `force`)."""
         if not force and k % POLL_EVERY:
             return []
-        for _ in range(2):  # a step-less request this rank resolves is read back at once
-            if not self._read():
-                break
-            claimed = False
-            for rid, entry in list(self._unresolved.items()):
-                if rid not in self._resolved and rid not in self._claimed:
-                    self._claimed.add(rid)
-                    append(self.folder, dict(entry, step=k + self.lead, by=who(self.rank), at=round(time.time(), 3)))
-                    claimed = True
-            if not claimed:
-                break
+        self._read()
+        claimed = False
+        for rid, entry in list(self._unresolved.items()):
+            if rid not in self._resolved and rid not in self._claimed:
+                self._claimed.add(rid)
+                append(self.folder, dict(entry, step=k + self.lead, by=who(self.rank), at=round(time.time(), 3)))
+                claimed = True
+        if claimed:  # read back at once: the first line that gives the request a step is the one every rank takes
+            self._read()
         out = [self._resolved[rid] for rid in self._order if rid not in self._delivered]
         self._delivered.update(r.id for r in out)
         return out
 
-    def _read(self) -> bool:
-        """Read what was appended since the last read; whether anything was."""
+    def _read(self) -> None:
+        """Read what was appended since the last read."""
         try:
             size = os.stat(self.path).st_size
         except OSError:
-            return False
+            return
         if size == self._size:
-            return False
+            return
         self._size = size
         with open(self.path, "rb") as fh:
             fh.seek(self._offset)
@@ -137,4 +135,3 @@ class Requests:
                 self._unresolved.pop(rid, None)
             elif step is None and rid not in self._resolved:
                 self._unresolved[rid] = entry
-        return True

@@ -108,10 +108,11 @@ class SlowWatch:
         if len(self.stalls) < 3:
             return None
         t, seen = self.stalls[-1], set(self.stalls)
-        for u in reversed(list(self.stalls)[:-1]):
-            period = t - u
-            if period < 2 or period in self.periods_seen:
-                continue
+        # a period is the distance to an earlier stall, or a third or half of it (a stall between went unseen)
+        periods = sorted({(t - u) // j for u in self.stalls if u < t for j in (1, 2, 3) if (t - u) % j == 0})
+        for period in periods:
+            if period < 2 or any(period % p == 0 for p in self.periods_seen):
+                continue  # recorded already (its multiples too)
             before = [t - j * period for j in (1, 2, 3)]
             hits = [s for s in before if s in seen]
             if len(hits) >= 2 and not any(self._checked(s) and s not in seen for s in before):
