@@ -1,14 +1,17 @@
 """The run folder `gpuadvise profile` writes: names, atomic writes, rank-aware file names.
 
 Files: `trace.pt.trace.json.gz` (the recorded window, named as TensorBoard's profiler plugin and HTA
-expect; run folders written before used `trace.json.gz`, still read), `memory.pickle` (GPU: CUDA memory snapshot),
+expect; run folders written before used `trace.json.gz`, still read), `trace.wN.pt.trace.json.gz` (a long
+run's later windows), `steps.jsonl` (every step's time and memory samples, steprecord.py),
+`capture-requests.jsonl` (window requests every rank follows, requests.py), `memory.pickle` (GPU: CUDA memory snapshot),
 `run.json` (what happened; rewritten atomically while the script runs, so it is true even after a
 crash or `os._exit`). Under torchrun they carry the rank (`trace.rank3.pt.trace.json.gz`, `run.rank3.json`).
 `profiler.log`: the profiler's own log lines (kineto), kept off the user's stderr.
 
 run.json, the keys the capture writes:
 - `command`, `script`, `argv`, `cwd`, `started_at`, `ended_at`, `duration_s`, `exit_code`,
-  `exit_signal` (if killed by one), `script_exit_code` (as the child saw it), `rank`;
+  `exit_signal` (if killed by one), `script_exit_code` (as the child saw it), `rank`, `pid` (the training
+  process), `hostname`, `launcher_pid` (the `gpuadvise profile` process that runs it);
 - `environment` (torch/CUDA/cuDNN/Python versions, device), `settings` (TF32, cudnn.benchmark),
   `dataloaders`, `optimizers`, `autocast`, `compile`, `wrappers` (facts.py);
 - `capture`: `state` ("captured", "waiting for steps", "incomplete: …", "failed: …"), `error`,
@@ -22,6 +25,16 @@ run.json, the keys the capture writes:
   (`mode` "probe", `probe_step`, `state` — "annotated", "partial: …", "not annotated: …", "no
   matmuls in the window", "probe failed: …", "merge failed: …" —, `matmuls` in the window,
   `annotated` of them, `probe_matmuls`); absent with `--no-record-shapes --no-shapes-probe`;
+  `files.step_record` (the step record's name), `step_record_error` (why it stopped, if it did);
+  with `--on-signal`, `--when-slower` or `--every`: `triggers` {`on_signal` (the signal's name),
+  `listening`, `when_slower_pct`, `slower_steps`, `every`, `requests`} and `windows`, one entry per
+  window: `index`, `trigger` ("schedule" for window 1, "signal", "trigger file", "slower", "stall",
+  "every"), `detail`, `requested_at` (step boundary), `request` (its id), `start` (the boundary its
+  warm-up begins at), `warmup`, `active`, `steps` [first, last recorded], `state` ("planned", "warming
+  up", "recording", "captured", "incomplete: …", "not reached: …", "not recorded: …", "failed: …"),
+  `trace`, and for later windows `captured_at`, `shapes`, `loader` (what the window hooks measured in
+  it) and `step_times` (run.json `steps`' keys, over its recorded steps and the unprofiled ones within
+  10 steps of it); `window_notes`: windows not recorded (the --max-windows cap);
 - `steps`: the time of every step, in and out of the window. Step n is the time from step boundary
   n to boundary n+1, i.e. `ProfilerStep#n` of the trace (step 0, the script's setup before the first
   boundary, is never a step). gpuadvise's own work at a boundary (profiler transitions, export,

@@ -48,6 +48,7 @@ class SlowWatch:
         self._since_check = 0
         self._rearm = False  # a window was asked for: the next K steps set the level to compare with
         self.checked: list[list[int]] = []  # runs of steps checked for stalls ([first, last]): the others went unseen
+        self._new_stall = False
 
     @property
     def early_ms(self) -> float | None:
@@ -65,21 +66,24 @@ class SlowWatch:
                 self.checked[-1][1] = number
             else:
                 self.checked.append([number, number])
-            median = statistics.median(self.recent)
+            median = sorted(self.recent)[len(self.recent) // 2]  # the upper median: one sort of K values
             if ms >= median * max(1 + self.pct / 100, STALL_MIN_X) and ms - median >= STALL_MIN_MS:
                 if self.stalls and self.stalls[-1] == number - 1:  # slow steps in a row: a new level, no stall
                     self.stalls.pop()
                 else:
                     self.stalls.append(number)
+                    self._new_stall = True
         self.recent.append(ms)  # the median shrugs off a stall in every other step and follows a new level
         self.recent_steps.append(number)
         self._since_check += 1
 
     def check(self) -> Slowdown | None:
         """What to record now, if anything (every CHECK_EVERY observed steps)."""
-        stall = self._stall()
-        if stall is not None:
-            return stall
+        if self._new_stall:
+            self._new_stall = False
+            stall = self._stall()
+            if stall is not None:
+                return stall
         if self._since_check < CHECK_EVERY or self.threshold is None or len(self.recent) < self.k:
             return None
         self._since_check = 0
