@@ -31,6 +31,21 @@ DATALOADER_FACTS = {
 }
 
 
+# A pointer a user would follow into code they cannot change: an installed package, torch, the stdlib.
+LIBRARY_POINTER = re.compile(r"site-packages|dist-packages|(?:^|[\s/(\"'`])torch/|/lib(?:64)?/python\d")
+CODE_POINTER = re.compile(r"[\w./\\-]+\.py(?::\d+|\(\d+\))")  # file:line or file(line) in a sentence
+
+
+def library_pointers(finding: dict) -> list[str]:
+    """The file:line pointers of a JSON finding (its sources, its items' sites, its message and advice)
+    that lead into library code."""
+    ev = finding["evidence"]
+    pointers = list(ev["sources"])
+    pointers += [str(i[k]) for i in ev["items"] for k in ("where", "source", "file") if i.get(k)]
+    pointers += CODE_POINTER.findall(finding["message"] + "\n" + finding["advice"])
+    return [p for p in pointers if LIBRARY_POINTER.search(p)]
+
+
 # Files of the shared corpus that are JSON but not traces: run records and the H100 pairs' table.
 NOT_TRACES = re.compile(r"^(run(\.rank\d+)?|pairs|labels)\.json$")
 
