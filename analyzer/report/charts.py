@@ -13,7 +13,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from . import svg
-from .longrun import chart_svg
+from .longrun import chart_svg, shown
 from gpuadvise.analyzer.model.report import TraceReport, all_findings
 from .finding import saving
 
@@ -45,6 +45,8 @@ def charts(reports: list[TraceReport]) -> list[Chart]:
                          "findings"))
     runs = getattr(reports, "runs", None) or []
     for i, run in enumerate(runs[:MAX_TRACE_CHARTS]):
+        if not shown(run):
+            continue
         who = f" — {run.folder}" + (f" rank {run.rank}" if run.rank is not None else "") if len(runs) > 1 else ""
         out.append(Chart("run" if len(runs) == 1 else f"run-{i + 1}", f"Step time over the run{who}", chart_svg(run),
                          f"run-{i}"))

@@ -39,6 +39,13 @@ def _scale_top(vals: list[float], level_ms: float | None = None) -> float:
     return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))] * 1.15 or 1.0
 
 
+def shown(run) -> bool:
+    """Whether a run has a section to show: enough steps for its levels, or windows after the first (a
+    short run's record is in the JSON, and says nothing the trace's own figures do not)."""
+    s = run.summary
+    return s.get("levels") is not None or len(s.get("windows") or []) > 1 or bool(run.findings)
+
+
 def headline(s: dict) -> str:
     """One sentence on the step time over the run."""
     lv = s.get("levels")

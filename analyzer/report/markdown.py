@@ -6,7 +6,7 @@ from gpuadvise.analyzer.model.report import TraceReport, all_findings, overhead_
 from gpuadvise.analyzer.model.findings import Finding
 from .finding import finding_lines, fmt, saving
 from .json import trace_summary
-from .longrun import markdown_section as run_section
+from .longrun import markdown_section as run_section, shown
 from .safe import md, md_cell, md_code, md_text, short
 
 
@@ -36,7 +36,8 @@ def render(reports: list[TraceReport], charts: dict | None = None) -> str:
         out += _job_section(job)
     runs = getattr(reports, "runs", None) or []
     for i, run in enumerate(runs):
-        out += run_section(run, len(runs) > 1) + charts.get(f"run-{i}", [])
+        if shown(run):
+            out += run_section(run, len(runs) > 1) + charts.get(f"run-{i}", [])
     for i, r in enumerate(reports):
         steps = _steps_table(r, len(reports) > 1)
         out += steps + (charts.get(i, []) if steps else [])

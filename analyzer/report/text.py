@@ -6,7 +6,7 @@ import textwrap
 
 from gpuadvise.analyzer.model.report import TraceReport, all_findings, overhead_words
 from .json import trace_summary
-from .longrun import text_lines as run_lines
+from .longrun import shown, text_lines as run_lines
 from .safe import short, terminal
 
 
@@ -40,7 +40,8 @@ def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
         out += _job_lines(job)
     runs = getattr(reports, "runs", None) or []
     for run in runs:
-        out += run_lines(run, len(runs) > 1)
+        if shown(run):
+            out += run_lines(run, len(runs) > 1)
     findings = all_findings(reports)
     if not findings:
         out.append("\nNo findings.")
