@@ -26,9 +26,9 @@ history.append(loss.item())                                      # e.g. a growin
 ## Thresholds
 Fires when the slow level is at least 15 % and 0.5 ms above the early level, with at least 2·K unprofiled
 steps recorded. A finding counts as grown when its predicted saving rose by 5 percentage points between
-the windows. The predicted saving is the share of a slow step the drift costs: 1 − early / slow, for the
-steps from the start of the drift on (upper bound: the steps return to the early level when the cause is
-fixed). Severity follows it.
+the windows; an op is named when its time per step grew by a tenth of the drift. The predicted saving is
+the share of a slow step the drift costs, 1 − early / slow, for the steps from the start of the drift on
+(an upper bound: the steps return to the early level when the cause is fixed). Severity follows it.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class StepTimeDrift(RunRule):
     code = "GA160"
     name = "step-time-drift"
     title = "The step got slower during the run"
-    thresholds = {"min_drift_pct": 15.0, "min_drift_ms": 0.5, "min_grown_pts": 5.0}
+    thresholds = {"min_drift_pct": 15.0, "min_drift_ms": 0.5, "min_grown_pts": 5.0, "op_share_of_drift": 0.1}
 
     def check(self, a: RunAnalysis):
         lv, t = a.levels, self.thresholds
@@ -77,7 +77,7 @@ class StepTimeDrift(RunRule):
                         "window before the drift to compare it with.")
             advice = f"Read window {slow.index}'s findings: they describe the slow steps."
         else:
-            items, lead = self._changes(cmp, slow)
+            items, lead = self._changes(cmp, slow, lv.slow_ms - lv.early_ms)
             said = "; ".join(i["what"] for i in items[:4]) or "no finding, part of the step or op changed by much"
             message += (f" Window {slow.index} (steps {slow.steps[0]}–{slow.steps[1]}, {_why(slow)}) against window 1 "
                         f"(steps {first.steps[0]}–{first.steps[1]}): {said}.")
@@ -112,18 +112,21 @@ class StepTimeDrift(RunRule):
         pool = steady or pool
         return max(pool, key=lambda w: w.level_ms or 0.0) if pool else None
 
-    def _changes(self, cmp: dict, slow) -> tuple[list[dict], dict | None]:
-        """What grew from window 1 to the slow window, most first: findings, parts of the step, ops."""
+    def _changes(self, cmp: dict, slow, drift_ms: float) -> tuple[list[dict], dict | None]:
+        """What grew from window 1 to the slow window, most first: findings, parts of the step, ops (an op
+        only when it grew by a tenth of the drift: a small op's wobble explains nothing)."""
         grown = []
         for f in cmp["findings"]["new"]:
             after = f["after"]["est_step_saving_pct"] or 0.0
             grown.append((after, {"kind": "finding", "rule": f["rule"], "topic": f["topic"], "before": None,
-                                  "after": after, "what": f"{f['topic']} appeared ({after:.0f} % of the step there)"}))
+                                  "after": after, "what": f"{f['topic']} appeared (its fix predicted to save {after:.0f} % "
+                                                          "of the step there)"}))
         for f in cmp["findings"]["still_there"]:
             b, a = f["before"]["est_step_saving_pct"] or 0.0, f["after"]["est_step_saving_pct"] or 0.0
             if a - b >= self.thresholds["min_grown_pts"]:
                 grown.append((a, {"kind": "finding", "rule": f["rule"], "topic": f["topic"], "before": b, "after": a,
-                                  "what": f"{f['topic']} grew from {b:.0f} % to {a:.0f} % of the step"}))
+                                  "what": f"{f['topic']} grew (its fix predicted to save {b:.0f} % → {a:.0f} % of "
+                                          "the step)"}))
         grown.sort(key=lambda g: -g[0])
         items = [g[1] for g in grown]
         lead = items[0] if items else None
@@ -132,7 +135,7 @@ class StepTimeDrift(RunRule):
             p = max(parts, key=lambda r: r["change_ms"])
             items.append({"kind": "part", "rule": None, "topic": p["part"], "before": p["before_ms"], "after": p["after_ms"],
                           "what": f"{PARTS[p['part']]} per step {p['before_ms']:.2f} → {p['after_ms']:.2f} ms"})
-        ops = [o for o in cmp["ops"] if o["change_ms_per_step"] > 0]
+        ops = [o for o in cmp["ops"] if o["change_ms_per_step"] >= self.thresholds["op_share_of_drift"] * drift_ms]
         if ops:
             o = ops[0]
             items.append({"kind": "op", "rule": None, "topic": o["name"], "before": o["before_ms_per_step"],

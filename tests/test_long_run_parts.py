@@ -189,3 +189,19 @@ def test_a_level_reaches_only_steps_nearby():
     steps = np.array([1, 2, 3, 4, 5, 40, 41, 42, 43, 44], dtype=float)
     values = np.array([1, 1, 1, 1, 1, 9, 9, 9, 9, 9], dtype=float)
     assert list(nearby_median(steps, values, 5)) == [1.0] * 5 + [9.0] * 5  # the gap pulls nothing across
+
+
+# -- compare and a long run's folder -----------------------------------------------------------------------
+
+def test_compare_reads_a_long_run_by_its_first_window(tmp_path):
+    from gpuadvise.analyzer.compare.diff import compare
+    from gpuadvise.analyzer.compare.sides import load_side
+    from gpuadvise.rules import find_rule
+
+    folder = find_rule("step-time-drift").positive().write(tmp_path / "run")
+    side = load_side(str(folder), jobs=1)
+    cmp = compare(side, side)
+    assert cmp["before"]["trace"].endswith("trace.pt.trace.json.gz") and cmp["before"]["traces"] == 1
+    assert not any("traces" in w for w in cmp["warnings"])  # window 2 is not a second rank
+    still = {f["rule"] for f in cmp["findings"]["still_there"]}
+    assert "GA160" in still  # the run-level finding is compared like any other
