@@ -6,7 +6,8 @@ Three runs of `gpuadvise profile`, each shared by the tests that read it:
 - a loader that slows down from a given step (a cache that stops fitting), under `--when-slower` and
   `--every`;
 - a loop that evaluates every 10 steps and keeps a tensor from every step, pausing three times for the test
-  to send a signal, run `gpuadvise trigger`, and `gpuadvise trigger --file`, then crashing;
+  to send a signal, run `gpuadvise trigger`, and `gpuadvise trigger --file` (at steps whose windows cannot
+  overlap the one the stall gets, wherever the watch places it), then crashing;
 - two ranks in lockstep (gloo all-reduce), one of them signalled.
 """
 
@@ -85,7 +86,7 @@ for i in range(1000):
         with torch.no_grad():
             for _ in range(40):
                 model(val)
-    if i in (21, 55, 65):
+    if i in (21, 61, 69):
         pause(f"pause{i}")
     if i == 78:
         raise RuntimeError("crashed at iteration 78")
@@ -255,12 +256,12 @@ def stall_run(tmp_path_factory):
         pid = json.loads((d / "RUN" / "run.json").read_text())["pid"]
         os.kill(pid, signal.SIGUSR2)
         (d / "pause21.go").touch()
-        _wait_for(d / "pause55.ready", proc)  # gpuadvise trigger: the run folder's recorded pid, signalled
+        _wait_for(d / "pause61.ready", proc)  # gpuadvise trigger: the run folder's recorded pid, signalled
         triggers["signal"] = _gpuadvise("trigger", "RUN", cwd=d)
-        (d / "pause55.go").touch()
-        _wait_for(d / "pause65.ready", proc)  # gpuadvise trigger --file: a request line, read at a step boundary
+        (d / "pause61.go").touch()
+        _wait_for(d / "pause69.ready", proc)  # gpuadvise trigger --file: a request line, read at a step boundary
         triggers["file"] = _gpuadvise("trigger", "RUN", "--file", cwd=d)
-        (d / "pause65.go").touch()
+        (d / "pause69.go").touch()
         _, err = proc.communicate(timeout=TIMEOUT)
     finally:
         if proc.poll() is None:
@@ -287,9 +288,11 @@ def test_a_signal_and_trigger_requests_each_record_a_window(stall_run):
     by = {}
     for w in _windows(run):
         by.setdefault(w["trigger"], []).append(w)
-    # the pauses are in steps 22, 56 and 66: each request records from the steps right after it
-    assert [w["steps"][0] for w in by["signal"]] == [25, 59]
-    assert len(by["trigger file"]) == 1 and 68 <= by["trigger file"][0]["steps"][0] <= 72
+    # the pauses are in steps 22, 62 and 70 (clear of the windows a stall every 10 steps gets): a signal
+    # records from the second step after it, a request line from the second after the boundary that reads it
+    # (every 4th: 72)
+    assert [w["steps"][0] for w in by["signal"]] == [25, 65]
+    assert [w["steps"][0] for w in by["trigger file"]] == [74]
     lines = [json.loads(x) for x in (run / "capture-requests.jsonl").read_text().splitlines()]
     assert [x["trigger"] for x in lines].count("trigger file") == 2  # the request, and the step a rank gave it
 

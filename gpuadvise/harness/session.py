@@ -8,8 +8,8 @@ The parts live in their own modules:
   the callbacks at the edges of the recorded steps;
 - writers.py: the run folder's files (trace, memory snapshot, run.json);
 - steprecord.py: every step's time and memory samples for the whole run, in a sidecar file;
-- windows.py, triggers.py, requests.py, slowwatch.py: the windows after the first (`--on-signal`,
-  `--when-slower`, `--every`), recorded by the same profiler.
+- laterwindows.py (with windows.py, triggers.py, requests.py, slowwatch.py): the windows after the first
+  (`--on-signal`, `--when-slower`, `--every`), recorded by the same profiler.
 This module is what happens at each boundary, and the session's start and end.
 
 Every boundary is timed (steptimes.py), also outside the profiler's window, so run.json can tell the
@@ -33,24 +33,16 @@ from pathlib import Path
 from . import compiled  # torch.compile recording
 from . import facts as facts_mod
 from . import loaderprobe, quiet, runfolder, writers
-from .requests import REQUESTS, Requests
+from . import laterwindows
+from .requests import REQUESTS
 from .steprecord import StepRecord
 from .stepsources import SOURCES, StepSources
 from .steptimes import StepTimes
-from .triggers import Triggers
 from .window import ShapeProbe, Window, WindowHooks, cuda
-from .windows import Plan, Planned
 
-# the unprofiled steps on each side of a later window that its recorded steps are compared with (run.json
-# `steps` for window 1 has the steps before it): the level the run was at when the window recorded
-CONTEXT_STEPS = 10
 # run.json's unprofiled median counts the steps before window 1 and this many after it (and its memory
 # history): the level window 1 ran at, which a run that drifts later does not move
 AFTER_WINDOW_STEPS = 20
-LONG_RUN_OPTIONS = ("on_signal", "when_slower", "every")  # any of them: windows after the first
-# status keys the session itself keeps up to date: never what a later window's hooks recorded
-SESSION_KEYS = {"state", "steps_stepped", "step_source", "files", "captured_at", "step_error", "hooks_error", "error",
-                "error_traceback", "memory_stats", "shapes"}
 
 PREFIX = "gpuadvise> "
 
@@ -83,11 +75,7 @@ class Session:
         # Capture features that must run only while the window records add their callbacks here.
         self.hooks = WindowHooks()
         self.started = time.time()
-        self.plan: Plan | None = None  # windows after the first, when a long-run option asks for them
-        self.triggers: Triggers | None = None
-        self._hook_window: Planned | None = None  # the later window whose hooks are open
-        self._status_before: dict = {}
-        self._unsettled: list[Planned] = []  # captured later windows whose steps after them are still to come
+        self.later: laterwindows.LaterWindows | None = None  # windows after the first, when an option asks
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -99,7 +87,8 @@ class Session:
         self.torch = torch
         w = self.window
         self.times = StepTimes(torch, keep_head=w.end + self.config.get("keep_after", 100),
-                               keep_tail=max(50, 2 * CONTEXT_STEPS + w.w + w.a + 10), on_final=self._final_step)
+                               keep_tail=max(50, 2 * laterwindows.CONTEXT_STEPS + w.w + w.a + 10),
+                               on_final=self._final_step)
         self.memory_steps = self.config.get("memory_steps", 2) if self.config["memory_history"] and cuda(torch) else 0
         self._start_long_run()
         quiet.ignore_profiler_warnings()
@@ -107,7 +96,7 @@ class Session:
         try:
             facts_mod.install(torch)
             compiled.install(torch, lambda: (self.steps, self._phase(self.steps)))  # compile facts
-            schedule = self.plan.schedule if self.plan is not None else None
+            schedule = self.later.plan.schedule if self.later is not None else None
             self.prof = self.window.profiler(torch, self.config, self._on_trace_ready, schedule=schedule)
             with quiet.quiet_fd2():
                 self.prof.start()
@@ -127,19 +116,14 @@ class Session:
         self._write_status()
 
     def _start_long_run(self) -> None:
-        """With --on-signal, --when-slower or --every: the plan of windows and what triggers them. A fresh
-        run starts with a fresh step record (and rank 0 with a fresh request file)."""
+        """With --on-signal, --when-slower or --every: the windows after the first. A fresh run starts with a
+        fresh step record (and rank 0 with a fresh request file)."""
         for name in [runfolder.steps_name(self.rank)] + ([REQUESTS] if self.rank in (None, 0) else []):
             with contextlib.suppress(OSError):
                 os.unlink(self.out / name)
-        c = self.config
-        if not any(c.get(k) for k in LONG_RUN_OPTIONS):
-            return
-        w = self.window
-        self.plan = Plan(w.W, w.w, w.a, earliest_later=w.end + self.memory_steps + 1,
-                         max_auto=int(c.get("max_windows") or 10))
-        self.triggers = Triggers(c, Requests(self.out, self.rank), w.w, w.a)
-        self.triggers.install()
+        if laterwindows.wanted(self.config):
+            self.later = laterwindows.LaterWindows(self)
+            self.later.triggers.install()
 
     def finish(self, exit_code=None) -> None:
         """At the end of the script: record what happened to the capture (the trace is already written)."""
@@ -148,9 +132,8 @@ class Session:
             self.record.close()
             self.probe.end(keep=False, out=self.out)
             self._hooks_stop(self.steps, captured=False)  # still open: the script ended inside a window
-            if self.plan is not None:
-                self._close_plan()
-                self._settle_windows(self.steps + 1, final=True)
+            if self.later is not None:
+                self.later.close(self.steps)
             if self.prof is not None and self.done:
                 self.finishing = True  # a later window still recording is incomplete: never written
                 try:
@@ -175,17 +158,8 @@ class Session:
         except Exception:  # nothing may escape at exit either
             pass
         finally:
-            if self.triggers is not None:
-                self.triggers.uninstall()
-
-    def _close_plan(self) -> None:
-        for win in self.plan.later():
-            if win.state == "captured" or win.state.startswith(("failed", "not ")):
-                continue
-            if win.start <= self.steps:
-                win.state = f"incomplete: the script ended at step {self.steps}, inside the window"
-            else:
-                win.state = f"not reached: the script ended at step {self.steps}"
+            if self.later is not None:
+                self.later.triggers.uninstall()
 
     def manual_step(self) -> None:
         self.sources.manual()
@@ -218,8 +192,8 @@ class Session:
             return
         if self.probe.running and k == w.probe_step + 1:
             self.probe.end(keep=True, out=self.out)
-        if self.triggers is not None:
-            self._take_requests(k)
+        if self.later is not None:
+            self.later.take_requests(k)
         if not self.done:
             self.status["step_source"] = SOURCES[source]
             if not w.recorded(k):
@@ -239,10 +213,8 @@ class Session:
             if self.done and not self.memory_steps:
                 self.complete = True
             return
-        if self.plan is not None:
-            self._step_later_windows(k)
-            if self._unsettled:
-                self._settle_windows(k)
+        if self.later is not None:
+            self.later.step(k)
         if self.memory_history and k >= w.end + self.memory_steps:
             self._stop_memory_history(dump=True)
             self.complete = True
@@ -261,101 +233,35 @@ class Session:
             return self.window.phase(k)
         if self.memory_history:
             return "memory"
-        later = self.plan.phase(k) if self.plan is not None else None
-        return later or "after"
+        return (self.later.phase(k) if self.later is not None else None) or "after"
 
     def _final_step(self, number: int, phase: str, cpu_ms: float, gpu_ms: float | None) -> None:
         """Each step once its time is final: into the whole-run record, and to the slowdown watch."""
         self.record.add(number, phase, cpu_ms, gpu_ms)
-        if self.triggers is not None:
+        if self.later is not None:
             ms = gpu_ms if gpu_ms is not None else None if self.times.used_cuda else cpu_ms
-            self.triggers.observe(number, phase, ms)
-
-    # -- windows after the first ----------------------------------------------------------------------
-    def _take_requests(self, k: int) -> None:
-        for req, automatic in self.triggers.boundary(k, self.window.end):
-            win = self.plan.add(req.step, k, req.trigger, req.detail, request=req.id, automatic=automatic)
-            if win is None:
-                continue
-            if req.step < win.start and req.trigger != "every":
-                win.detail += (f" (asked for step {req.step}; " + ("this rank was past it" if req.step <= k else
-                               "window 1 and its memory history come first") + ")")
-            print(f"{PREFIX}window {win.index} ({win.trigger}) will record steps {win.first_recorded}–{win.end - 1}"
-                  f"{': ' + win.detail if win.detail else ''}", file=sys.stderr, flush=True)
-            self._write_status()
-
-    def _step_later_windows(self, k: int) -> None:
-        """Step the profiler through a later window's boundaries (and only those)."""
-        ending, current = self.plan.ending_at(k), self.plan.containing(k)
-        ending = ending if ending is not None and ending.index > 1 and ending.state == "recording" else None
-        if current is not None and (current.index == 1 or current.state.startswith(("incomplete", "failed"))):
-            current = None
-        if ending is None and current is None:
-            return
-        try:
-            if self.prof.step_num != k - 1:  # not stepped since the last window: no cost in between
-                self.prof.step_num = k - 1
-            with quiet.quiet_fd2():
-                self.prof.step()
-        except Exception as exc:
-            self._fail("profiler step failed", exc)
-            return
-        if current is not None and current.state == "planned":
-            current.state = "warming up" if k < current.first_recorded else "recording"
-        if current is not None and k == current.first_recorded:
-            current.state = "recording"
-            self._hooks_start(current, k)
-
-    def _window_steps(self, win: Planned, last: int) -> None:
-        """A later window's `step_times`: its own and the unprofiled ones around it, up to step `last` (the
-        steps after it come in later: `_settle_windows`)."""
-        before = [w.end for w in self.plan.windows if w.end <= win.start]
-        after = [w.start - 1 for w in self.plan.windows if w.start >= win.end]
-        first = max([win.start - CONTEXT_STEPS, self.times.settle + 1] + before)
-        win.extra["step_times"] = self.times.summary(first, min([last] + after))
-
-    def _settle_windows(self, k: int, final: bool = False) -> None:
-        """Once CONTEXT_STEPS unprofiled steps followed a later window (or at the end), its steps are complete."""
-        for win in list(self._unsettled):
-            if final or k > win.end + CONTEXT_STEPS:
-                self._window_steps(win, min(k - 1, win.end + CONTEXT_STEPS))
-                self._unsettled.remove(win)
-                if not final:
-                    self._write_status()
-
-    def _hooks_start(self, win: Planned, k: int) -> None:
-        """A later window's hooks: what they add to the status is that window's, not window 1's."""
-        self._hook_window, self._status_before = win, dict(self.status)
-        self.hooks.start(self, k)
+            self.later.triggers.observe(number, phase, ms)
 
     def _hooks_stop(self, k: int, captured: bool) -> None:
-        self.hooks.stop(self, k, captured)
-        win, self._hook_window = self._hook_window, None
-        if win is None:
-            return
-        before = self._status_before
-        for key in [key for key, v in self.status.items()
-                    if key not in SESSION_KEYS and (key not in before or before[key] is not v)]:
-            win.extra[key] = self.status.pop(key)
-            if key in before:
-                self.status[key] = before[key]
+        if self.later is not None:
+            self.later.hooks_stop(k, captured)
+        else:
+            self.hooks.stop(self, k, captured)
 
     # -- window end ---------------------------------------------------------------------------------
     def _on_trace_ready(self, prof) -> None:
         if self.finishing:  # stopped mid-window at exit: torch still calls us; keep no partial trace
             return
-        later = self.plan.ending_at(prof.step_num) if self.plan is not None else None
-        if later is not None and later.index > 1:
-            self._later_trace_ready(prof, later)
+        later = self.later.ending(prof.step_num) if self.later is not None else None
+        if later is not None:
+            self.later.trace_ready(prof, later)
             return
-        if self.plan is not None:
-            self.plan.windows[0].state = "captured"
         facts_mod.end_of_window(self.torch)  # the settings the traced steps ran with, not those at exit
         try:
             final = writers.write_trace(prof, self.out, self.rank, self.probe.events, self.window.a, self.status)
             self.status["files"]["trace"] = final.name
-            if self.plan is not None:
-                self.plan.windows[0].trace = final.name
+            if self.later is not None:
+                self.later.first_captured(final.name)
             self._record_memory_stats()
             self.done = True
             self.status["state"] = "captured"
@@ -365,24 +271,6 @@ class Session:
             print(f"{PREFIX}captured {self.window.a} steps → {final}{self.sources.note()}", file=sys.stderr, flush=True)
         except Exception as exc:  # the window is lost, the training is not
             self._fail("writing the trace failed", exc)
-
-    def _later_trace_ready(self, prof, win: Planned) -> None:
-        """A later window's trace: written beside the first, its steps and what the hooks saw in its entry."""
-        try:
-            final = writers.write_trace(prof, self.out, self.rank, self.probe.events, win.active, win.extra,
-                                        window=win.index)
-            win.trace, win.state = final.name, "captured"
-            win.extra["captured_at"] = round(time.time(), 3)
-        except Exception as exc:  # this window is lost; the training and the other windows are not
-            win.state = f"failed: writing the trace failed: {type(exc).__name__}: {exc}"
-            final = None
-        self._hooks_stop(self.steps, captured=final is not None)
-        self._window_steps(win, win.end - 1)
-        self._unsettled.append(win)
-        self._write_status()
-        if final is not None:
-            print(f"{PREFIX}captured window {win.index} ({win.trigger}), steps {win.first_recorded}–{win.end - 1} → "
-                  f"{final}", file=sys.stderr, flush=True)
 
     # -- CUDA memory ----------------------------------------------------------------------------------
     def _start_memory_history(self) -> None:
@@ -431,10 +319,8 @@ class Session:
             self.probe.end(keep=False, out=self.out)
             self._stop_memory_history(dump=False)
             self._hooks_stop(self.steps, captured=False)
-            if self.plan is not None:
-                for win in self.plan.later():
-                    if win.state != "captured":
-                        win.state = f"not recorded: profiling failed at step {self.steps}"
+            if self.later is not None:
+                self.later.failed(self.steps)
         except Exception:
             pass
         print(f"{PREFIX}profiling stopped ({what}: {self.status['error']}); your script continues unprofiled",
@@ -453,11 +339,8 @@ class Session:
         capture["files"] = dict(capture.get("files") or {}, step_record=runfolder.steps_name(self.rank))
         if self.record.error:
             capture["step_record_error"] = self.record.error
-        if self.plan is not None:
-            capture["triggers"] = self.triggers.describe()
-            capture["windows"] = [w.as_dict() for w in self.plan.windows]
-            if self.plan.notes:
-                capture["window_notes"] = list(self.plan.notes)
+        if self.later is not None:
+            self.later.describe(capture)
         upto = self.window.end + self.memory_steps + AFTER_WINDOW_STEPS
         writers.write_run_json(self.out, self.rank, c, capture, self.times.summary(median_upto=upto), self.torch,
                                exit_code)
