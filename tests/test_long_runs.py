@@ -327,7 +327,7 @@ def test_trigger_on_a_finished_run_is_a_one_line_error(stall_run):
 
 
 # ------------------------------------------------------------------------------------------------------
-# Two ranks: signalling one records the same steps on both
+# Two ranks: signalling one (its launcher) records the same steps on both
 
 
 def test_signalling_one_rank_records_the_same_steps_on_every_rank(tmp_path):
@@ -356,7 +356,7 @@ def test_signalling_one_rank_records_the_same_steps_on_every_rank(tmp_path):
             except (OSError, ValueError, KeyError):
                 pass
             time.sleep(0.05)
-        os.kill(r1["pid"], signal.SIGUSR2)
+        os.kill(r1["launcher_pid"], signal.SIGUSR2)  # rank 1's `gpuadvise profile` passes it on to its script
         errs = [p.communicate(timeout=TIMEOUT)[1] for p in procs]
     finally:
         for p in procs:
