@@ -297,13 +297,14 @@ def test_real_compiled_trace_is_recognised():
 
 def test_compare_lists_compile_facts_that_differ():
     from gpuadvise.analyzer.compare.diff import environment
+    from gpuadvise.analyzer.compare.side import Side
     from gpuadvise.fixtures.compiled import compiled_facts
 
     before = compiled_facts([{"step": 0, "seconds": 4.0}] + [
         {"step": s, "seconds": 1.0, "recompile_reason": f"0/{i}: tensor 'x' size mismatch"} for i, s in enumerate((3, 5))],
         breaks=[{"where": "train.py:25", "reason": "print", "count": 1, "steps": [0]}])
     after = compiled_facts([{"step": 0, "seconds": 5.0}])
-    rows = {r["key"]: r for r in environment({"facts": before, "report": {}}, {"facts": after, "report": {}})}
+    rows = {r["key"]: r for r in environment(Side("before", facts=before), Side("after", facts=after))}
     assert {"compiled.recompiles", "compiled.recompiles_after_warmup", "compiled.graph_breaks",
             "compiled.graph_break_sites", "compiled.graphs"} <= rows.keys()
     assert not any("seconds" in k for k in rows)  # compile time differs in every pair of runs: not a fact

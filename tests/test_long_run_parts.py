@@ -195,7 +195,7 @@ def test_a_level_reaches_only_steps_nearby():
 
 def test_compare_reads_a_long_run_by_its_first_window(tmp_path):
     from gpuadvise.analyzer.compare.diff import compare
-    from gpuadvise.analyzer.compare.sides import load_side
+    from gpuadvise.analyzer.compare.load import load_side
     from gpuadvise.rules import find_rule
 
     folder = find_rule("step-time-drift").positive().write(tmp_path / "run")

@@ -209,7 +209,7 @@ def drift_doc(drift_run):
 
 def test_analyze_reports_the_drift_where_it_began_and_what_grew(drift_run, drift_doc):
     doc = drift_doc
-    (over,) = doc["runs"]
+    (over,) = doc["long_runs"]
     assert abs(over["levels"]["began_at"] - SLOW_FROM) <= 3
     drift = _finding(doc, "step-time-drift")
     n = drift["evidence"]["numbers"]

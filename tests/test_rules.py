@@ -50,9 +50,9 @@ def fixture_reports(tmp_path_factory):
             path = builder.write(d / f"{rule.name}-{kind}{getattr(builder, 'suffix', '.json.gz')}")
             if isinstance(builder, RunFolder):  # a long run: its windows' findings and the run-level ones
                 reports = analyze_paths([str(path)], jobs=1)
-                assert len(reports.runs) == 1, f"{rule.name} {kind}: the folder has no step record"
+                assert len(reports.long_runs) == 1, f"{rule.name} {kind}: the folder has no step record"
                 cache[key] = SimpleNamespace(findings=all_findings(reports),
-                                             notes=[n for r in reports for n in r.notes] + reports.runs[0].notes)
+                                             notes=[n for r in reports for n in r.notes] + reports.long_runs[0].notes)
             elif path.is_dir():  # several ranks: the per-rank findings and the job's, as one report
                 reports = analyze_paths([str(path)], jobs=1)
                 assert reports.job is not None, f"{rule.name} {kind}: the folder is not a multi-rank job"

@@ -50,7 +50,7 @@ def run(args) -> int:
 
     from . import diff as cmp_mod
     from .gate import apply_gate
-    from .sides import load_side
+    from .load import load_side
 
     if args.jobs is not None and args.jobs < 1:
         raise InputError(None, f"-j/--jobs: expected a whole number of workers ≥ 1, got {args.jobs}")

@@ -1,5 +1,6 @@
-"""What an analysis produces, as plain typed data the renderers and the TUI read: one `TraceReport` per trace or
-snapshot, gathered in `Reports` (with the job-level report when several ranks were analysed)."""
+"""What an analysis produces, as plain typed data: one `TraceReport` per trace or snapshot, gathered in
+`Reports` (with the job-level report when several ranks were analysed). Every output reads their summary
+(`model/summary.py`); the per-step and kernel tables, the timeline and the memory screens read the reports."""
 
 from __future__ import annotations
 
@@ -109,7 +110,7 @@ class TraceReport:
 
 
 @dataclass
-class RunReport:
+class LongRunReport:
     """What changed over one process's run (a `gpuadvise profile` run folder with a step record): the
     run-level section's figures as plain data (`summary`: the keys are in run/longrun.py), the run-level
     findings and notes."""
@@ -128,20 +129,20 @@ class RunReport:
 
 class Reports(list):
     """The reports of `analyze_paths`, one per source (a list), the job-level report when two or more
-    ranks were analysed together (`.job`, else None), the run-level reports of long runs (`.runs`, one per
+    ranks were analysed together (`.job`, else None), the run-level reports of long runs (`.long_runs`, one per
     process with a step record), and the run.json facts read with the sources (`.facts`: trace path →
     facts; empty for traces from elsewhere)."""
 
-    def __init__(self, reports=(), job=None, facts: dict | None = None, runs: list[RunReport] | None = None):
+    def __init__(self, reports=(), job=None, facts: dict | None = None, long_runs: list[LongRunReport] | None = None):
         super().__init__(reports)
         self.job = job
         self.facts = dict(facts or {})
-        self.runs = list(runs or [])
+        self.long_runs = list(long_runs or [])
 
 
 def all_findings(reports: list[TraceReport]) -> list[Finding]:
     job = getattr(reports, "job", None)
-    runs = getattr(reports, "runs", None) or []
+    runs = getattr(reports, "long_runs", None) or []
     return order([f for r in reports for f in r.findings] + (job.findings if job is not None else [])
                  + [f for run in runs for f in run.findings])
 

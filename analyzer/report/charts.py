@@ -43,7 +43,7 @@ def charts(reports: list[TraceReport]) -> list[Chart]:
         out.append(Chart("savings", "Predicted step-time saving per finding",
                          svg.value_bars("Predicted step-time saving per finding (% of the median step)", rows, note),
                          "findings"))
-    runs = getattr(reports, "runs", None) or []
+    runs = getattr(reports, "long_runs", None) or []
     for i, run in enumerate(runs[:MAX_TRACE_CHARTS]):
         if not shown(run):
             continue

@@ -1,4 +1,4 @@
-"""The run-level section of a long run (`Reports.runs`, run/longrun.py's `RunReport.summary`): the whole
+"""The run-level section of a long run (`Reports.long_runs`, run/longrun.py's `LongRunReport.summary`): the whole
 run's step time drawn and summarised, the windows that were recorded and why, the memory trend. Markdown
 and text draw it from the same figures; the chart is an SVG (markdown files, HTML) or a sparkline (text,
 the TUI)."""

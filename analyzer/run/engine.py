@@ -60,7 +60,7 @@ def analyze_paths(paths: list[str] | Sources, progress=None, rules=None, bytes_p
         reports[0].notes[:0] = sources.notes  # files of the folder(s) that are not traces
     facts = {str(s.path): s.facts for s in sources}
     job = None if repeated else analyze_job([r for r in reports if id(r) not in later_windows], rules)
-    return Reports(reports, job=job, facts=facts, runs=longrun.analyze_runs(sources, reports, rules))
+    return Reports(reports, job=job, facts=facts, long_runs=longrun.analyze_runs(sources, reports, rules))
 
 
 def _failed(failure) -> TraceReport:

@@ -2,9 +2,9 @@
 record (`steps.jsonl`), the record, its windows' reports (already analysed, one per trace) and the
 comparison of window 1 with each later window (gpuadvise compare's, analyzer/compare/diff.py) make a
 `RunAnalysis` (measure/longrun.py); the run-level rules (`requires = ("run",)`) run once on it, and a
-`RunReport` carries the section every format draws.
+`LongRunReport` carries the section every format draws.
 
-`RunReport.summary` (plain data, the JSON's `runs[]`): `steps` (recorded in all), `clock`, `exact_steps`
+`LongRunReport.summary` (plain data, the JSON's `long_runs[]`): `steps` (recorded in all), `clock`, `exact_steps`
 (steps below it are kept one by one, the rest per bucket), `levels` (`k`, `early_ms`, `early_steps`,
 `slow_ms`, `slow_at`, `late_ms`, `late_steps`, `began_at`, `until`, `change_pct`; null with fewer than 2·k
 unprofiled steps), `memory` (`kind`, `steps`, `start_bytes`, `end_bytes`, `per_step_bytes`,
@@ -21,7 +21,7 @@ import numpy as np
 from gpuadvise.analyzer.errors import InputError
 from gpuadvise.analyzer.measure.longrun import DEFAULT_K, RunAnalysis, WindowView
 from gpuadvise.analyzer.model import runfacts
-from gpuadvise.analyzer.model.report import Reports, RunReport
+from gpuadvise.analyzer.model.report import LongRunReport, Reports
 from gpuadvise.analyzer.read.steprecord import load_step_record
 
 from .single import run_rules
@@ -29,8 +29,8 @@ from .single import run_rules
 CHART_POINTS = 300
 
 
-def analyze_runs(sources, reports: list, rules=None) -> list[RunReport]:
-    """One RunReport per (run folder, rank) with a step record."""
+def analyze_runs(sources, reports: list, rules=None) -> list[LongRunReport]:
+    """One LongRunReport per (run folder, rank) with a step record."""
     by_source = {r.source: r for r in reports}
     groups: dict[tuple, dict] = {}
     for src in sources:
@@ -49,7 +49,7 @@ def analyze_runs(sources, reports: list, rules=None) -> list[RunReport]:
     return out
 
 
-def _run_report(folder: str, rank, g: dict, rules) -> RunReport | None:
+def _run_report(folder: str, rank, g: dict, rules) -> LongRunReport | None:
     notes: list[str] = []
     try:
         record = load_step_record(g["record"])
@@ -75,7 +75,7 @@ def _run_report(folder: str, rank, g: dict, rules) -> RunReport | None:
         notes.append(f"steps from {record.exact_steps} on are kept per bucket (median, fastest, slowest): "
                      f"{len(record.buckets)} buckets")
     findings = run_rules(analysis, rules, source=folder, rank=rank, notes=notes)
-    return RunReport(folder=folder, rank=rank, record=str(g["record"]), summary=summarize(analysis),
+    return LongRunReport(folder=folder, rank=rank, record=str(g["record"]), summary=summarize(analysis),
                      findings=findings, notes=notes)
 
 
@@ -86,7 +86,8 @@ def _report_steps(report) -> tuple[int, int] | None:
 
 def _comparisons(g: dict) -> dict:
     """gpuadvise compare's data for window 1 against each later window that was analysed."""
-    from gpuadvise.analyzer.compare.diff import compare, side_from_reports
+    from gpuadvise.analyzer.compare.diff import compare
+    from gpuadvise.analyzer.compare.side import Side
 
     first = g["windows"].get(1)
     if first is None or first.metrics is None:
@@ -96,7 +97,7 @@ def _comparisons(g: dict) -> dict:
     def side(i):
         if i not in sides:
             r = g["windows"][i]
-            sides[i] = side_from_reports(Reports([r]), label=f"window {i}", facts={r.source: g["facts"].get(i) or {}})
+            sides[i] = Side.of(Reports([r]), label=f"window {i}", facts={r.source: g["facts"].get(i) or {}})
         return sides[i]
 
     return {i: compare(side(1), side(i)) for i, r in sorted(g["windows"].items()) if i > 1 and r.metrics is not None}

@@ -7,8 +7,9 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuadvise.analyzer.model.report import TraceReport, all_findings
+from gpuadvise.analyzer.model.report import TraceReport
 from gpuadvise.analyzer.model.findings import Finding
+from gpuadvise.analyzer.model.summary import TraceSummary, summarize
 
 from . import timeline_index
 from .text import short_source
@@ -38,7 +39,8 @@ class Jump:
 class ViewData:
     def __init__(self, reports: list[TraceReport]):
         self.reports = reports
-        self.findings: list[Finding] = all_findings(reports)
+        self.summary = summarize(reports)  # what the overview shows, as every report format shows it
+        self.findings: list[Finding] = list(self.summary.findings)
         traced = [i for i, r in enumerate(reports) if r.model is not None and r.metrics is not None]
         self.current = traced[0] if traced else 0
         self.pending_jump: Jump | None = None
@@ -50,6 +52,11 @@ class ViewData:
         return self.reports[self.current]
 
     @property
+    def current_summary(self) -> TraceSummary:
+        """The current trace's summary (the figures every report format quotes)."""
+        return self.summary.traces[self.current]
+
+    @property
     def has_trace(self) -> bool:
         return self.report.model is not None and self.report.metrics is not None
 
@@ -58,11 +65,11 @@ class ViewData:
         rank = f" (rank {r.rank})" if r.rank is not None else ""
         return short_source(r.source) + rank
 
-    def run_of(self, i: int | None = None):
-        """The long run the report's trace is a window of (`Reports.runs`), None for any other trace."""
+    def long_run_of(self, i: int | None = None):
+        """The long run the report's trace is a window of (`Reports.long_runs`), None for any other trace."""
         r = self.reports[self.current if i is None else i]
         folder = str(Path(r.source).parent)
-        return next((run for run in getattr(self.reports, "runs", None) or []
+        return next((run for run in getattr(self.reports, "long_runs", None) or []
                      if run.folder == folder and run.rank == r.rank), None)
 
     def report_of(self, f: Finding) -> int:
