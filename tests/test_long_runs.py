@@ -82,9 +82,9 @@ for i in range(1000):
     opt.zero_grad()
     held.append(torch.ones(512, 1024))  # 2 MiB kept from every step: a leak
     time.sleep(0.01)
-    if i % 10 == 9:  # an evaluation every 10 steps
+    if i % 10 == 9:  # an evaluation every 10 steps: several times a step, however busy the machine
         with torch.no_grad():
-            for _ in range(40):
+            for _ in range(100):
                 model(val)
     if i in (21, 61, 69):
         pause(f"pause{i}")
@@ -273,9 +273,13 @@ def test_the_crash_keeps_every_window_and_the_record(stall_run):
     run, code, err, _ = stall_run
     assert code == 1 and "RuntimeError: crashed at iteration 78" in err
     windows = _windows(run)
-    assert all(w["state"] == "captured" for w in windows), windows
-    for w in windows:  # every window written before the crash is complete
+    done = [w for w in windows if w["steps"][1] <= 78]
+    assert len(done) >= 4 and all(w["state"] == "captured" for w in done), windows
+    for w in done:  # every window recorded before the crash is there, complete
         assert _recorded_steps(run / w["trace"]) == list(range(w["steps"][0], w["steps"][1] + 1))
+    for w in windows:  # one the crash cut (a stall window the watch placed late, on a busy machine) says so
+        if w not in done:
+            assert w["state"].startswith(("incomplete", "not reached")) and not w["trace"]
     header, *blocks = _record_lines(run)
     last = max(b["first"] + len(b["cpu"]) - 1 for b in blocks if "first" in b)
     assert last == 78  # iteration 78's optimizer step ends step 78; the crash comes in step 79, before it ends
@@ -290,9 +294,9 @@ def test_a_signal_and_trigger_requests_each_record_a_window(stall_run):
         by.setdefault(w["trigger"], []).append(w)
     # the pauses are in steps 22, 62 and 70 (clear of the windows a stall every 10 steps gets): a signal
     # records from the second step after it, a request line from the second after the boundary that reads it
-    # (every 4th: 72)
+    # (every 4th, 72; or sooner, when the rank posts a request of its own and reads the file at once)
     assert [w["steps"][0] for w in by["signal"]] == [25, 65]
-    assert [w["steps"][0] for w in by["trigger file"]] == [74]
+    assert len(by["trigger file"]) == 1 and 72 <= by["trigger file"][0]["steps"][0] <= 74
     lines = [json.loads(x) for x in (run / "capture-requests.jsonl").read_text().splitlines()]
     assert [x["trigger"] for x in lines].count("trigger file") == 2  # the request, and the step a rank gave it
 
