@@ -406,3 +406,68 @@ def loader_profile(facts: dict) -> dict | None:
         and not frames.is_library(f["file"], stripped=False)
         and _num(f.get("line")) is not None and _num(f.get("share_pct")) is not None]
     return out
+
+
+# -- long runs: the windows after the first and their triggers (run.json `capture.windows`, `capture.triggers`) --
+
+@dataclass(frozen=True)
+class WindowFact:
+    """One profiled window of a run: window 1 is `--wait/--warmup/--active`'s, the others were asked for
+    while the script ran (`trigger`: "signal", "trigger file", "slower", "stall", "every")."""
+
+    index: int
+    trigger: str
+    detail: str
+    steps: tuple[int, int] | None  # the first and last recorded step
+    state: str  # "captured", "planned", "incomplete: …", "not reached: …", "failed: …"
+    trace: str | None  # its trace file's name in the run folder
+    requested_at: int | None  # the step boundary at which it was asked for
+
+
+def windows(facts: dict) -> list[WindowFact]:
+    """Every window run.json lists, by index (empty for a run with one window)."""
+    out = []
+    for w in _entries(_dict(facts.get("capture")), "windows"):
+        index = _int(w.get("index"))
+        if index is None:
+            continue
+        span = w.get("steps")
+        steps = (span[0], span[1]) if isinstance(span, list) and len(span) == 2 and all(
+            _int(v) is not None for v in span) else None
+        out.append(WindowFact(index=index, trigger=_str(w.get("trigger")) or "?", detail=_str(w.get("detail")) or "",
+                              steps=steps, state=_str(w.get("state")) or "?", trace=_str(w.get("trace")),
+                              requested_at=_int(w.get("requested_at"))))
+    return sorted(out, key=lambda w: w.index)
+
+
+def window_facts(facts: dict, index: int) -> dict:
+    """The facts a later window's trace is analysed with: the run's, with that window's `steps` (its recorded
+    steps and the unprofiled ones around them, for the profiler's calibration) and what was measured while
+    it recorded (`capture.loader`, `capture.shapes`). Window 1, or a run without windows: the run's."""
+    if index <= 1:
+        return facts
+    entry = next((w for w in _entries(_dict(facts.get("capture")), "windows") if w.get("index") == index), None)
+    if entry is None:
+        return facts
+    capture = {k: v for k, v in _dict(facts.get("capture")).items() if k not in ("loader", "shapes")}
+    capture.update({k: entry[k] for k in ("loader", "shapes") if k in entry})
+    capture["window"] = {"wait": None, "warmup": entry.get("warmup"), "active": entry.get("active")}
+    out = dict(facts, capture=capture)
+    out["steps"] = _dict(entry.get("step_times"))
+    return out
+
+
+def unprofiled_median_ms(facts: dict) -> float | None:
+    """run.json `steps.unprofiled_median_ms`: the median step no profiler touched (ms)."""
+    v = _num(_dict(facts.get("steps")).get("unprofiled_median_ms"))
+    return v if v else None
+
+
+def slower_steps(facts: dict) -> int | None:
+    """`--slower-steps` of the run (the steps in each median `--when-slower` compared), when it was set."""
+    return _int(_dict(_dict(facts.get("capture")).get("triggers")).get("slower_steps"))
+
+
+def device_memory(facts: dict) -> int | None:
+    """The GPU's memory in bytes, as run.json recorded it."""
+    return _int(_dict(_dict(_dict(facts).get("environment")).get("device")).get("total_memory"))

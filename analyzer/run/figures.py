@@ -9,6 +9,7 @@ from gpuadvise.analyzer.measure.calibration import Calibration
 from gpuadvise.analyzer.measure import perstep, phases
 from gpuadvise.analyzer.measure.idle import idle_split
 from gpuadvise.analyzer.measure.metrics import Metrics
+from gpuadvise.analyzer.measure.slowsteps import slow_steps
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.measure import intervals as iv
 from gpuadvise.analyzer.model.report import LeftOutStep, StepTime, TraceFigures
@@ -55,6 +56,7 @@ def trace_figures(model: TraceModel, m: Metrics, calibration: Calibration | None
         steps_left_out=[LeftOutStep(step=st.number, ms=round(st.dur / 1e3, 3), reason=m.left_out.get(st.number, ""))
                         for st in m.left_out_steps],
         one_time_note=one_time_note(m),
+        slow_steps=slow_steps(model, m),
     )
 
 

@@ -25,11 +25,14 @@ class Capture:
 
     def __init__(self, out: str | os.PathLike[str], *, wait: int = 10, warmup: int = 2, active: int = 3,
                  force: bool = False, record_shapes: bool = False, with_stack: bool = False,
-                 memory_history: bool = True, loader_probe: bool = True):
+                 memory_history: bool = True, loader_probe: bool = True, on_signal: bool = False,
+                 when_slower: float | None = None, every: int | None = None, max_windows: int = 10):
         self.path = Path(out)
         self.force = force
+        # the long-run options are `gpuadvise profile`'s (README, Long runs)
         self._options = {"wait": wait, "warmup": warmup, "active": active, "record_shapes": record_shapes,
-                         "with_stack": with_stack, "loader_probe": loader_probe, "memory_history": memory_history}
+                         "with_stack": with_stack, "loader_probe": loader_probe, "memory_history": memory_history,
+                         "on_signal": on_signal, "when_slower": when_slower, "every": every, "max_windows": max_windows}
         self._session = None
         self._saved: list = []
         self._started = 0.0
@@ -47,7 +50,7 @@ class Capture:
         if any(p.exists() for p in mine):
             if not self.force:
                 raise InputError(self.path, "run folder already holds a capture; pass force=True to replace it")
-            for p in mine + [self.path / runfolder.snapshot_name(r)]:
+            for p in mine + [self.path / runfolder.snapshot_name(r)] + runfolder.later_traces(self.path, r):
                 p.unlink(missing_ok=True)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
