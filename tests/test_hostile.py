@@ -804,7 +804,7 @@ def _show(p) -> str:
 
 def _leftovers(cwd: Path) -> list[str]:
     """Files in the run folder other than the ones a capture writes (temp files of a half-written trace)."""
-    return sorted(p.name for p in (cwd / "run").iterdir() if p.name not in ("run.json", "trace.pt.trace.json.gz", "memory.pickle", "profiler.log"))
+    return sorted(p.name for p in (cwd / "run").iterdir() if p.name not in ("run.json", "trace.pt.trace.json.gz", "memory.pickle", "profiler.log", "steps.jsonl"))
 
 
 TRAIN_STEP = """
