@@ -70,7 +70,7 @@ def test_straggler_is_rank_5(local):
     assert len(straggler) == 1
     f = straggler[0]
     assert f.rank == 5 and f.trace.endswith("rank5.trace.json.gz")
-    assert f.message.startswith("Rank 5 is the slowest in 4 of 4 steps")
+    assert f.message.startswith("Rank 5 is the rank the job waits for in 4 of 4 steps. It is 38 % slower")
     n = f.evidence.numbers
     assert n["straggler_rank"] == 5 and n["slowest_in_steps"] == 4 and n["ranks"] == 8
     # 14.0 ms of GEMMs against 10.0 ms, plus ~0.5 ms every rank pays: ~38 % more work

@@ -1,0 +1,166 @@
+"""Collectives lined up across ranks: for every rank and collective, the time it waited for the last rank
+to arrive, and the time the transfer itself took.
+
+Matching: a collective is the same on every rank when it has the same process group and sequence number
+(newer torch records both), else the same step, group, collective and place among those of its step
+(every rank of an SPMD job issues its collectives in the same order; model/collectives.py says what a
+collective is on each backend). Only the collectives found on every traced rank are measured.
+
+Clocks: the ranks' clocks are lined up by the collectives themselves. An all-reduce, all-gather,
+reduce-scatter, all-to-all or barrier ends at the same moment on every rank (no rank is done before all
+have sent), so the median difference of their ends is the offset between two ranks' clocks; ranks on one
+host come out at ~0, ranks on hosts whose clocks differ are moved onto the first rank's.
+
+Per collective and rank, on the aligned clock:
+- arrival: its start there (the rank's data was ready and its stream or backend thread got to it);
+- wait: (last rank's arrival) − (its own arrival), at most the time it spent inside the collective;
+- transfer: the rest of that time;
+- exposed wait: the part of the wait the rank did nothing else (no compute kernel for a GPU collective,
+  no op on its training threads for a CPU backend's): the time its step lost to the wait;
+- the last rank to arrive is the one the others waited for.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import intervals as iv
+from gpuadvise.analyzer.model.collectives import SYMMETRIC
+
+
+END_SLACK_US = 50.0  # ends of one all-reduce on different ranks: within the shortest stay in it, plus this
+
+
+@dataclass
+class Matched:
+    """The collectives every traced rank ran, arrays shaped (ranks, collectives) unless noted."""
+
+    step: np.ndarray  # (n,) ProfilerStep number of the iteration that issued it
+    kind: list[str]  # (n,)
+    pg: list[str]  # (n,)
+    arrival: np.ndarray  # aligned clock, µs
+    dur: np.ndarray
+    wait: np.ndarray
+    exposed_wait: np.ndarray
+    transfer: np.ndarray
+    exposed_transfer: np.ndarray
+    last: np.ndarray  # (n,) index of the rank that arrived last
+    offsets_us: np.ndarray  # (ranks,) each rank's clock minus the first rank's
+    unmatched: int  # collectives not found once on every traced rank, or whose ends do not line up
+    by: str  # how they were matched: "sequence number" or "order within the step"
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+
+def match(collectives: list) -> Matched | None:
+    """`collectives`: one measure.collectives.RankCollectives (or None) per rank, in rank order."""
+    if len(collectives) < 2 or any(c is None or not len(c) for c in collectives):
+        return None
+    keyed = []
+    for c in collectives:
+        keys = c.keys()
+        counts = Counter(keys)
+        keyed.append({k: i for i, k in enumerate(keys) if counts[k] == 1})
+    common = set(keyed[0])
+    for k in keyed[1:]:
+        common &= set(k)
+    if not common:
+        return None
+    first = collectives[0]
+    order = sorted(common, key=lambda k: keyed[0][k])  # the first rank's issue order
+    idx = np.array([[k[key] for key in order] for k in keyed], dtype=np.int64)  # (ranks, n)
+    start = np.stack([c.start_us[i] for c, i in zip(collectives, idx)])
+    end = np.stack([c.end_us[i] for c, i in zip(collectives, idx)])
+    kinds = [first.kind[i] for i in idx[0]]
+    offsets = _offsets(end, end - start, kinds)
+    # a collective that ends together everywhere but whose ends (clocks aligned) lie further apart than its
+    # shortest stay is not one collective: ranks in different process groups ran different ones there
+    aligned_end = end - offsets[:, None]
+    together = np.array([k in SYMMETRIC for k in kinds], dtype=bool)
+    apart = np.ptp(aligned_end, axis=0) > (end - start).min(axis=0) + END_SLACK_US
+    keep = ~(together & apart)
+    if not keep.any():
+        return None
+    idx, start, end = idx[:, keep], start[:, keep], end[:, keep]
+    kinds = [k for k, ok in zip(kinds, keep.tolist()) if ok]
+    order = [k for k, ok in zip(order, keep.tolist()) if ok]
+    arrival = start - offsets[:, None]
+    dur = end - start
+    last_arrival = arrival.max(axis=0)
+    wait = np.clip(last_arrival[None, :] - arrival, 0.0, dur)
+    transfer = dur - wait
+    busy_wait = np.stack([iv.covered(*c.busy, s, s + w) for c, s, w in zip(collectives, start, wait)])
+    busy_transfer = np.stack([iv.covered(*c.busy, s + w, e) for c, s, w, e in zip(collectives, start, wait, end)])
+    total = sum(len(c) for c in collectives)
+    return Matched(
+        step=first.step[idx[0]], kind=kinds, pg=[first.pg[i] for i in idx[0]],
+        arrival=arrival, dur=dur, wait=wait, exposed_wait=np.clip(wait - busy_wait, 0.0, None),
+        transfer=transfer, exposed_transfer=np.clip(transfer - busy_transfer, 0.0, None),
+        last=np.argmax(arrival, axis=0), offsets_us=offsets,
+        unmatched=total - len(collectives) * len(order),
+        by="sequence number" if order[0][0] == "seq" else "order within the step",
+    )
+
+
+def _offsets(end: np.ndarray, dur: np.ndarray, kinds: list[str]) -> np.ndarray:
+    """Each rank's clock minus the first rank's: the median difference of the ends of the collectives that
+    end together everywhere (all of them when none of those was matched). A difference within the
+    transfer time (the shortest time a rank spent in them) is the transfer's own spread, not the clocks':
+    those ranks share the first rank's clock (one host)."""
+    together = np.array([k in SYMMETRIC for k in kinds], dtype=bool)
+    pick = together if together.any() else np.ones(len(kinds), dtype=bool)
+    diff = np.median(end[:, pick] - end[0:1, pick], axis=1)
+    spread = float(np.median(dur[:, pick].min(axis=0)))
+    return np.where(np.abs(diff) > spread, diff, 0.0)
+
+
+def per_step(values: np.ndarray, steps_of: np.ndarray, steps: list[int]) -> np.ndarray:
+    """(ranks, n) per collective → (ranks, steps): summed over the collectives each step issued."""
+    out = np.zeros((values.shape[0], len(steps)))
+    col = {s: j for j, s in enumerate(steps)}
+    for i, s in enumerate(steps_of.tolist()):
+        j = col.get(s)
+        if j is not None:
+            out[:, j] += values[:, i]
+    return out
+
+
+def caused(m: Matched, steps: list[int]) -> np.ndarray:
+    """(ranks, steps): the wait each rank caused: per collective, the median exposed wait of the other
+    ranks, put on the rank that arrived last."""
+    ranks, n = m.exposed_wait.shape
+    blame = np.zeros((ranks, n))
+    for i in range(n):
+        r = int(m.last[i])
+        others = np.delete(m.exposed_wait[:, i], r)
+        blame[r, i] = float(np.median(others)) if len(others) else 0.0
+    return per_step(blame, m.step, steps)
+
+
+def by_collective(m: Matched, rank_ids: list[int], steps: list[int]) -> list[dict]:
+    """Waits per collective (kind and group), per rank: median per step over the matched steps."""
+    rows = []
+    groups: dict = {}
+    for i, key in enumerate(zip(m.kind, m.pg)):
+        groups.setdefault(key, []).append(i)
+    nsteps = max(len(steps), 1)
+    for (kind, pg), cols in sorted(groups.items(), key=lambda kv: -float(m.exposed_wait[:, kv[1]].sum())):
+        cols_a = np.array(cols)
+        wait = per_step(m.exposed_wait[:, cols_a], m.step[cols_a], steps)
+        transfer = per_step(m.transfer[:, cols_a], m.step[cols_a], steps)
+        last = Counter(int(m.last[i]) for i in cols)
+        rows.append({
+            "collective": kind, "group": pg, "per_step": round(len(cols) / nsteps, 1),
+            "ranks": [{"rank": r, "wait_ms": _ms(np.median(wait[j])) if len(steps) else 0.0,
+                       "transfer_ms": _ms(np.median(transfer[j])) if len(steps) else 0.0,
+                       "last_arrivals": last.get(j, 0)} for j, r in enumerate(rank_ids)],
+        })
+    return rows
+
+
+def _ms(us) -> float:
+    return round(float(us) / 1e3, 3)
