@@ -213,12 +213,14 @@ def test_markdown_and_text_job_sections(capsys, job8):
     rc, md, _ = call_main(capsys, "analyze", job8, "-f", "md", "-j", "1")
     assert rc == 0
     assert "## Job" in md and "8 ranks, 4 steps compared (ProfilerStep#0–#3)." in md
-    assert "| Rank | Median step (ms) | Work (ms) | Wait (ms) | GPU busy | Comm (ms) | Exposed comm (ms) | Comm/compute overlap |" in md
-    assert "| #0 | 5 |" in md  # slowest rank per step
+    assert ("| Rank | Median step (ms) | Work (ms) | Wait (ms) | Others waited for it (ms) | GPU busy | Comm (ms) | "
+            "Exposed comm (ms) | Comm/compute overlap |") in md
+    assert "| #0 | 5 |" in md  # the rank the job waited for, per step
+    assert "| all_reduce | – | 1 |" in md  # waits per collective: one all-reduce per step
     rc, text, _ = call_main(capsys, "analyze", job8, "-j", "1")
     assert rc == 0
     assert "job: 8 ranks, 4 steps compared" in text
-    assert "slowest rank per step: #0 rank 5 (+" in text
+    assert "the rank the job waited for, per step: #0 rank 5 (others waited 4.00 ms)" in text
     assert "[rank 5]" in text
 
 

@@ -152,8 +152,10 @@ class JobView:
         return [int(r.rank) for r in self.ranks]
 
     def per_rank(self) -> list[dict]:
-        """One row per rank: the job table of the reports."""
+        """One row per rank: the job table of the reports. With collectives lined up across the ranks,
+        communication is the time inside them (kernels or a CPU backend's), else the NCCL/RCCL kernels'."""
         rows = []
+        g = self.grid
         for i, r in enumerate(self.ranks):
             row = {"rank": r.rank, "trace": r.source, "steps": len(r.steps),
                    "median_step_ms": _ms(np.median(r.dur_us)) if r.dur_us else _ms(r.median_step_us),
@@ -161,10 +163,13 @@ class JobView:
                    "comm_ms": _ms(np.median(r.comm_us)) if r.comm_us else 0.0,
                    "exposed_comm_ms": _ms(np.median(r.exposed_comm_us)) if r.exposed_comm_us else 0.0,
                    "comm_overlap_pct": _round(r.overlap_pct)}
+            if self.steps and self.matched is not None:
+                row["comm_ms"] = _ms(np.median(g["wait_us"][i] + g["transfer_us"][i]))
+                row["exposed_comm_ms"] = _ms(np.median(g["wait_us"][i] + g["exposed_transfer_us"][i]))
             if self.steps:
-                row["wait_ms"] = _ms(np.median(self.grid["wait_us"][i]))
-                row["work_ms"] = _ms(np.median(self.grid["work_us"][i]))
-                row["caused_wait_ms"] = _ms(np.median(self.grid["caused_us"][i]))
+                row["wait_ms"] = _ms(np.median(g["wait_us"][i]))
+                row["work_ms"] = _ms(np.median(g["work_us"][i]))
+                row["caused_wait_ms"] = _ms(np.median(g["caused_us"][i]))
             if self.matched is not None:
                 row["clock_offset_ms"] = _ms(self.matched.offsets_us[i])
             rows.append(row)

@@ -31,7 +31,7 @@ from . import intervals as iv
 from gpuadvise.analyzer.model.collectives import SYMMETRIC
 
 
-END_SLACK_US = 50.0  # ends of one all-reduce on different ranks: within the shortest stay in it, plus this
+SLACK_US = 50.0  # how far a rank's clock reading of "the collective ended" may precede another's "arrived"
 
 
 @dataclass
@@ -76,13 +76,12 @@ def match(collectives: list) -> Matched | None:
     start = np.stack([c.start_us[i] for c, i in zip(collectives, idx)])
     end = np.stack([c.end_us[i] for c, i in zip(collectives, idx)])
     kinds = [first.kind[i] for i in idx[0]]
-    offsets = _offsets(end, end - start, kinds)
-    # a collective that ends together everywhere but whose ends (clocks aligned) lie further apart than its
-    # shortest stay is not one collective: ranks in different process groups ran different ones there
-    aligned_end = end - offsets[:, None]
+    offsets = _offsets(start, end, kinds)
+    # a collective every rank finishes together cannot end on one rank before another arrived: a match that
+    # does (clocks aligned) paired different collectives (ranks in different process groups)
     together = np.array([k in SYMMETRIC for k in kinds], dtype=bool)
-    apart = np.ptp(aligned_end, axis=0) > (end - start).min(axis=0) + END_SLACK_US
-    keep = ~(together & apart)
+    early = (end - offsets[:, None]).min(axis=0) < (start - offsets[:, None]).max(axis=0) - SLACK_US
+    keep = ~(together & early)
     if not keep.any():
         return None
     idx, start, end = idx[:, keep], start[:, keep], end[:, keep]
@@ -106,16 +105,24 @@ def match(collectives: list) -> Matched | None:
     )
 
 
-def _offsets(end: np.ndarray, dur: np.ndarray, kinds: list[str]) -> np.ndarray:
-    """Each rank's clock minus the first rank's: the median difference of the ends of the collectives that
-    end together everywhere (all of them when none of those was matched). A difference within the
-    transfer time (the shortest time a rank spent in them) is the transfer's own spread, not the clocks':
-    those ranks share the first rank's clock (one host)."""
+def _offsets(start: np.ndarray, end: np.ndarray, kinds: list[str]) -> np.ndarray:
+    """Each rank's clock minus the first rank's. Clocks are moved only when the trace proves them apart: a
+    collective that ends together everywhere ends on each rank after every rank arrived, which bounds the
+    offset from both sides; 0 when it lies within the bounds (one host, or clocks in sync), else the
+    nearest bound. When the bounds contradict each other (some pairs are not one collective), the median
+    difference of the ends, where it exceeds the time the ranks spent in them."""
     together = np.array([k in SYMMETRIC for k in kinds], dtype=bool)
     pick = together if together.any() else np.ones(len(kinds), dtype=bool)
-    diff = np.median(end[:, pick] - end[0:1, pick], axis=1)
-    spread = float(np.median(dur[:, pick].min(axis=0)))
-    return np.where(np.abs(diff) > spread, diff, 0.0)
+    s, e = start[:, pick], end[:, pick]
+    out = np.zeros(len(start))
+    for r in range(1, len(start)):
+        lo, hi = float((s[r] - e[0]).max()), float((e[r] - s[0]).min())
+        if lo <= hi:
+            out[r] = min(max(0.0, lo), hi)
+        else:
+            diff = float(np.median(e[r] - e[0]))
+            out[r] = diff if abs(diff) > float(np.median(np.minimum(e[r] - s[r], e[0] - s[0]))) else 0.0
+    return out
 
 
 def per_step(values: np.ndarray, steps_of: np.ndarray, steps: list[int]) -> np.ndarray:

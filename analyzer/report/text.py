@@ -73,24 +73,34 @@ def _job_lines(job, max_ranks: int = 16) -> list[str]:
     v = job.view
     steps = f", {len(v.steps)} step{'s' if len(v.steps) != 1 else ''} compared" if v.steps else ", no common steps"
     out = [f"\njob: {len(v.ranks)} ranks{steps}",
-           "  rank  step ms  work ms  wait ms  GPU busy  comm ms  overlap"]
+           "  rank  step ms  work ms  wait ms  others waited  GPU busy  comm ms  overlap"]
     rows = v.per_rank()
     for row in rows[:max_ranks]:
         busy = f"{row['gpu_busy_pct']:.1f}%" if row["gpu_busy_pct"] is not None else "–"
         overlap = f"{row['comm_overlap_pct']:.1f}%" if row["comm_overlap_pct"] is not None else "–"
         work = f"{row['work_ms']:.2f}" if "work_ms" in row else "–"
         wait = f"{row['wait_ms']:.2f}" if "wait_ms" in row else "–"
-        out.append(f"  {row['rank']:>4}  {row['median_step_ms']:>7.2f}  {work:>7}  {wait:>7}  {busy:>8}  "
+        caused = f"{row['caused_wait_ms']:.2f}" if "caused_wait_ms" in row else "–"
+        out.append(f"  {row['rank']:>4}  {row['median_step_ms']:>7.2f}  {work:>7}  {wait:>7}  {caused:>13}  {busy:>8}  "
                    f"{row['comm_ms']:>7.2f}  {overlap:>7}")
     if len(rows) > max_ranks:
         out.append(f"  … and {len(rows) - max_ranks} more ranks (--format md lists them all)")
-    if v.stragglers and max(s.slower_pct for s in v.stragglers) < 1.0:
+    if v.stragglers and max(s.slower_pct for s in v.stragglers) < 1.0 and max(s.caused_us for s in v.stragglers) <= 0:
         out.append("  balanced: in every step the slowest rank is less than 1% slower than the others")
     elif v.stragglers:
-        per_step = ", ".join(f"#{s.step} rank {s.rank} (+{s.slower_pct:.0f}%)" for s in v.stragglers[:8])
+        per_step = ", ".join(f"#{s.step} rank {s.rank} ({_waited(s)})" for s in v.stragglers[:8])
         more = " …" if len(v.stragglers) > 8 else ""
-        out.append(f"  slowest rank per step: {per_step}{more}")
+        out.append(f"  the rank the job waited for, per step: {per_step}{more}")
+    for c in v.collectives[:4]:
+        waits = ", ".join(f"rank {x['rank']} {x['wait_ms']:.2f}" for x in c["ranks"][:8])
+        out.append(f"  {c['collective']}{' (group ' + c['group'] + ')' if c['group'] else ''}, "
+                   f"{c['per_step']:g} per step: wait ms per step {waits}")
     return out
+
+
+def _waited(s) -> str:
+    """How much the others waited for the straggler of a step, else how much more work it had."""
+    return f"others waited {s.caused_us / 1e3:.2f} ms" if s.caused_us > 0 else f"+{s.slower_pct:.0f}% work"
 
 
 def _memory_line(r: TraceReport) -> list[str]:

@@ -80,6 +80,11 @@ def trace_name(r: int | None) -> str:
     return f"trace{suffix(r)}.pt.trace.json.gz"
 
 
+def rank_traces(out: Path) -> list[Path]:
+    """The traces the ranks of a job wrote into `out`."""
+    return sorted(out.glob(trace_name(None).replace("trace.", "trace.rank*.", 1)))
+
+
 def old_trace_name(r: int | None) -> str:
     """The name run folders used before (still read; replaced by --force)."""
     return f"trace{suffix(r)}.json.gz"

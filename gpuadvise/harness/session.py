@@ -28,7 +28,7 @@ from pathlib import Path
 
 from . import compiled  # torch.compile recording
 from . import facts as facts_mod
-from . import loaderprobe, quiet, runfolder, writers
+from . import distributed, loaderprobe, quiet, runfolder, writers
 from .stepsources import SOURCES, StepSources
 from .steptimes import StepTimes
 from .window import ShapeProbe, Window, WindowHooks, cuda
@@ -204,7 +204,9 @@ class Session:
             self.status["captured_at"] = time.time()
             self.hooks.stop(self, self.steps, captured=True)
             self._write_status()
-            print(f"{PREFIX}captured {self.window.a} steps → {final}{self.sources.note()}", file=sys.stderr, flush=True)
+            job = distributed.job_env()
+            if job is None or job.reports:  # a job's report is the reporting rank's to print
+                print(f"{PREFIX}captured {self.window.a} steps → {final}{self.sources.note()}", file=sys.stderr, flush=True)
         except Exception as exc:  # the window is lost, the training is not
             self._fail("writing the trace failed", exc)
 
