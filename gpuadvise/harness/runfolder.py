@@ -10,7 +10,8 @@ run.json, the keys the capture writes:
 - `command`, `script`, `argv`, `cwd`, `started_at`, `ended_at`, `duration_s`, `exit_code`,
   `exit_signal` (if killed by one), `script_exit_code` (as the child saw it), `rank`;
 - `environment` (torch/CUDA/cuDNN/Python versions, device), `settings` (TF32, cudnn.benchmark),
-  `dataloaders`, `optimizers`, `autocast`, `compile`, `wrappers` (facts.py);
+  `dataloaders`, `optimizers`, `autocast`, `compile`, `wrappers` (facts.py); `distributed` (the job's
+  process group, DDP/FSDP/DeepSpeed settings, backward passes per optimizer step: distfacts.py);
 - `capture`: `state` ("captured", "waiting for steps", "incomplete: …", "failed: …"), `error`,
   `steps_stepped` (step boundaries seen), `step_source` (what marked the window's steps:
   "optimizer.step()", "DataLoader batch", "gpuadvise.step()", "backward()", "CUDA graph replay"),

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from . import compiled  # torch.compile recording
 from . import facts as facts_mod
-from . import distributed, loaderprobe, quiet, runfolder, writers
+from . import distfacts, distributed, loaderprobe, quiet, runfolder, writers
 from .stepsources import SOURCES, StepSources
 from .steptimes import StepTimes
 from .window import ShapeProbe, Window, WindowHooks, cuda
@@ -78,6 +78,7 @@ class Session:
         quiet.set_log(self.out / runfolder.log_name(self.rank), errors_to_stderr=cuda(torch))
         try:
             facts_mod.install(torch)
+            distfacts.install(torch)  # DDP/FSDP/DeepSpeed settings and the job's process group
             compiled.install(torch, lambda: (self.steps, self._phase(self.steps)))  # compile facts
             self.prof = self.window.profiler(torch, self.config, self._on_trace_ready)
             with quiet.quiet_fd2():
@@ -195,6 +196,7 @@ class Session:
         if self.finishing:  # stopped mid-window at exit: torch still calls us; keep no partial trace
             return
         facts_mod.end_of_window(self.torch)  # the settings the traced steps ran with, not those at exit
+        distfacts.end_of_window(self.torch)
         try:
             final = writers.write_trace(prof, self.out, self.rank, self.probe.events, self.window.a, self.status)
             self.status["files"]["trace"] = final.name

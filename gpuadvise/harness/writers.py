@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from . import compiled
+from . import compiled, distfacts
 from . import facts as facts_mod
 from . import runfolder, shapes
 
@@ -91,6 +91,13 @@ def write_run_json(out: Path, rank, config: dict, capture: dict, steps: dict, to
             pass
     f = facts_mod.facts()
     data.update({k: [dict((kk, vv) for kk, vv in d.items() if kk != "id") for d in v] for k, v in f.items()})
+    if torch is not None:
+        try:
+            job = distfacts.summary(torch)  # None outside a job without DDP/FSDP/DeepSpeed
+        except Exception:
+            job = None
+        if job:
+            data["distributed"] = job
     compile_facts = compiled.summary()  # None unless the script called torch.compile
     if compile_facts is not None:
         data["compiled"] = compile_facts
