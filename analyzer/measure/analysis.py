@@ -10,6 +10,7 @@ from dataclasses import replace
 from functools import cached_property
 
 from . import replay_graph, whatif
+from .collectives import RankCollectives, own_work, rank_collectives
 from .compiled import CompiledTrace, compiled_trace
 from .calibration import Calibration, calibrate, recorded_starts, scenario_on, unprofiled_step_ms
 from gpuadvise.analyzer.model.calls import TRAINING
@@ -50,6 +51,16 @@ class Analysis:
         if self.model is None or self.metrics is None:
             return None
         return compiled_trace(self.model, self.metrics)
+
+    @cached_property
+    def collectives(self) -> RankCollectives | None:
+        """The collectives this rank ran, on any backend (measure/collectives.py); None without any."""
+        return rank_collectives(self.model, self.metrics)
+
+    @cached_property
+    def own_work(self) -> tuple:
+        """The rank's own work beside its collectives (measure/collectives.own_work), absolute µs."""
+        return own_work(self.model)
 
     @cached_property
     def replay(self) -> whatif.Replay | None:

@@ -42,9 +42,16 @@ class RankCollectives:
     where: list[str]  # coll.KERNEL (GPU) or coll.HOST (a CPU backend's thread)
     # the rank's own work while its collectives ran, as merged intervals (absolute µs)
     busy: tuple[np.ndarray, np.ndarray] = field(default_factory=lambda: (np.zeros(0), np.zeros(0)))
+    base_us: float = 0.0  # the trace's clock at its rebased 0: start_us − base_us is the model's clock
+    issued_us: np.ndarray = field(default_factory=lambda: np.zeros(0))  # model clock: a kernel's launch, a span's start
+    correlation: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # kernels' launches (-1)
 
     def __len__(self) -> int:
         return len(self.step)
+
+    def exposed_us(self) -> np.ndarray:
+        """Per row: the time inside it the rank did nothing else (its wait and transfer not overlapped)."""
+        return np.clip((self.end_us - self.start_us) - iv.covered(*self.busy, self.start_us, self.end_us), 0.0, None)
 
     def keys(self) -> list[tuple]:
         """How each row is matched across ranks: by process group and sequence number where the trace has
@@ -90,7 +97,8 @@ def rank_collectives(model: TraceModel, m: Metrics) -> RankCollectives | None:
     return RankCollectives(
         step=step, kind=kinds, pg=pg, seq=runs["seq"].to_numpy(dtype=np.int64), order=order,
         start_us=ts + base, end_us=end + base, nelems=runs["in_nelems"].to_numpy(dtype=float), where=where,
-        busy=_own_work(model, m, runs, base),
+        busy=_own_work(model, m, runs, base), base_us=base, issued_us=issued_at,
+        correlation=np.where(np.array(where) == coll.KERNEL, runs["correlation"].to_numpy(dtype=np.int64), -1),
     )
 
 
@@ -110,18 +118,21 @@ def _named_by_call(comms, kinds: list[str], launched: np.ndarray, launch_ts: np.
             kinds[i] = c_kind[int(around[-1])]
 
 
-def _own_work(model: TraceModel, m: Metrics, runs, base: float) -> tuple[np.ndarray, np.ndarray]:
-    """The rank's own work during its collectives: compute kernels (for GPU collectives) and CPU ops on
-    the threads that are not a backend's (for CPU ones), clipped to the collectives' spans."""
+def own_work(model: TraceModel, runs=None) -> tuple[np.ndarray, np.ndarray]:
+    """The rank's own work as merged intervals (absolute µs): compute kernels where its collectives run on
+    the GPU, CPU ops on the threads that are not a backend's where they run on a CPU backend. `runs`: its
+    collective executions (rows of model.comms; all of them when None)."""
+    if runs is None:
+        comms = model.comms
+        runs = comms[comms["role"].isin([coll.KERNEL, coll.HOST])] if comms is not None else comms
     parts_s, parts_e = [], []
-    span = iv.union(runs["ts"], runs["end"])
     kernels = model.kernels
-    if (runs["role"] == coll.KERNEL).any() and len(kernels):
+    if runs is not None and (runs["role"] == coll.KERNEL).any() and len(kernels):
         own = ~name_mask(kernels["name"], is_comm)
         parts_s.append(kernels["ts"].to_numpy(dtype=float)[own])
         parts_e.append(kernels["end"].to_numpy(dtype=float)[own])
-    host = runs[runs["role"] == coll.HOST]
-    if len(host):
+    host = runs[runs["role"] == coll.HOST] if runs is not None else None
+    if host is not None and len(host):
         backend_threads = set(host["tid"].tolist())
         cpu = model.cpu
         ops = cpu[~cpu["is_annotation"].to_numpy() & ~cpu["tid"].isin(backend_threads).to_numpy()]
@@ -130,6 +141,13 @@ def _own_work(model: TraceModel, m: Metrics, runs, base: float) -> tuple[np.ndar
         parts_e.append(ops["end"].to_numpy(dtype=float))
     if not parts_s:
         return np.zeros(0), np.zeros(0)
-    work = iv.union(np.concatenate(parts_s), np.concatenate(parts_e))
-    s, e = iv.intersect(work, span)
+    s, e = iv.union(np.concatenate(parts_s), np.concatenate(parts_e))
+    base = float(model.meta.base_ts_us)
     return s + base, e + base
+
+
+def _own_work(model: TraceModel, m: Metrics, runs, base: float) -> tuple[np.ndarray, np.ndarray]:
+    """`own_work` while the collectives ran (what the reduce needs to tell a wait from work)."""
+    work = own_work(model, runs)
+    span = iv.union(runs["ts"].to_numpy(dtype=float) + base, runs["end"].to_numpy(dtype=float) + base)
+    return iv.intersect(work, span)
