@@ -64,9 +64,11 @@ class Straggler(JobRule):
             return []
         rank, count = Counter(s.rank for s in job.stragglers).most_common(1)[0]
         mine = [s for s in job.stragglers if s.rank == rank]
-        slower = float(np.median([s.slower_pct for s in mine]))
         g = job.grid
         cols = [job.steps.index(s.step) for s in mine]
+        work = float(np.median(g["work_us"][job.rank_ids.index(rank), cols]))
+        ref = float(np.median([s.others_median_us for s in mine]))
+        slower = 100.0 * (work / ref - 1.0) if ref > 0 else 0.0  # the medians the message quotes
         job_step = g["dur_us"].max(axis=0)
         waited_share = 100.0 * float(np.median([s.caused_us for s in mine])) / max(float(np.median(job_step[cols])), 1e-9)
         t = self.thresholds
@@ -79,8 +81,6 @@ class Straggler(JobRule):
         paced = g["work_us"][others].max(axis=0)  # the next slowest rank sets the pace
         saving = 100.0 * float(np.clip(job_step - paced, 0, None).sum()) / max(float(job_step.sum()), 1e-9)
 
-        work = float(np.median(g["work_us"][i, cols]))
-        ref = float(np.median([s.others_median_us for s in mine]))
         wait_others = float(np.median(g["wait_us"][others][:, cols]))
         why, advice = _diagnose(job, i, others, cols, rank, a.rank_findings.get(rank, []))
         n_steps = len(job.stragglers)

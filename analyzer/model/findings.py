@@ -26,6 +26,10 @@ class Impact:
     range_pct: list[float] | None = None
     # topic of another finding whose fix this saving depends on: the figure is what this fix adds to it
     after: str | None = None
+    # a finding on a rank of a multi-rank job: % of the job's step saved when every rank that shows the
+    # cause gets the fix (collectives end when their last rank arrives), and how that was predicted
+    job_pct: float | None = None
+    job_basis: str | None = None
 
 
 @dataclass

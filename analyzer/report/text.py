@@ -37,13 +37,16 @@ def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
     job = getattr(reports, "job", None)
     if job is not None:
         out += _job_lines(job)
-    findings = all_findings(reports)
+    findings, ranks_of = _one_per_rule(all_findings(reports)) if job is not None else (all_findings(reports), {})
     if not findings:
         out.append("\nNo findings.")
     else:
-        out.append(f"\n{len(findings)} finding{'s' if len(findings) != 1 else ''} (by severity, then predicted saving):")
+        same = " (a finding on several ranks is shown once)" if any(len(v) > 1 for v in ranks_of.values()) else ""
+        out.append(f"\n{len(findings)} finding{'s' if len(findings) != 1 else ''} (by severity, then predicted saving){same}:")
         for i, f in enumerate(findings[:top], 1):
-            rank = f" [rank {f.rank}]" if f.rank is not None and len(reports) > 1 else ""
+            on = ranks_of.get(id(f), [f.rank])
+            rank = (f" [rank {f.rank}]" if len(on) == 1 else f" [ranks {_rank_list(on)}]") \
+                if f.rank is not None and len(reports) > 1 else ""
             pct = f.impact.est_step_saving_pct
             est = f"up to {pct:.1f}%" if f.impact.upper_bound else f"~{pct:.1f}%"
             if f.impact.range_pct and f.impact.range_pct[1] - f.impact.range_pct[0] >= 1:
@@ -55,6 +58,8 @@ def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
                 out.append(f"   {line}")
             if f.evidence.sources:
                 out.append(f"   at {terminal(short(', '.join(map(str, f.evidence.sources[:3])), 90))}")
+            if f.impact.job_pct is not None:
+                out.append(f"   on every rank that shows it: ~{f.impact.job_pct:.1f}% of the job's step")
             first = terminal(f.recommendation.split("\n", 1)[0])
             out.append(f"   → {first}")
         if len(findings) > top:
@@ -67,6 +72,34 @@ def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
     if prefix:
         text = "".join(prefix + line + "\n" for line in text.splitlines())
     return text
+
+
+def _one_per_rule(findings: list) -> tuple[list, dict]:
+    """A job's findings with one entry per rule for the per-rank ones (the rank where it saves most: the
+    findings come ordered), and the ranks each entry stands for (by id of the finding kept)."""
+    kept, ranks_of, first = [], {}, {}
+    for f in findings:
+        if f.rank is None or f.rule not in first:
+            kept.append(f)
+            ranks_of[id(f)] = [f.rank]
+            if f.rank is not None:
+                first[f.rule] = f
+        else:
+            ranks_of[id(first[f.rule])].append(f.rank)
+    return kept, {k: sorted(v) for k, v in ranks_of.items()}
+
+
+def _rank_list(ranks: list[int]) -> str:
+    """0, 1, 2, 5 → "0–2, 5"."""
+    runs, out = [], []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    for a, b in runs:
+        out.append(str(a) if a == b else f"{a}–{b}")
+    return ", ".join(out)
 
 
 def _job_lines(job, max_ranks: int = 16) -> list[str]:
