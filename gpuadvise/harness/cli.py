@@ -200,10 +200,9 @@ def _finish_job(out: Path, job, args, report_fmt, code: int) -> int:
     captured = [s.rank for s in statuses if s.trace]
     if code < 0:  # stopped by a signal (the launcher ends every rank once one fails): no analysis under its deadline
         if not args.quiet:
-            print(f"{PREFIX}rank {job.rank} was stopped by {signal.Signals(-code).name}"
-                  + (f"; the traces of rank{'s' if len(captured) > 1 else ''} {', '.join(map(str, captured))} are "
-                     f"complete: gpuadvise analyze {shlex.quote(str(out))}" if captured else "; no rank's trace is complete"),
-                  file=sys.stderr)
+            print(f"{PREFIX}" + (f"the traces of rank{'s' if len(captured) > 1 else ''} {', '.join(map(str, captured))} "
+                                 f"are complete: gpuadvise analyze {shlex.quote(str(out))}" if captured
+                                 else "no rank's trace is complete"), file=sys.stderr)
         return _exit_as(code)
     reports = None if args.quiet else _summary(out, job.rank, job=True)
     if (args.report or args.perfetto) and captured:

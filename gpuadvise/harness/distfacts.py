@@ -206,8 +206,9 @@ def _patch_fsdp(fsdp) -> None:
     if original is not None and not getattr(original, "_gpuadvise", False):
         @functools.wraps(original)
         def fully_shard(module, *a, **k):
+            name = type(module).__name__  # before fully_shard swaps in its FSDP subclass
             out = original(module, *a, **k)
-            _safe(_record_fully_shard)(module, k, facts_mod.caller())
+            _safe(_record_fully_shard)(name, k, facts_mod.caller())
             return out
 
         fully_shard._gpuadvise = True
@@ -247,11 +248,11 @@ def _record_fsdp1(wrapper, a, k, where) -> None:
     })
 
 
-def _record_fully_shard(module, k: dict, where: str) -> None:
+def _record_fully_shard(module: str, k: dict, where: str) -> None:
     mp = k.get("mp_policy")
     mesh = k.get("mesh")
     _FULLY_SHARD.append({
-        "created_at": where, "module": type(module).__name__,
+        "created_at": where, "module": module,
         "reshard_after_forward": k.get("reshard_after_forward"),
         "mesh_dims": getattr(mesh, "ndim", None) if mesh is not None else 1,
         "param_dtype": str(getattr(mp, "param_dtype", None)) if mp is not None else None,

@@ -174,9 +174,10 @@ class RankStatus:
         return self.finished and self.exit_code not in (0, None)
 
     def describe(self) -> str:
-        how = f"killed by {self.signal}" if self.signal else f"exit code {self.exit_code}"
         capture = "its trace is complete" if self.trace else f"no trace ({self.state})"
-        return f"rank {self.rank} failed ({how}) at step {self.steps}; {capture}"
+        if self.signal:
+            return f"rank {self.rank} was stopped by {self.signal} at step {self.steps}; {capture}"
+        return f"rank {self.rank} failed (exit code {self.exit_code}) at step {self.steps}; {capture}"
 
 
 def expected_ranks(out: Path, env: JobEnv) -> set[int]:
@@ -227,9 +228,11 @@ def wait_for_ranks(out: Path, env: JobEnv, own_code: int, timeout: float | None 
 
 
 def status_lines(statuses: list[RankStatus], pending: list[int], waited: float | None = None) -> list[str]:
-    """What the report says about the job's ranks before its findings: the ones that failed or never
-    finished (nothing when every rank ended well)."""
-    lines = [s.describe() for s in statuses if s.failed]
+    """What the report says about the job's ranks before its findings: the ones that failed (those that
+    exited on their own first: a launcher stops every other rank with a signal once one fails) or never
+    finished; nothing when every rank ended well."""
+    failed = sorted((s for s in statuses if s.failed), key=lambda s: (s.signal is not None, s.rank))
+    lines = [s.describe() for s in failed]
     if pending:
         which = ", ".join(str(r) for r in pending)
         lines.append(f"rank{'s' if len(pending) > 1 else ''} {which} had not finished"
