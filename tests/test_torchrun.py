@@ -32,6 +32,9 @@ from gpuadvise.analyzer.run.engine import analyze_paths  # noqa: E402
 PROBE = Path(__file__).resolve().parent / "probes" / "ddp_job.py"
 WINDOW = ["--wait", "2", "--warmup", "1", "--active", "3"]  # the script runs 8 steps
 PREFIX = "gpuadvise> "
+# the line of the probe that builds DDP: what run.json and the findings must point at
+DDP_AT = "ddp_job.py:%d" % next(i for i, line in enumerate(PROBE.read_text().splitlines(), 1)
+                                if "DistributedDataParallel(" in line)
 
 
 def torchrun(folder: Path, *script_args: str, nproc: int = 2) -> subprocess.CompletedProcess:
@@ -121,7 +124,7 @@ def test_run_json_records_the_job(straggler):
         d = run_json(folder, rank)["distributed"]
         assert (d["world_size"], d["rank"], d["local_world_size"], d["backend"]) == (2, rank, 2, "gloo")
         (ddp,) = d["ddp"]
-        assert ddp["created_at"].endswith("ddp_job.py:49") and ddp["find_unused_parameters"] is False
+        assert ddp["created_at"].endswith(DDP_AT) and ddp["find_unused_parameters"] is False
         assert ddp["bucket_cap_mb"] == 25.0 and ddp["params_without_grad"] == 0
 
 
@@ -147,7 +150,7 @@ def test_accumulation_without_no_sync_is_found(accumulation):
         assert f.evidence.numbers["synced_micro_batches_per_step"] == 4
         assert f.evidence.numbers["extra_allreduces_per_step"] >= 3
         assert f.impact.est_step_saving_pct > 0 and f.impact.job_pct is not None
-        assert [s.rsplit("/", 1)[-1] for s in f.evidence.sources] == ["ddp_job.py:49"]
+        assert [s.rsplit("/", 1)[-1] for s in f.evidence.sources] == [DDP_AT]
     assert "ddp-sync-per-microbatch" in proc.stderr  # in the printed report too
     acc = run_json(folder, 0)["distributed"]["accumulation"]
     assert acc["backward_per_step"] == 4 and acc["synced_backward_per_step"] == 4
