@@ -41,8 +41,8 @@ def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
     if not findings:
         out.append("\nNo findings.")
     else:
-        same = " (a finding on several ranks is shown once)" if any(len(v) > 1 for v in ranks_of.values()) else ""
-        out.append(f"\n{len(findings)} finding{'s' if len(findings) != 1 else ''} (by severity, then predicted saving){same}:")
+        same = "; a finding on several ranks is shown once" if any(len(v) > 1 for v in ranks_of.values()) else ""
+        out.append(f"\n{len(findings)} finding{'s' if len(findings) != 1 else ''} (by severity, then predicted saving{same}):")
         for i, f in enumerate(findings[:top], 1):
             on = ranks_of.get(id(f), [f.rank])
             rank = (f" [rank {f.rank}]" if len(on) == 1 else f" [ranks {_rank_list(on)}]") \
