@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from _cli_support import REPO, is_corpus_trace
+from _cli_support import REPO, is_corpus_trace, library_pointers
 from gpuadvise.analyzer.model.findings import SEVERITIES
 
 TRACES = Path(os.environ.get("GPUADVISE_TRACES") or REPO.parent / "shared" / "traces").resolve()
@@ -246,3 +246,11 @@ def test_a_per_step_figure_is_the_median_step(key, tmp_root):
                 (n["blocked_ms_per_step"], median_sync_ms, float(ps["sync_us"].mean()) / 1e3)
             step_ms = r.metrics.median_step_us / 1e3
             assert n["blocked_share_pct"] == pytest.approx(100 * n["blocked_ms_per_step"] / step_ms, abs=0.15)
+
+
+@pytest.mark.parametrize("key", INPUTS)
+def test_every_pointer_is_into_the_users_code(key, tmp_root):
+    """A file:line in a finding (its sources, its items' sites, its message and advice) is the user's frame,
+    never a file inside torch, a framework or the standard library."""
+    for f in _findings(analysed(key, tmp_root)):
+        assert not library_pointers(f), (f["topic"], library_pointers(f))

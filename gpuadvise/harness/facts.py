@@ -1,7 +1,7 @@
 """Light instrumentation of the settings the rules care about, recorded while the script runs.
 
 Each patch wraps a constructor or function, records a few attributes and where the user called it
-(file:line of the first frame outside torch and gpuadvise), and calls the original. Every recording is
+(file:line of the first frame in the user's own code: analyzer/model/frames.py), and calls the original. Every recording is
 wrapped so that a failure here can never reach the user's code.
 """
 
@@ -10,21 +10,9 @@ from __future__ import annotations
 import functools
 import sys
 
+from gpuadvise.analyzer.model import frames
+
 _FACTS: dict = {"dataloaders": [], "optimizers": [], "autocast": [], "compile": [], "wrappers": []}
-_SKIP_DIRS: list[str] = []  # install folders of torch and gpuadvise: their frames are not the user's
-
-
-def _library_dirs(torch) -> list[str]:
-    import importlib.util
-    import os
-
-    # gpuadvise's own folders, found without importing the package this module belongs to
-    ours = [os.path.dirname(os.path.dirname(__file__))]
-    for name in ("gpuadvise.analyzer", "gpuadvise.rules", "gpuadvise.fixtures"):
-        spec = importlib.util.find_spec(name)
-        ours += list(spec.submodule_search_locations or []) if spec else []
-    dirs = {os.path.dirname(torch.__file__), os.path.dirname(os.__file__), *ours}  # + the standard library
-    return sorted(os.path.realpath(d) + os.sep for d in dirs)
 
 
 def facts() -> dict:
@@ -32,26 +20,9 @@ def facts() -> dict:
 
 
 def caller() -> str:
-    """file:line of the innermost frame that belongs to the user's code."""
-    import os
-
-    f = sys._getframe(2)
-    while f is not None:
-        name = f.f_code.co_filename
-        if not name.startswith("<") and not any(os.path.realpath(name).startswith(d) for d in _SKIP_DIRS):
-            return f"{_short(name)}:{f.f_lineno}"
-        f = f.f_back
-    return "?"
-
-
-def _short(path: str) -> str:
-    import os
-
-    try:
-        rel = os.path.relpath(path)
-        return rel if not rel.startswith("..") else path
-    except ValueError:
-        return path
+    """file:line of the innermost frame that belongs to the user's code (model/frames.py judges: not
+    torch, not a framework, not the standard library, not gpuadvise); "?" when none does."""
+    return frames.live(1).site or "?"
 
 
 def _safe(fn):
@@ -67,7 +38,6 @@ def _safe(fn):
 
 def install(torch) -> None:
     """Patch torch entry points to record facts. Called once, before the user's script runs."""
-    _SKIP_DIRS[:] = _library_dirs(torch)
     _wrap_init(torch.utils.data.DataLoader, _record_dataloader)
     _wrap_init(torch.nn.DataParallel, lambda obj, a, k, where: _FACTS["wrappers"].append({"kind": "DataParallel", "created_at": where}))
     try:
