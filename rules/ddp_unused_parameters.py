@@ -8,7 +8,8 @@ cost is measured in the trace: each forward ends with DDP walking the autograd g
 (the time `DistributedDataParallel.forward` spends after the model's own ops, where that walk runs),
 and each backward all-reduces one more tensor, the map of the parameters it used (the smallest
 all-reduce of each micro-batch on a backend that does not record sizes; the one whose element count
-is the number of parameters where the trace records it).
+is the number of parameters where the trace records it), at the cost of the quickest of them in the
+window (the rest of a slower one is waiting for another rank, which the flag does not cause).
 
 ## Why it matters
 The search is for models with branches that skip parameters; without them it is pure overhead on every
@@ -62,10 +63,12 @@ class DDPUnusedParameters(Rule):
         walk_s, walk_e = _walks(a)
         extra = _used_map_allreduces(a, flagged[0].params)
         c = a.collectives
-        exposed = c.exposed_us()[extra] if len(extra) else np.zeros(0)
+        # the map's all-reduce costs its transfer; what it waits for the other ranks is theirs to answer for,
+        # so each is counted at the cost of the quickest of them in the window
+        cost = float(c.exposed_us()[extra].min()) if len(extra) else 0.0
         issued = c.issued_us[extra] if len(extra) else np.zeros(0)
         walk_us = perstep.median(perstep.issued(m, walk_s, walk_e - walk_s))
-        map_us = perstep.median(perstep.issued(m, issued, exposed))
+        map_us = perstep.median(perstep.issued(m, issued, np.full(len(extra), cost)))
         saving, basis = self._saving(a, (walk_s, walk_e), extra, walk_us + map_us)
         where = ", ".join(d.created_at for d in flagged)
         message = (f"DistributedDataParallel ({where}) is built with find_unused_parameters=True, yet every one of its "

@@ -240,9 +240,9 @@ def _grid(stats: list[RankStats], steps: list[int], matched: waits.Matched | Non
             rows.append([by_step[n] for n in steps])
         grid[col] = np.array(rows, dtype=float).reshape(len(stats), len(steps))
     if matched is not None:
-        grid["wait_us"] = waits.per_step(matched.exposed_wait, matched.step, steps)
+        grid["wait_us"] = np.minimum(waits.exposed_per_step(matched, steps, "wait"), grid["dur_us"])
         grid["transfer_us"] = waits.per_step(matched.transfer, matched.step, steps)
-        grid["exposed_transfer_us"] = waits.per_step(matched.exposed_transfer, matched.step, steps)
+        grid["exposed_transfer_us"] = waits.exposed_per_step(matched, steps, "transfer")
         grid["caused_us"] = waits.caused(matched, steps)
     else:  # communication kernels that cannot be matched one by one: the least exposed comm is the transfer
         exposed = grid["exposed_comm_us"]

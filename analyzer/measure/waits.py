@@ -49,6 +49,8 @@ class Matched:
     exposed_transfer: np.ndarray
     last: np.ndarray  # (n,) index of the rank that arrived last
     offsets_us: np.ndarray  # (ranks,) each rank's clock minus the first rank's
+    start: np.ndarray  # each rank's own clock: when it arrived (to measure time against its own work)
+    busy: list  # per rank, its own work during its collectives (measure.collectives.RankCollectives.busy)
     unmatched: int  # collectives not found once on every traced rank, or whose ends do not line up
     by: str  # how they were matched: "sequence number" or "order within the step"
 
@@ -99,7 +101,7 @@ def match(collectives: list) -> Matched | None:
         step=first.step[idx[0]], kind=kinds, pg=[first.pg[i] for i in idx[0]],
         arrival=arrival, dur=dur, wait=wait, exposed_wait=np.clip(wait - busy_wait, 0.0, None),
         transfer=transfer, exposed_transfer=np.clip(transfer - busy_transfer, 0.0, None),
-        last=np.argmax(arrival, axis=0), offsets_us=offsets,
+        last=np.argmax(arrival, axis=0), offsets_us=offsets, start=start, busy=[c.busy for c in collectives],
         unmatched=total - len(collectives) * len(order),
         by="sequence number" if order[0][0] == "seq" else "order within the step",
     )
@@ -136,16 +138,35 @@ def per_step(values: np.ndarray, steps_of: np.ndarray, steps: list[int]) -> np.n
     return out
 
 
+def exposed_per_step(m: Matched, steps: list[int], part: str = "wait", cols=None) -> np.ndarray:
+    """(ranks, steps): the time each step lost to its collectives' waits (`part` "wait") or transfers
+    ("transfer"): their union on the rank's own clock minus its own work, so collectives that run at
+    the same time (DDP's buckets on two gloo threads) count once. `cols`: only those collectives."""
+    out = np.zeros((m.dur.shape[0], len(steps)))
+    cols = np.arange(len(m)) if cols is None else np.asarray(cols)
+    for j, s in enumerate(steps):
+        mine = cols[m.step[cols] == s]
+        if not len(mine):
+            continue
+        for r in range(out.shape[0]):
+            lo = m.start[r, mine] if part == "wait" else m.start[r, mine] + m.wait[r, mine]
+            hi = m.start[r, mine] + (m.wait[r, mine] if part == "wait" else m.dur[r, mine])
+            spans = iv.union(lo, hi)
+            out[r, j] = max(0.0, iv.total(*spans) - iv.total(*iv.intersect(spans, m.busy[r])))
+    return out
+
+
 def caused(m: Matched, steps: list[int]) -> np.ndarray:
-    """(ranks, steps): the wait each rank caused: per collective, the median exposed wait of the other
-    ranks, put on the rank that arrived last."""
-    ranks, n = m.exposed_wait.shape
-    blame = np.zeros((ranks, n))
-    for i in range(n):
-        r = int(m.last[i])
-        others = np.delete(m.exposed_wait[:, i], r)
-        blame[r, i] = float(np.median(others)) if len(others) else 0.0
-    return per_step(blame, m.step, steps)
+    """(ranks, steps): the wait each rank caused: the exposed wait of the other ranks in the collectives it
+    arrived last at (per step, each other rank's counted once), the median over them."""
+    ranks = m.dur.shape[0]
+    out = np.zeros((ranks, len(steps)))
+    for r in range(ranks):
+        mine = np.flatnonzero(m.last == r)
+        if len(mine) and ranks > 1:
+            lost = exposed_per_step(m, steps, "wait", mine)
+            out[r] = np.median(np.delete(lost, r, axis=0), axis=0)
+    return out
 
 
 def by_collective(m: Matched, rank_ids: list[int], steps: list[int]) -> list[dict]:

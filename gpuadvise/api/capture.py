@@ -108,11 +108,12 @@ def _hook_points():
 
     points = [(dl._BaseDataLoaderIter, "__next__"), (dl.DataLoader, "__init__"), (dl._MultiProcessingDataLoaderIter, "__init__"), (torch.autograd, "backward"),
               (torch, "compile"), (torch.nn.DataParallel, "__init__"), (torch.autocast, "__init__"),
-              (fetch._MapDatasetFetcher, "fetch"), (fetch._IterableDatasetFetcher, "fetch")]
+              (fetch._MapDatasetFetcher, "fetch"), (fetch._IterableDatasetFetcher, "fetch"),
+              (torch.optim.Optimizer, "__init__")]
     try:
         from torch.nn.parallel import DistributedDataParallel
 
-        points.append((DistributedDataParallel, "__init__"))
+        points += [(DistributedDataParallel, name) for name in ("__init__", "register_comm_hook", "no_sync")]
     except ImportError:  # pragma: no cover - distributed not built
         pass
     graph = getattr(torch.cuda, "CUDAGraph", None)
@@ -132,6 +133,9 @@ def _save_torch_hooks() -> list:
 def _restore_torch_hooks(saved: list) -> None:
     from torch.optim import optimizer
 
+    from gpuadvise.harness import importhooks
+
+    importhooks.clear()  # FSDP / DeepSpeed not imported inside the block: nothing left waiting for them
     for owner, name, value in saved:
         if owner is optimizer:  # the step hook the session registered: drop it, keep the user's
             for key in set(optimizer._global_optimizer_post_hooks) - value:
@@ -146,11 +150,12 @@ def _restore_torch_hooks(saved: list) -> None:
 
 
 def _reset_facts() -> None:
-    from gpuadvise.harness import facts
+    from gpuadvise.harness import distfacts, facts
 
     for v in facts._FACTS.values():
         v.clear()
     facts._WINDOW.clear()
+    distfacts.reset()
 
 
 _MISSING = object()

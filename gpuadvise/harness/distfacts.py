@@ -95,6 +95,15 @@ def summary(torch) -> dict | None:
     return out or None
 
 
+def reset() -> None:
+    """Forget everything recorded (a new capture block in the same process)."""
+    for store in (_DDP, _FSDP, _FULLY_SHARD, _DEEPSPEED, _PER_STEP):
+        store.clear()
+    _PROCESS.clear()
+    _STEP.update(backward=0, synced=0)
+    _PREFETCH.update(forward=0, backward=0)
+
+
 def end_of_window(torch) -> None:
     """The process group as the window ended (a script may destroy it before it exits)."""
     _safe(_read_process)(torch)

@@ -63,3 +63,9 @@ class _Loader(importlib.abc.Loader):
         self.loader.exec_module(module)
         for fn in self.callbacks:
             _call(fn, module)
+
+
+def clear() -> None:
+    """Forget every hook still waiting for its module, and the finder (a capture block that ended)."""
+    _WAITING.clear()
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Finder)]
