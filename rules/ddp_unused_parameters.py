@@ -81,6 +81,7 @@ class DDPUnusedParameters(Rule):
             items=[{"name": "DDP", **d.as_dict()} for d in flagged][:4],
             sources=[d.created_at for d in flagged],
             numbers={"graph_walk_ms_per_step": a.ms(walk_us), "used_map_allreduce_ms_per_step": a.ms(map_us),
+                     "used_map_allreduces_per_step": float(perstep.median(perstep.issued(m, issued))),
                      "params": flagged[0].params, "statistic": "median step"},
         )
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis,

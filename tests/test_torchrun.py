@@ -1,6 +1,6 @@
 """Jobs under torchrun, end to end on the CPU: `torchrun -m gpuadvise profile` with real gloo collectives
-(tests/probes/ddp_job.py, 2 ranks, tiny models), one run per module-scoped fixture, several assertions
-on each (each run costs 10-20 s):
+(tests/probes/ddp_job.py, 2 ranks, tiny models), one job per test, several checks on each (each job
+costs 10-20 s):
 
 - a straggler: rank 1 sleeps 30 ms before each forward, then raises after the capture. The launcher
   stops rank 0; rank 0 names the rank that failed and the complete traces, and the folder's analysis
@@ -55,52 +55,39 @@ def run_json(folder: Path, rank: int) -> dict:
     return json.loads((folder / ("run.json" if rank == 0 else f"run.rank{rank}.json")).read_text())
 
 
-@pytest.fixture(scope="module")
-def straggler(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("straggler") / "run"
-    proc = torchrun(folder, "--sleep-rank", "1", "--sleep-ms", "30", "--raise-rank", "1", "--raise-at", "7")
+def profiled(tmp_path: Path, *script_args: str):
+    folder = tmp_path / "run"
+    proc = torchrun(folder, *script_args)
     return folder, proc, analyze_paths([str(folder)], jobs=1)
 
 
-@pytest.fixture(scope="module")
-def accumulation(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("accumulation") / "run"
-    proc = torchrun(folder, "--accumulate", "4", "--find-unused")
-    return folder, proc, analyze_paths([str(folder)], jobs=1)
+# Each test below is one torchrun job (10-20 s): its checks share that run, and no two tests share one (a
+# module fixture would run once per pytest-xdist worker that picks up one of its tests).
 
 
-@pytest.fixture(scope="module")
-def accumulation_fixed(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("accumulation-fixed") / "run"
-    proc = torchrun(folder, "--accumulate", "4", "--no-sync")
-    return folder, proc, analyze_paths([str(folder)], jobs=1)
+def test_a_straggler_and_a_rank_that_fails(tmp_path):
+    """Rank 1 sleeps 30 ms before each forward, then raises at step 7, after the capture."""
+    folder, proc, reports = profiled(tmp_path, "--sleep-rank", "1", "--sleep-ms", "30", "--raise-rank", "1",
+                                     "--raise-at", "7")
+    a_failed_rank_is_named_and_every_capture_stays(folder, proc)
+    the_straggler_is_the_rank_the_others_wait_for(reports)
+    run_json_records_the_job(folder)
 
 
-@pytest.fixture(scope="module")
-def fsdp(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("fsdp") / "run"
-    proc = torchrun(folder, "--fsdp")
-    return folder, proc, analyze_paths([str(folder)], jobs=1)
-
-
-# ----------------------------------------------------------------------------------------------------
-# A rank that fails, and the straggler
-
-
-def test_a_failed_rank_is_named_and_every_capture_stays(straggler):
-    folder, proc, _ = straggler
+def a_failed_rank_is_named_and_every_capture_stays(folder: Path, proc) -> None:
     assert proc.returncode != 0, proc.stderr  # the job failed, as it does without gpuadvise
     lines = ours(proc.stderr)
     assert "rank 1 failed (exit code 1) at step 7; its trace is complete" in lines, lines
+    # rank 0 was stopped by the launcher (then it names the complete traces) or failed on gloo's broken link
+    # (then it reports on the folder)
     assert any(line.startswith("the traces of ranks 0, 1 are complete: gpuadvise analyze") for line in lines) or \
         any(line.startswith("job: 2 ranks") for line in lines), lines
     assert (folder / "trace.rank0.pt.trace.json.gz").exists() and (folder / "trace.rank1.pt.trace.json.gz").exists()
     assert run_json(folder, 1)["exit_code"] == 1
-    assert run_json(folder, 0)["exit_code"] != 0  # stopped by the launcher (SIGTERM) or by gloo's broken link
+    assert run_json(folder, 0)["exit_code"] != 0
 
 
-def test_the_straggler_is_the_rank_the_others_wait_for(straggler):
-    _, _, reports = straggler
+def the_straggler_is_the_rank_the_others_wait_for(reports) -> None:
     v = reports.job.view
     assert v.rank_ids == [0, 1] and len(v.steps) == 3
     assert v.matched is not None and len(v.matched) >= 3  # one all-reduce per step at least, on gloo
@@ -118,8 +105,7 @@ def test_the_straggler_is_the_rank_the_others_wait_for(straggler):
     assert f.impact.est_step_saving_pct > 50.0  # without the sleep, the ~35 ms step is a few ms
 
 
-def test_run_json_records_the_job(straggler):
-    folder, _, _ = straggler
+def run_json_records_the_job(folder: Path) -> None:
     for rank in (0, 1):
         d = run_json(folder, rank)["distributed"]
         assert (d["world_size"], d["rank"], d["local_world_size"], d["backend"]) == (2, rank, 2, "gloo")
@@ -128,12 +114,16 @@ def test_run_json_records_the_job(straggler):
         assert ddp["bucket_cap_mb"] == 25.0 and ddp["params_without_grad"] == 0
 
 
-# ----------------------------------------------------------------------------------------------------
-# Gradient accumulation without no_sync, find_unused_parameters without unused parameters
+def test_accumulation_without_no_sync_and_an_idle_unused_parameter_search(tmp_path):
+    """4 micro-batches per step, each all-reduced; DDP(find_unused_parameters=True) on a model that uses
+    every parameter."""
+    folder, proc, reports = profiled(tmp_path, "--accumulate", "4", "--find-unused")
+    one_report_for_the_job(proc)
+    accumulation_without_no_sync_is_found(folder, proc, reports)
+    unused_parameter_search_without_unused_parameters_is_found(folder, reports)
 
 
-def test_one_report_for_the_job(accumulation):
-    _, proc, _ = accumulation
+def one_report_for_the_job(proc) -> None:
     assert proc.returncode == 0, proc.stderr
     lines = ours(proc.stderr)
     assert sum(line.startswith("profiling ") for line in lines) == 1, lines
@@ -141,8 +131,7 @@ def test_one_report_for_the_job(accumulation):
     assert sum(line.startswith("full report: gpuadvise analyze") for line in lines) == 1, lines
 
 
-def test_accumulation_without_no_sync_is_found(accumulation):
-    folder, proc, reports = accumulation
+def accumulation_without_no_sync_is_found(folder: Path, proc, reports) -> None:
     by_rank = {r.rank: {f.topic: f for f in r.findings} for r in reports}
     for rank in (0, 1):
         f = by_rank[rank]["ddp-sync-per-microbatch"]
@@ -156,17 +145,17 @@ def test_accumulation_without_no_sync_is_found(accumulation):
     assert acc["backward_per_step"] == 4 and acc["synced_backward_per_step"] == 4
 
 
-def test_unused_parameter_search_without_unused_parameters_is_found(accumulation):
-    folder, _, reports = accumulation
+def unused_parameter_search_without_unused_parameters_is_found(folder: Path, reports) -> None:
     (ddp,) = run_json(folder, 0)["distributed"]["ddp"]
     assert ddp["find_unused_parameters"] is True and ddp["params_without_grad"] == 0 and ddp["params"] == 6
     found = [f for f in all_findings(reports) if f.topic == "ddp-unused-parameters"]
     assert sorted(f.rank for f in found) == [0, 1]
-    assert all(f.evidence.numbers["used_map_allreduce_ms_per_step"] > 0 for f in found)
+    # each of the 4 micro-batches' backward all-reduces the used-parameter map beside its bucket
+    assert all(f.evidence.numbers["used_map_allreduces_per_step"] == 4 for f in found), [f.evidence.numbers for f in found]
 
 
-def test_no_sync_and_no_flag_remove_both_findings(accumulation_fixed):
-    folder, proc, reports = accumulation_fixed
+def test_no_sync_and_no_flag_remove_both_findings(tmp_path):
+    folder, proc, reports = profiled(tmp_path, "--accumulate", "4", "--no-sync")
     assert proc.returncode == 0, proc.stderr
     topics = {f.topic for f in all_findings(reports)}
     assert not {"ddp-sync-per-microbatch", "ddp-unused-parameters"} & topics, topics
@@ -175,12 +164,8 @@ def test_no_sync_and_no_flag_remove_both_findings(accumulation_fixed):
     assert d["ddp"][0]["no_sync_calls"] >= 3 * 8
 
 
-# ----------------------------------------------------------------------------------------------------
-# FSDP2
-
-
-def test_fully_shard_settings_and_its_all_gathers(fsdp):
-    folder, proc, reports = fsdp
+def test_fully_shard_settings_and_its_all_gathers(tmp_path):
+    folder, proc, reports = profiled(tmp_path, "--fsdp")
     assert proc.returncode == 0, proc.stderr
     shards = run_json(folder, 0)["distributed"]["fsdp"]["fully_shard"]
     assert [s["module"] for s in shards] == ["Linear", "Linear", "Linear", "Sequential"]
