@@ -109,7 +109,9 @@ class DDPSyncPerMicrobatch(Rule):
         advice = (f"Run the first {first} backward pass{'es' if first != 1 else ''} of each step inside "
                   "`model.no_sync()`: the gradients accumulate locally and are all-reduced once, with the last "
                   "micro-batch.")
-        return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice)]
+        keys = c.keys() if c is not None and len(rows) else []
+        return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice,
+                             removes=[keys[i] for i in rows.tolist()])]
 
     @staticmethod
     def _saving(a: Analysis, c, rows: np.ndarray, extra_us: float) -> tuple[float, str]:

@@ -84,9 +84,10 @@ class DDPUnusedParameters(Rule):
                      "used_map_allreduces_per_step": float(perstep.median(perstep.issued(m, issued))),
                      "params": flagged[0].params, "statistic": "median step"},
         )
+        keys = c.keys() if len(extra) else []
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis,
                              advice="Build DDP without find_unused_parameters (and with static_graph=True if the "
-                                    "graph never changes).")]
+                                    "graph never changes).", removes=[keys[i] for i in extra.tolist()])]
 
     @staticmethod
     def _saving(a: Analysis, walks, extra: np.ndarray, total_us: float) -> tuple[float, str]:

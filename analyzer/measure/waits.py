@@ -52,6 +52,7 @@ class Matched:
     start: np.ndarray  # each rank's own clock: when it arrived (to measure time against its own work)
     busy: list  # per rank, its own work during its collectives (measure.collectives.RankCollectives.busy)
     unmatched: int  # collectives not found once on every traced rank, or whose ends do not line up
+    keys: list  # (n,) each collective's key on the first rank (measure.collectives.RankCollectives.keys)
     by: str  # how they were matched: "sequence number" or "order within the step"
 
     def __len__(self) -> int:
@@ -102,7 +103,7 @@ def match(collectives: list) -> Matched | None:
         arrival=arrival, dur=dur, wait=wait, exposed_wait=np.clip(wait - busy_wait, 0.0, None),
         transfer=transfer, exposed_transfer=np.clip(transfer - busy_transfer, 0.0, None),
         last=np.argmax(arrival, axis=0), offsets_us=offsets, start=start, busy=[c.busy for c in collectives],
-        unmatched=total - len(collectives) * len(order),
+        unmatched=total - len(collectives) * len(order), keys=list(order),
         by="sequence number" if order[0][0] == "seq" else "order within the step",
     )
 

@@ -30,6 +30,9 @@ class Impact:
     # cause gets the fix (collectives end when their last rank arrives), and how that was predicted
     job_pct: float | None = None
     job_basis: str | None = None
+    # the collectives the fix removes on this rank (measure.collectives keys), for the job's prediction;
+    # not part of the JSON
+    removes: list | None = None
 
 
 @dataclass
@@ -53,6 +56,7 @@ class Finding:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        d["impact"].pop("removes", None)
         d["evidence"]["time_ranges_ms"] = [list(r) for r in self.evidence.time_ranges_ms]
         # the JSON keeps its field order: recommendation where it always was, advice and fix after
         out = {k: d[k] for k in ("rule", "topic", "severity", "title", "message", "evidence", "impact")}

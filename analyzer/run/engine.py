@@ -93,11 +93,15 @@ def fix_on_every_rank(view, reports: list[TraceReport]) -> None:
             if r.rank in stats and not f.impact.upper_bound and f.impact.est_step_saving_pct > 0:
                 by_rule.setdefault(f.rule, []).append((r.rank, f))
     for rule, found in by_rule.items():
-        saved = {}
+        saved, dropped = {}, set()
         for rank, f in found:
+            if f.impact.removes:  # the fix takes collectives away: they stop holding the ranks together
+                dropped.update(map(tuple, f.impact.removes))
+                saved.setdefault(rank, 0.0)
+                continue
             own = f.impact.job_pct if f.impact.job_pct is not None else f.impact.est_step_saving_pct
             saved[rank] = saved.get(rank, 0.0) + own / 100.0 * stats[rank].median_step_us
-        pct = job_saving_pct(view, saved)
+        pct = job_saving_pct(view, saved, dropped)
         if pct is None:
             continue
         ranks = sorted(saved)
