@@ -145,7 +145,7 @@ class DataloaderStall(Rule):
         for d in loaders:
             if d.num_workers == 0 or not d.pin_memory:
                 where = d.created_at
-                advice += (f"\nThe DataLoader created at {where} has num_workers={d.num_workers}, "
+                advice += (f"\nThe DataLoader created at {d.where} has num_workers={d.num_workers}, "
                            f"pin_memory={d.pin_memory}, prefetch_factor={d.prefetch_factor}, "
                            f"persistent_workers={d.persistent_workers}.")
                 if where != "?":

@@ -122,3 +122,34 @@ def test_a_users_folder_called_torch_on_this_machine_is_theirs(tmp_path):
     assert not frames.is_library(str(script))
     # the same path in a trace from another machine reads as a source build of torch
     assert frames.is_library(str(tmp_path / "elsewhere" / "torch" / "nn" / "functional.py"))
+
+
+def test_a_framework_built_object_is_placed_at_the_users_call_with_the_framework_beside_it(tmp_path, monkeypatch):
+    """The harness's constructor patch: a DataLoader a framework builds for the user (Trainer's
+    get_train_dataloader) is created at the user's line, through the framework's call."""
+    from gpuadvise.harness import facts as harness_facts
+
+    lib = tmp_path / "env" / "lib" / "python3.11" / "site-packages" / "fakefw"
+    lib.mkdir(parents=True)
+    (lib / "__init__.py").write_text("def get_train_dataloader(cls):\n    return cls()\n")
+    monkeypatch.syspath_prepend(str(lib.parent))
+    import fakefw
+
+    class Loader:
+        def __init__(self):
+            pass
+
+    seen = []
+    harness_facts._wrap_init(Loader, lambda obj, a, k, where: seen.append(where))
+    fakefw.get_train_dataloader(Loader)
+    Loader()
+    through, direct = seen
+    assert through["created_at"].endswith(f"test_frames.py:{_line_of('fakefw.get_train_dataloader(Loader)')}")
+    assert through["created_via"] == "`get_train_dataloader` in fakefw"
+    assert direct["created_at"].endswith(f"test_frames.py:{_line_of('Loader()')}") and "created_via" not in direct
+
+
+def _line_of(statement: str) -> int:
+    """The line of this file that holds exactly `statement`."""
+    lines = open(__file__).read().splitlines()
+    return next(i for i, ln in enumerate(lines, 1) if ln.strip() == statement)

@@ -122,6 +122,12 @@ class DataLoaderFact:
     batch_size: int | None
     prefetch_factor: int | None
     persistent_workers: bool | None
+    created_via: str | None = None  # the framework call that built it for the user ("`get_train_dataloader` in transformers")
+
+    @property
+    def where(self) -> str:
+        """Where the user's code built it, with the framework call in between: "train.py:40 (through …)"."""
+        return f"{self.created_at} (through {self.created_via})" if self.created_via else self.created_at
 
 
 @dataclass(frozen=True)
@@ -130,6 +136,7 @@ class WrapperFact:
 
     kind: str
     created_at: str
+    created_via: str | None = None
 
 
 @dataclass(frozen=True)
@@ -171,13 +178,14 @@ def dataloaders(facts: dict) -> list[DataLoaderFact]:
     return [DataLoaderFact(created_at=site(e.get("created_at")) or "?", num_workers=_int(e.get("num_workers")),
                            pin_memory=_bool(e.get("pin_memory")), batch_size=_int(e.get("batch_size")),
                            prefetch_factor=_int(e.get("prefetch_factor")),
-                           persistent_workers=_bool(e.get("persistent_workers")))
+                           persistent_workers=_bool(e.get("persistent_workers")), created_via=_str(e.get("created_via")))
             for e in _entries(facts, "dataloaders")]
 
 
 def wrappers(facts: dict, kind: str | None = None) -> list[WrapperFact]:
     """The DataParallel / DistributedDataParallel wrappers the script built (only `kind` when given)."""
-    out = [WrapperFact(kind=_str(e.get("kind")) or "?", created_at=site(e.get("created_at")) or "?")
+    out = [WrapperFact(kind=_str(e.get("kind")) or "?", created_at=site(e.get("created_at")) or "?",
+                       created_via=_str(e.get("created_via")))
            for e in _entries(facts, "wrappers")]
     return [w for w in out if kind is None or w.kind == kind]
 

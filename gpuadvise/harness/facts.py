@@ -39,12 +39,12 @@ def _safe(fn):
 def install(torch) -> None:
     """Patch torch entry points to record facts. Called once, before the user's script runs."""
     _wrap_init(torch.utils.data.DataLoader, _record_dataloader)
-    _wrap_init(torch.nn.DataParallel, lambda obj, a, k, where: _FACTS["wrappers"].append({"kind": "DataParallel", "created_at": where}))
+    _wrap_init(torch.nn.DataParallel, lambda obj, a, k, where: _FACTS["wrappers"].append({"kind": "DataParallel", **where}))
     try:
         from torch.nn.parallel import DistributedDataParallel
 
         _wrap_init(DistributedDataParallel,
-                   lambda obj, a, k, where: _FACTS["wrappers"].append({"kind": "DistributedDataParallel", "created_at": where}))
+                   lambda obj, a, k, where: _FACTS["wrappers"].append({"kind": "DistributedDataParallel", **where}))
     except ImportError:  # pragma: no cover - distributed not built
         pass
     _wrap_init(torch.autocast, _record_autocast)
@@ -64,15 +64,25 @@ def _wrap_init(cls, record) -> None:
     @functools.wraps(original)
     def __init__(self, *a, **k):
         original(self, *a, **k)
-        where = _safe(caller)() or "?"
+        where = _safe(_created)() or {"created_at": "?"}
         _safe(record)(self, a, k, where)
 
     cls.__init__ = __init__
 
 
+def _created() -> dict:
+    """`created_at`: the user's file:line that built the object; `created_via`: the library call in between
+    when a framework built it for them ("`get_train_dataloader` in transformers")."""
+    chosen = frames.live(3)  # from the code that called the constructor: past _safe and the __init__ wrapper
+    out = {"created_at": chosen.site or "?"}
+    if chosen.user is not None and chosen.library is not None and frames.package(chosen.library.file) != "gpuadvise":
+        out["created_via"] = chosen.library_call
+    return out
+
+
 def _record_dataloader(loader, a, k, where) -> None:
     _FACTS["dataloaders"].append({
-        "created_at": where,
+        **where,
         "num_workers": loader.num_workers,
         "pin_memory": bool(loader.pin_memory),
         "batch_size": loader.batch_size,
@@ -82,7 +92,7 @@ def _record_dataloader(loader, a, k, where) -> None:
 
 
 def _record_autocast(ctx, a, k, where) -> None:
-    entry = {"created_at": where, "device_type": getattr(ctx, "device", None), "dtype": str(getattr(ctx, "fast_dtype", ""))}
+    entry = {"created_at": where["created_at"], "device_type": getattr(ctx, "device", None), "dtype": str(getattr(ctx, "fast_dtype", ""))}
     if len(_FACTS["autocast"]) < 20 and entry not in _FACTS["autocast"]:
         _FACTS["autocast"].append(entry)
 
