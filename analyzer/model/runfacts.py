@@ -374,7 +374,7 @@ def ddp(facts: dict) -> list[DDPFact]:
     for e in _entries(distributed(facts), "ddp"):
         hooks = tuple(h for h in e.get("comm_hooks") or [] if isinstance(h, str)) if isinstance(e.get("comm_hooks"), list) else ()
         cap = e.get("bucket_cap_mb")
-        out.append(DDPFact(created_at=_str(e.get("created_at")) or "?",
+        out.append(DDPFact(created_at=site(e.get("created_at")) or "?",
                            find_unused_parameters=_bool(e.get("find_unused_parameters")),
                            static_graph=_bool(e.get("static_graph")),
                            bucket_cap_mb=float(cap) if isinstance(cap, (int, float)) and not isinstance(cap, bool) else None,

@@ -132,7 +132,7 @@ def _read_process(torch) -> None:
 
 def _record_ddp(ddp, a, k, where) -> None:
     cap = getattr(ddp, "bucket_bytes_cap", None)
-    fact = {"created_at": where, "find_unused_parameters": bool(getattr(ddp, "find_unused_parameters", False)),
+    fact = {**where, "find_unused_parameters": bool(getattr(ddp, "find_unused_parameters", False)),
             "static_graph": bool(getattr(ddp, "static_graph", False)),
             "bucket_cap_mb": round(cap / 2**20, 3) if isinstance(cap, (int, float)) else None,
             "gradient_as_bucket_view": bool(getattr(ddp, "gradient_as_bucket_view", False)),
@@ -244,9 +244,9 @@ def _record_fsdp1(wrapper, a, k, where) -> None:
     offload = getattr(wrapper, "cpu_offload", None)
     # an auto-wrap policy builds inner wrappers inside the user's one, from the same line, before it: the
     # user's (outermost) wrapper is the last one from that line
-    _FSDP[:] = [f for f in _FSDP if f["created_at"] != where]
+    _FSDP[:] = [f for f in _FSDP if f["created_at"] != where["created_at"]]
     _FSDP.append({
-        "created_at": where, "sharding_strategy": _name(getattr(wrapper, "sharding_strategy", None)),
+        **where, "sharding_strategy": _name(getattr(wrapper, "sharding_strategy", None)),
         "cpu_offload": bool(getattr(offload, "offload_params", False)),
         "mixed_precision": {"param_dtype": str(getattr(mp, "param_dtype", None)),
                             "reduce_dtype": str(getattr(mp, "reduce_dtype", None))} if mp is not None else None,
