@@ -10,6 +10,7 @@ from dataclasses import replace
 from functools import cached_property
 
 import numpy as np
+import pandas as pd
 
 from . import replay_graph, whatif
 from .collectives import RankCollectives, own_work, rank_collectives
@@ -147,7 +148,9 @@ class Analysis:
         comm = name_mask(ops["name"], is_comm)
         if not comm.any() or base <= 0:
             return pct
-        key = ops["name"].astype(str) + "|" + ops["correlation"].map(self._comm_elems).astype(str)
+        elems = self._comm_elems
+        key = pd.Series([f"{n}|{elems.get(c, '')}" for n, c in zip(ops["name"].astype(str), ops["correlation"])],
+                        index=ops.index)
         transfer = ops["dur"].groupby(key).transform("min").to_numpy(dtype=float)
         fixed = np.where(comm, transfer, np.nan)
         own = scenario.gpu_time
