@@ -34,6 +34,14 @@ uncompiled loop (train_healthy.py) and a compiled one (train_compiled.py, `--bac
 times in fresh processes with the recorder installed and without, alternating: the first step
 (compilation) and the median of steps 10+ (steady state), in thread CPU time at the optimizer hook.
 
+Part 4 (`--long N`): what every step pays after the window, where a run spends almost all its steps:
+the step timing as it was before the whole-run record ("timing only"), the timing plus the step record
+(steprecord.py: the sidecar appended every second, a memory sample every 5 steps; what every `gpuadvise
+profile` run does now), and that plus the long-run triggers (`--on-signal --when-slower --every`: the
+slowdown watch, the request file stat'ed every 4 steps). Side by side in one process per example, the
+modes cycling every `--seg` steps for N rounds, thread CPU time per step at the optimizer hook (the
+boundary's own work included), and the same boundary work alone in a tight loop (µs per step).
+
 Prints markdown tables.
 """
 
@@ -245,6 +253,101 @@ def part3(args) -> None:
     print()
 
 
+# -- part 4: the whole-run step record and the long-run triggers, after the window -------------------------
+LONG_MODES = ["timing only", "+ step record", "+ long-run triggers"]
+
+
+def _long_boundary(mode: str, folder: str, torch):
+    """The per-boundary work of `mode` after the window (what session._boundary does there)."""
+    from gpuadvise.harness.requests import Requests
+    from gpuadvise.harness.steprecord import StepRecord
+    from gpuadvise.harness.steptimes import StepTimes
+    from gpuadvise.harness.triggers import Triggers
+
+    record = StepRecord(os.path.join(folder, f"steps-{LONG_MODES.index(mode)}.jsonl")) if mode != "timing only" else None
+    triggers = None
+    if mode == "+ long-run triggers":
+        config = {"on_signal": True, "when_slower": 50.0, "slower_steps": 20, "every": 10 ** 9}
+        triggers = Triggers(config, Requests(folder, None, is_distributed=False), 1, 3)
+
+    def on_final(n, phase, cpu_ms, gpu_ms):
+        record.add(n, phase, cpu_ms, gpu_ms)
+        if triggers is not None:
+            triggers.observe(n, phase, cpu_ms)
+
+    times = StepTimes(torch, keep_head=200, on_final=on_final if record is not None else None)
+    k = [0]
+
+    def boundary():
+        times.end()
+        k[0] += 1
+        if record is not None:
+            record.tick()
+            if record.wants_memory(k[0]):
+                record.memory(k[0], torch)
+        if triggers is not None:
+            triggers.boundary(k[0], 7)
+        times.begin(k[0], "after", "optimizer")
+
+    return boundary, record
+
+
+def long_child(example: str, rounds: int, seg: int) -> None:
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    folder = tempfile.mkdtemp(prefix="bench-long-")
+    boundaries = {m: _long_boundary(m, folder, torch) for m in LONG_MODES}
+    plan = [m for _ in range(rounds) for m in LONG_MODES]
+    state = {"i": 0, "t": None, "rows": []}
+
+    def hook(opt, args, kwargs):
+        i = state["i"]
+        mode = plan[min(i // seg, len(plan) - 1)]
+        boundaries[mode][0]()  # the boundary's work is in the step it ends, as under gpuadvise profile
+        cpu = time.thread_time_ns()
+        if state["t"] is not None and i % seg:  # a segment's first step straddles two modes: dropped
+            state["rows"].append((mode, (cpu - state["t"]) / 1e6))
+        state["i"], state["t"] = i + 1, time.thread_time_ns()
+
+    register_optimizer_step_post_hook(hook)
+    sys.argv = [example, "--steps", str(len(plan) * seg + 1)]
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+        runpy.run_path(example, run_name="__main__")
+    alone = {}
+    for m in LONG_MODES:  # the boundary work with no training around it
+        boundary, record = _long_boundary(m, folder, torch)
+        n = 20_000
+        t = time.thread_time_ns()
+        for _ in range(n):
+            boundary()
+        alone[m] = (time.thread_time_ns() - t) / n / 1e3
+        if record is not None:
+            record.close()
+    print(json.dumps({"rows": state["rows"], "alone_us": alone}))
+
+
+def part4(args, examples) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    print(f"## After the window: the whole-run step record and the long-run triggers ({args.long} rounds × "
+          f"{len(LONG_MODES)} modes × {args.seg} steps, thread CPU time)\n")
+    print("| loop | timing only, CPU ms per step | " + " | ".join(LONG_MODES[1:]) + " | boundary work alone (µs per step) |")
+    print("|---|---:|" + "---:|" * (len(LONG_MODES) - 1) + "---|")
+    for e in examples:
+        proc = subprocess.run([sys.executable, __file__, "--long-child", str(EXAMPLES / e), "--long", str(args.long),
+                               "--seg", str(args.seg)], capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise SystemExit(f"{e} failed:\n{proc.stderr}")
+        res = json.loads(proc.stdout.strip().splitlines()[-1])
+        med = {m: statistics.median([ms for mm, ms in res["rows"] if mm == m]) for m in LONG_MODES}
+        base = med[LONG_MODES[0]]
+        alone = " / ".join(f"{res['alone_us'][m]:.1f}" for m in LONG_MODES)
+        print(f"| `{Path(e).stem}` | {base:.3f} | " + " | ".join(f"{med[m]:.3f} ({med[m] / base:.3f}×)" for m in LONG_MODES[1:])
+              + f" | {alone} |")
+    print("\nA cell: the median thread CPU time per step (ratio to timing only); modes interleaved in one process. "
+          "The last column times the boundary work of each mode alone, without training.\n")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=12)
@@ -255,9 +358,18 @@ def main() -> None:
     p.add_argument("--compiled", type=int, default=0, metavar="N",
                    help="part 3 only: the torch.compile recorder on and off, N runs each")
     p.add_argument("--backend", default="inductor", help="torch.compile backend for part 3")
+    p.add_argument("--long", type=int, default=0, metavar="N",
+                   help="part 4 only: the step record and the long-run triggers after the window, N rounds")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--compile-child", nargs=2, help=argparse.SUPPRESS)
+    p.add_argument("--long-child", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.long_child:
+        long_child(args.long_child, args.long, args.seg)
+        return
+    if args.long:
+        part4(args, args.examples.split(","))
+        return
     if args.compile_child:
         compile_child(*args.compile_child, args.backend)
         return

@@ -15,6 +15,9 @@ Two kinds of rule:
   analysed, and `check(a)` gets a `job.JobAnalysis` (`a.job`, `a.rank_findings`). Its fixtures are
   `RankFolder`s (one trace per rank, written as a folder), and it sets `Finding.rank` /
   `Finding.trace` itself when a finding is about one rank.
+- `RunRule`, on a long run: it runs once per process of a run folder with a step record, after its
+  windows were analysed, and `check(a)` gets a `longrun.RunAnalysis` (the whole run's step times and
+  memory samples, the windows and their comparisons). Its fixtures are `RunFolder`s.
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ import sys
 
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.measure.job import JobAnalysis
+from gpuadvise.analyzer.measure.longrun import RunAnalysis
 from gpuadvise.analyzer.model.findings import Evidence, Finding, Impact, severity_for
 from gpuadvise.fixtures.builder import RankFolder, TraceBuilder
+from gpuadvise.fixtures.longrun import RunFolder
 
 DOC_HEADINGS = ("## What it detects", "## Why it matters", "## Fix", "## Thresholds")
 
@@ -123,4 +128,25 @@ class JobRule(Rule):
         raise NotImplementedError
 
     def negative(self) -> RankFolder:
+        raise NotImplementedError
+
+
+class RunRule(Rule):
+    """A rule on a long run (see the module docstring): once per process with a step record; its fixtures
+    are `RunFolder`s."""
+
+    requires: tuple = ("run",)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.requires != ("run",):
+            raise TypeError(f"{cls.__name__}: a run rule reads the run's record and windows only (requires = ('run',))")
+
+    def check(self, a: RunAnalysis) -> list[Finding]:
+        raise NotImplementedError
+
+    def positive(self) -> RunFolder:
+        raise NotImplementedError
+
+    def negative(self) -> RunFolder:
         raise NotImplementedError

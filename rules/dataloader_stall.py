@@ -26,6 +26,9 @@ for x, y in loader:
 If workers are already in use and still stall, the per-sample work is too heavy: decode or augment
 on the GPU (torchvision.transforms.v2 on tensors, NVIDIA DALI), store pre-processed data, or read from
 faster storage.
+Under transformers' Trainer the switch is `TrainingArguments(dataloader_num_workers=…,
+dataloader_pin_memory=True)`; under Lightning, the `DataLoader` your `train_dataloader()` (or
+LightningDataModule) returns; the advice names the one the run used, at your line.
 
 ## Thresholds
 Fires when the DataLoader takes at least 5 % of the median step (the PyTorch TensorBoard plugin's
@@ -57,7 +60,7 @@ import numpy as np
 
 from gpuadvise.analyzer.measure import intervals as iv
 from gpuadvise.analyzer.measure.analysis import Analysis
-from gpuadvise.analyzer.model import runfacts
+from gpuadvise.analyzer.model import runfacts, switches
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
@@ -124,7 +127,9 @@ class DataloaderStall(Rule):
             saving = share_total * (1 - left)
             basis = "share of step time (no GPU timeline to replay)" + (f"; {plan['scenario']}" if plan is not None else "")
         sources = sorted({s for s in in_window["source"] if s})
-        loaders = runfacts.dataloaders(a.facts)
+        loaders = runfacts.training_loaders(a.facts)
+        fw = runfacts.framework(a.facts)  # advice names the framework's own switch (TrainingArguments, …)
+        main = loaders[0] if loaders else None
         kind = "single-process (`num_workers=0`)" if single else "multi-process"
         if floor > 0:
             message = (f"The {kind} DataLoader takes {share:.1f}% of the median step beyond the hand-over of a ready "
@@ -139,26 +144,27 @@ class DataloaderStall(Rule):
             message += (f" Step{'s' if len(outlier_steps) > 1 else ''} {', '.join(map(str, outlier_steps))} waited far "
                         f"longer (up to {worst_ms:.1f} ms): an outlier, left out of these figures.")
         if single:
-            advice = "The loader runs in the training process (`num_workers=0`): give it worker processes."
+            advice = "The loader runs in the training process (`num_workers=0`): " + (
+                f"{switches.num_workers(fw, None, main)}." if fw is not None else "give it worker processes.")
         else:
             advice = "Workers are in use but cannot keep up: add workers, prefetch more, or make each sample cheaper."
         for d in loaders:
             if d.num_workers == 0 or not d.pin_memory:
-                where = d.created_at
-                advice += (f"\nThe DataLoader created at {d.where} has num_workers={d.num_workers}, "
+                advice += (f"\nThe DataLoader {switches.loader_origin(fw, d)} has num_workers={d.num_workers}, "
                            f"pin_memory={d.pin_memory}, prefetch_factor={d.prefetch_factor}, "
                            f"persistent_workers={d.persistent_workers}.")
-                if where != "?":
-                    sources.append(where)
+                if d.created_at != "?":
+                    sources.append(d.created_at)  # the user's line, also for a loader a framework built
         if floor > 0:  # what shortens the hand-over itself (not more workers)
-            pinned = any(d.pin_memory for d in loaders)
+            pinned = any(d.pin_memory for d in loaders) or switches.already(fw, "pin_memory") is not None
+            pin = (switches.pin_memory(fw, main) + ": batches are then received on a background thread; "
+                   if fw is not None else "pin_memory=True receives batches on a background thread; ")
             advice += (f"\nAbout {floor / 1e3:.1f} ms of each wait is the hand-over of a ready batch, which more workers "
-                       "do not shorten: " + ("" if pinned else "pin_memory=True receives batches on a background thread; ")
-                       + "larger batches spread it over more samples.")
+                       "do not shorten: " + ("" if pinned else pin) + "larger batches spread it over more samples.")
         if measured:
             message += " " + loading_sentence(measured, plan)
             rest = advice.split("\n", 1)  # the measured advice replaces the generic first line
-            advice = workers_advice(measured, plan) + ("\n" + rest[1] if len(rest) > 1 else "")
+            advice = workers_advice(measured, plan, fw, main) + ("\n" + rest[1] if len(rest) > 1 else "")
             sources[:0] = [f"{f['file']}:{f['line']}: {f['function']}" for f in hot_functions(measured)[:3]]
         worst = in_window.nlargest(5, "dur")
         evidence = Evidence(
@@ -267,13 +273,14 @@ def loading_sentence(measured: dict, plan: dict | None) -> str:
     return text
 
 
-def workers_advice(measured: dict, plan: dict | None) -> str:
+def workers_advice(measured: dict, plan: dict | None, fw=None, loader=None) -> str:
+    """`fw`, `loader`: the run's framework and training DataLoader (runfacts), whose own switch is named."""
     if plan is None:
         return "Make each sample cheaper: start with the functions listed in the evidence."
     if plan["workers"] == plan["workers_now"]:
         return (f"No free core for another worker ({plan['workers_now']} workers + the training process use them): "
                 f"make `{measured['fetch']}` cheaper, starting with the functions listed in the evidence.")
-    text = f"Use num_workers={plan['workers']} ({plan['free_cores']} free core(s) measured)"
+    text = f"{switches.sentence(switches.num_workers(fw, plan['workers'], loader))} ({plan['free_cores']} free core(s) measured)"
     if plan["workers"] < plan["keeps_up"]:
         text += (f"; {plan['keeps_up']} would keep up, so also make `{measured['fetch']}` cheaper, "
                  "starting with the functions listed in the evidence")

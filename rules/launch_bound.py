@@ -39,6 +39,7 @@ from __future__ import annotations
 from gpuadvise.analyzer.measure import intervals as iv
 from gpuadvise.analyzer.measure import launchcost, perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
+from gpuadvise.analyzer.model import runfacts, switches
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.model.calls import GRAPH_LAUNCHES
 from gpuadvise.analyzer.measure.whatif import Scenario
@@ -114,6 +115,11 @@ class LaunchBound(Rule):
         if cost is not None:
             evidence.numbers["cpu_per_kernel_us"] = {k2: round(v, 1) for k2, v in cost.items() if k2 != "other_is_python"}
         advice = "Cut the number of launches: fuse kernels with torch.compile, replay the step as a CUDA graph, or batch more work per launch."
+        fw = runfacts.framework(a.facts)
+        if fw is not None:  # the framework's own switch (never one the run had on)
+            on = switches.already(fw, "compile")
+            advice += (f" {on} is set already: replay the step as a CUDA graph too (`torch_compile_mode=\"reduce-overhead\"`)."
+                       if on else f" Under {fw.label}: {switches.compile_model(fw)}.")
         after = None
         if base >= t["min_saving_pct"]:
             # the loader hides the launch overhead today: the gain shows only once it is fixed

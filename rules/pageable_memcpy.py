@@ -41,6 +41,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpuadvise.analyzer.measure.analysis import Analysis
+from gpuadvise.analyzer.model import runfacts, switches
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.measure import perstep
 from gpuadvise.analyzer.measure.source_lines import attribute
@@ -138,6 +139,13 @@ class PageableMemcpy(Rule):
                      "waiting_ms_per_step": a.ms(waiting_us), "statistic": "median step"},
         )
         advice = "Pin the host side of these copies and make them asynchronous."
+        fw = runfacts.framework(a.facts)
+        if fw is not None:  # the framework copies the batches: its own switch pins them (never one already on)
+            loaders = runfacts.training_loaders(a.facts)
+            on = switches.already(fw, "pin_memory") or ("`pin_memory=True` on the training DataLoader"
+                                                          if loaders and all(d.pin_memory for d in loaders) else None)
+            advice += (f" {on} is set already, so these are not the DataLoader's batches: pin the tensors they copy."
+                       if on else f" For the batches {fw.label} copies: {switches.pin_memory(fw, loaders[0] if loaders else None)}.")
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice,
                              range_pct=span)]
 

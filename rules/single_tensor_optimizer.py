@@ -36,7 +36,7 @@ import re
 import numpy as np
 
 from gpuadvise.analyzer.measure.analysis import Analysis
-from gpuadvise.analyzer.model import runfacts
+from gpuadvise.analyzer.model import runfacts, switches
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.measure.spans import annotation_spans, gpu_ops_launched_in, ops_inside
 from gpuadvise.analyzer.measure import intervals as iv, perstep
@@ -99,7 +99,7 @@ class SingleTensorOptimizer(Rule):
                      "optimizer": opt, "recorded_settings": recorded[:1]},
         )
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis,
-                             advice=f"Construct `{opt}` with `foreach=True` or, where available, `fused=True`.")]
+                             advice=switches.sentence(switches.fused_optimizer(runfacts.framework(a.facts), opt)) + ".")]
 
     def positive(self) -> TraceBuilder:
         return _loop("void at::native::vectorized_elementwise_kernel<4, AddFunctor<float>>", per_param=3)

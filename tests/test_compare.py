@@ -16,7 +16,9 @@ from _cli_support import call_main
 from _compare_support import (A100, Page, md_table, run_folder, run_json, sections_with_tables, self_contained,
                               svg_texts, unescape_md, with_figures)
 from gpuadvise.analyzer.compare import diff as cm
-from gpuadvise.analyzer.compare.side import Side, load_side
+from gpuadvise.analyzer.compare.gate import apply_gate
+from gpuadvise.analyzer.compare.load import load_side
+from gpuadvise.analyzer.compare.side import Side
 from gpuadvise.analyzer.model.findings import Finding
 from gpuadvise.analyzer.report import compare as rc
 
@@ -266,7 +268,7 @@ def test_the_gate_needs_step_times(sides):
     cmp = cm.compare(no_steps, sides["slow"])
     assert cmp["step_time"]["saving_pct"] is None and "no step time" in cmp["warnings"][0]
     with pytest.raises(InputError):
-        cm.apply_gate(cmp, None, 5.0)
+        apply_gate(cmp, None, 5.0)
 
 
 # ----------------------------------------------------------------------------------------------------

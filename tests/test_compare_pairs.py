@@ -26,7 +26,8 @@ if not (H100 / "pairs.json").is_file():
     pytest.skip(f"H100 pairs not found at {H100} (set GPUADVISE_TRACES to the corpus folder)", allow_module_level=True)
 
 from gpuadvise.analyzer.compare import diff as cm  # noqa: E402
-from gpuadvise.analyzer.compare.side import Side, load_side  # noqa: E402
+from gpuadvise.analyzer.compare.load import load_side  # noqa: E402
+from gpuadvise.analyzer.compare.side import Side  # noqa: E402
 from gpuadvise.analyzer.report import compare as rc  # noqa: E402
 
 PAIRS = json.loads((H100 / "pairs.json").read_text())["pairs"]

@@ -393,8 +393,9 @@ def test_profiler_failure_does_not_stop_the_script(tmp_path, what, state):
     assert run["capture"]["state"].startswith("failed")
     assert run["capture"]["state"] == state
     assert "probe: profiler broken on purpose" in run["capture"]["error"]
-    # no trace, and no half-written leftovers (profiler.log holds the profiler's own log lines, if any)
-    assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.name != "profiler.log") == ["run.json"]
+    # no trace, and no half-written leftovers (profiler.log holds the profiler's own log lines, if any); the
+    # whole run's step times are kept whatever happened to the profiler
+    assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.name != "profiler.log") == ["run.json", "steps.jsonl"]
 
 
 # -- 6. window and run folder ---------------------------------------------------------------------------

@@ -121,13 +121,14 @@ CAPTURE_SCRIPT = textwrap.dedent('''
     model = torch.nn.Linear(8, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     manual = sys.argv[2] == "manual"
-    with gpuadvise.capture(sys.argv[1], wait=1, warmup=1, active=2) as cap:
+    # the manual loop also records a window every 4 steps after the first (a long run's option)
+    with gpuadvise.capture(sys.argv[1], wait=1, warmup=1, active=2, every=4 if manual else None) as cap:
         for n, (x, y) in enumerate(data):
             loss = torch.nn.functional.cross_entropy(model(x), y)
             opt.zero_grad(); loss.backward(); opt.step()
             if manual:
                 cap.step()
-            if n == 8:
+            if n == 12:
                 break
     assert dl._BaseDataLoaderIter.__next__ is before  # the hooks are gone after the block
     report = cap.report()
@@ -150,6 +151,16 @@ def test_capture_in_a_plain_python_session(tmp_path, mode):
     assert run["capture"]["step_source"] == ("gpuadvise.step()" if mode == "manual" else "optimizer.step()")
     assert run["exit_code"] == 0
     assert run["dataloaders"] == []  # created before the block: its settings are not recorded (README says so)
+    windows = run["capture"].get("windows") or []
+    if mode == "manual":  # window 1 (steps 2-3), then --every 4: from boundary 9, recorded steps 10-11
+        assert [(w["trigger"], w["steps"], w["state"]) for w in windows[:2]] == [
+            ("schedule", [2, 3], "captured"), ("every", [10, 11], "captured")]
+        # the next one began but the block ended inside it: said so, and no trace of half a window
+        assert [w["state"].split(":")[0] for w in windows[2:]] == ["incomplete"]
+        assert not (out / "trace.w3.pt.trace.json.gz").exists()
+        assert (out / "trace.w2.pt.trace.json.gz").is_file() and (out / "steps.jsonl").is_file()
+    else:
+        assert windows == []
     assert "TOPICS" in proc.stdout
     # the same folder analysed again from outside gives the same findings
     topics = proc.stdout.split("TOPICS", 1)[1].split()[0] if proc.stdout.split("TOPICS", 1)[1].split() else ""

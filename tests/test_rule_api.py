@@ -148,6 +148,14 @@ def test_run_fact_accessors_are_documented(documented):
     _same(documented["section 7"], public, "run facts accessors")
 
 
+def test_run_analysis_fields_are_documented(documented):
+    from gpuadvise.analyzer.measure.longrun import RunAnalysis
+
+    public = [n for n in dir(RunAnalysis) if not n.startswith("_") and n != "has"]
+    public += [f.name for f in dataclasses.fields(RunAnalysis)]
+    _same(documented["section 9"], sorted(set(public)), "RunAnalysis fields")
+
+
 def test_analysis_fields_are_documented(documented, analysis):
     public = [n for n in dir(analysis) if not n.startswith("_") and n != "has"]
     _same(documented["section 2"], public, "Analysis fields")

@@ -21,6 +21,7 @@ from gpuadvise.analyzer.model.findings import Evidence, Impact
 from gpuadvise.analyzer.read.loader import load_trace
 from gpuadvise.analyzer.read.snapshot import load_snapshot
 from gpuadvise.fixtures.builder import RankFolder, TraceBuilder
+from gpuadvise.fixtures.longrun import RunFolder
 from gpuadvise.rules import all_rules, find_rule
 from gpuadvise.rules.base import JobRule, Rule
 
@@ -33,8 +34,8 @@ SINGLE = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
 @pytest.fixture(scope="module")
 def fixture_reports(tmp_path_factory):
     """Every rule's positive and negative fixture, written as .json.gz (a memory snapshot as .pickle, a
-    job-level rule's ranks as a folder, a trace with run.json facts as a run folder), loaded and analysed
-    once, the way `gpuadvise analyze` reads it."""
+    job-level rule's ranks as a folder, a trace with run.json facts as a run folder, a long run as its run
+    folder with a step record), loaded and analysed once, the way `gpuadvise analyze` reads it."""
     d = tmp_path_factory.mktemp("rule-fixtures")
     cache = {}
 
@@ -47,7 +48,12 @@ def fixture_reports(tmp_path_factory):
                 (cache[key],) = analyze_paths([str(builder.write_run_folder(d / f"{rule.name}-{kind}"))], jobs=1)
                 return cache[key]
             path = builder.write(d / f"{rule.name}-{kind}{getattr(builder, 'suffix', '.json.gz')}")
-            if path.is_dir():  # several ranks: the per-rank findings and the job's, as one report
+            if isinstance(builder, RunFolder):  # a long run: its windows' findings and the run-level ones
+                reports = analyze_paths([str(path)], jobs=1)
+                assert len(reports.long_runs) == 1, f"{rule.name} {kind}: the folder has no step record"
+                cache[key] = SimpleNamespace(findings=all_findings(reports),
+                                             notes=[n for r in reports for n in r.notes] + reports.long_runs[0].notes)
+            elif path.is_dir():  # several ranks: the per-rank findings and the job's, as one report
                 reports = analyze_paths([str(path)], jobs=1)
                 assert reports.job is not None, f"{rule.name} {kind}: the folder is not a multi-rank job"
                 cache[key] = SimpleNamespace(findings=all_findings(reports),

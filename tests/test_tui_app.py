@@ -143,6 +143,22 @@ def test_opens_on_findings_then_every_screen_by_key_and_help(stall):
     run(go())
 
 
+def test_overview_of_a_long_run_draws_its_step_time(tmp_path):
+    folder = find_rule("step-time-drift").positive().write(tmp_path / "run")
+    reports = analyze_paths([str(folder)], jobs=1)
+
+    async def go():
+        app = make_app(reports, first_screen="overview")
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            facts = str(app.screen.query_one("#facts").render())
+            assert "the rise began at step 60" in facts and "Window     1 of 2: schedule" in facts
+            bars = next(x for x in facts.splitlines() if x.startswith("Step time")).split()[2]
+            # 2 ms steps, then 6 ms from step 60: on one scale from 0, the end's bars stand far higher
+            assert len(set(bars[:20])) == len(set(bars[-20:])) == 1 and "▁▂▃▄▅▆▇█".index(bars[-1]) >= 2 * "▁▂▃▄▅▆▇█".index(bars[0])
+    run(go())
+
+
 def test_memory_snapshot_opens_on_every_screen(positives):
     """An allocator snapshot has findings but no timeline: every screen says so instead of failing."""
     snapshot_rules = [r.name for r in all_rules() if not isinstance(_positive_or_none(r), (TraceBuilder, type(None)))]

@@ -15,7 +15,7 @@ from rich.console import Console  # noqa: E402
 
 from _compare_support import run_folder  # noqa: E402
 from gpuadvise.analyzer.compare import diff as cm  # noqa: E402
-from gpuadvise.analyzer.compare.side import load_side  # noqa: E402
+from gpuadvise.analyzer.compare.load import load_side  # noqa: E402
 from gpuadvise.analyzer.report import compare as rc  # noqa: E402
 from gpuadvise.tui.compare_app import CompareApp, CompareHelp  # noqa: E402
 from gpuadvise.tui.screens.compare import CompareScreen  # noqa: E402

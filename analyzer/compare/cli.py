@@ -49,7 +49,8 @@ def run(args) -> int:
     from gpuadvise.analyzer.run.gate import parse_fail_on, parse_regression
 
     from . import diff as cmp_mod
-    from .side import load_side
+    from .gate import apply_gate
+    from .load import load_side
 
     if args.jobs is not None and args.jobs < 1:
         raise InputError(None, f"-j/--jobs: expected a whole number of workers ≥ 1, got {args.jobs}")
@@ -72,7 +73,7 @@ def run(args) -> int:
         sides.append(load_side(sources, jobs=args.jobs, cache=cache, label=path))
     result = cmp_mod.compare(*sides)
     if fail_on or regression is not None:
-        cmp_mod.apply_gate(result, fail_on, regression)
+        apply_gate(result, fail_on, regression)
     if args.output:
         out = Path(args.output)
         for path, text in formats.compare_files(result, fmt, out):  # charts first, the report last

@@ -2,7 +2,8 @@
 
 `compare(before, after)` reads two typed sides (`side.Side`: the analysis's summary, the one every
 report format reads, plus each step's time, kernel and op totals and the run.json facts), so it runs on
-hand-made sides as well (tests) and never touches a trace. Every figure it takes from a side is the
+hand-made sides as well (tests; the windows of one long run, run/longrun.py) and never touches a trace
+(analysing a path into a side is load.py's `load_side`; the CI gate on a comparison is gate.py's). Every figure it takes from a side is the
 value the JSON report holds (`report.json.finite`: NaN becomes null), so a comparison never quotes a
 number the reports do not.
 
@@ -46,7 +47,8 @@ def _memory(side: Side):
     return t.memory if t is not None else None
 
 
-INPUT_NAMES = {"trace": "trace", "memory": "memory data", "snapshot": "allocator snapshot", "ranks": "second rank"}
+INPUT_NAMES = {"trace": "trace", "memory": "memory data", "snapshot": "allocator snapshot", "ranks": "second rank",
+               "run": "step record"}
 
 
 def _inputs(side: Side) -> set[str]:
@@ -61,6 +63,8 @@ def _inputs(side: Side) -> set[str]:
                 have.add("snapshot")
     if side.summary.job is not None:
         have.add("ranks")
+    if side.summary.long_runs:
+        have.add("run")
     return have
 
 
@@ -100,7 +104,8 @@ def run_figures(side: Side) -> dict:
         "label": side.label,
         "trace": t.source if t is not None else None,
         "rank": t.rank if t is not None else None,
-        "traces": side.summary.figures.traces,
+        # a long run's later windows are the same process again, not more ranks
+        "traces": sum(1 for x in side.summary.traces if (x.window or 1) == 1),
         "device": _figure(side, "device"),
         "platform": _figure(side, "platform"),
         "steps": _figure(side, "steps") or 0,
@@ -297,6 +302,12 @@ def env_facts(side: Side) -> dict[str, object]:
                 for k, v in entry.items():
                     if k not in _SKIP_KEYS:
                         out[f"{name}[{i}].{k}"] = v
+    fw = facts.get("framework") if isinstance(facts.get("framework"), dict) else {}
+    for k in ("name", "version"):  # the training framework and its own settings (TrainingArguments, …)
+        if fw.get(k) is not None:
+            out[f"framework.{k}"] = fw[k]
+    for k, v in (fw.get("settings") if isinstance(fw.get("settings"), dict) else {}).items():
+        out[f"framework.settings.{k}"] = v
     out.update(compile_facts(facts))  # what torch.compile did (compare/compiled.py)
     capture = facts.get("capture") or {}
     for part in ("options", "window"):
@@ -369,39 +380,3 @@ def warnings(before: Side, after: Side, b: dict, a: dict, step: dict) -> list[st
 
 def _snapshot(side: Side) -> bool:
     return any(t.memory is not None and "snapshot" in t.memory.sources for t in side.summary.traces)
-
-
-# ----------------------------------------------------------------------------------------------------
-# The CI gate
-
-
-def apply_gate(cmp: dict, fail_on=None, regression_pct: float | None = None) -> dict:
-    """Adds `gate` to the comparison: whether the step got slower by more than `regression_pct`, and
-    the new findings `fail_on` matches (those on AFTER only, including ones BEFORE could not check).
-    `failed` is what the exit code follows."""
-    from gpuadvise.analyzer.errors import InputError
-
-    g = {"fail_on": getattr(fail_on, "text", None) or None, "fail_on_regression_pct": regression_pct,
-         "regressed": None, "failing_findings": [], "failed": False, "reasons": []}
-    if regression_pct is not None:
-        change = cmp["step_time"].get("change_pct")
-        if change is None:
-            raise InputError(None, f"--fail-on-regression: {cmp['step_time'].get('note') or 'no step time to compare'}")
-        g["regressed"] = change > regression_pct
-        if g["regressed"]:
-            g["reasons"].append(f"the step got {change:.1f} % slower ({cmp['step_time']['figure']} median "
-                                f"{cmp['step_time']['before_ms']:.2f} → {cmp['step_time']['after_ms']:.2f} ms), "
-                                f"more than the {regression_pct:g} % allowed")
-    if fail_on:
-        candidates = cmp["findings"]["new"] + [f for f in cmp["findings"]["unchecked"] if f["before"] is None]
-        hits = [f for f in candidates
-                if fail_on.matches({"severity": f["after"]["severity"], "topic": f["topic"], "rule": f["rule"]})]
-        g["failing_findings"] = [{"rule": f["rule"], "topic": f["topic"], "severity": f["after"]["severity"]} for f in hits]
-        if hits:
-            from gpuadvise.analyzer.run.gate import describe
-
-            g["reasons"].append(f"new finding{'s' if len(hits) > 1 else ''} matching --fail-on {fail_on.text}: "
-                                + describe(g["failing_findings"]))
-    g["failed"] = bool(g["reasons"])
-    cmp["gate"] = g
-    return cmp

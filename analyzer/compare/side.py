@@ -4,9 +4,9 @@ comparison needs that the summary does not carry: each profiled step's time of t
 the spread), its kernel and op totals (for what changed most), and its run.json facts (for what
 differs).
 
-`load_side(path)` analyses a run into a side, `Side.of(reports, label)` makes one of a ready analysis,
-and the constructor takes the parts as data, so `compare` runs on hand-made sides as well (tests) and
-never touches a trace.
+`Side.of(reports, label)` makes one of a ready analysis (load.py's `load_side(path)` analyses a run into
+one), and the constructor takes the parts as data, so `compare` runs on hand-made sides as well (tests)
+and never touches a trace.
 """
 
 from __future__ import annotations
@@ -59,17 +59,6 @@ class Side:
             kernels, ops = _totals(m.kernels), _totals(m.ops)
         return cls(label=str(label), summary=summary, steps_ms=steps, kernels=kernels, ops=ops,
                    facts=dict((facts or {}).get(r.source) or {}))
-
-
-def load_side(path, jobs: int | None = None, cache: bool | None = None, label: str | None = None) -> Side:
-    """Analyse one run (a run folder, a trace, or a folder of rank traces; or the sources
-    `run.resolve_inputs` made of one) into a side. The run.json facts come with the reports."""
-    from gpuadvise.analyzer import run
-
-    reports = run.analyze(path if not isinstance(path, str) else [path], jobs=jobs, cache=cache)
-    if label is None:
-        label = path if isinstance(path, str) else " ".join(str(s.path) for s in path)
-    return Side.of(reports, label=label)
 
 
 def _totals(frame) -> tuple[Total, ...]:

@@ -26,6 +26,7 @@ are kept out of every figure here, so no rule or renderer reads the job's start 
 steps they make up a tenth of are left out (`steps` holds the others, `left_out_steps` these), as long
 as one step remains; otherwise their time ranges (`one_time_cut`) are cut out of the window's figures
 (per-step table, temporal and idle breakdowns) and of the replay. `one_time` says what was found.
+Steps that hold a framework's evaluation or checkpoint (phases.py) are left out the same way.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from . import intervals as iv
+from . import phases
 from .spans import dataloader_spans
 from .steps import Step, find_steps, gpu_timeline, trace_window
 from .syncs import sync_table
@@ -115,8 +117,9 @@ def compute(model: TraceModel, steady: bool = True) -> Metrics:
     full = _compute(model)
     if not steady:
         return full
-    p = plan(model, full) if full.has_gpu else None  # without a GPU timeline nothing is a GPU job's start
-    if p is None or not p.costs:
+    p = plan(model, full) if full.has_gpu else SteadyPlan()  # without a GPU timeline nothing is a GPU job's start
+    phases.apply(p, model, full.steps)  # a framework's evaluation or checkpoint step is no training step either
+    if not p.left_out and p.cut is None and not p.costs:
         return full
     m = _compute(model, set(p.left_out), p.cut) if p.left_out or p.cut is not None else full
     m.one_time = p

@@ -43,6 +43,10 @@ SCALAR_OPS = frozenset({"aten::_local_scalar_dense", "aten::item"})
 DATALOADER = re.compile(r"^enumerate\((DataLoader|DataPipe)\)#")
 # torch.profiler's per-step annotation; group 1 is the step number.
 STEP = re.compile(r"^ProfilerStep#(\d+)$")
+# What a training framework does between its steps (evaluation, saving a checkpoint): `gpuadvise profile`
+# marks it with a CPU annotation named PHASE_PREFIX + the phase ("gpuadvise: evaluation"), and a step that
+# holds one is no ordinary training step.
+PHASE_PREFIX = "gpuadvise: "
 # A GPU copy's name: "Memcpy HtoD (Pinned -> Device)" gives direction, source and destination memory.
 COPY_NAME = re.compile(r"^Memcpy (\w+) \(([\w ]+?) -> ([\w ]+?)\)")
 

@@ -73,6 +73,9 @@ class TraceFigures:
     # format prints (None when the trace has none)
     steps_left_out: list[LeftOutStep] = field(default_factory=list)
     one_time_note: str | None = None
+    # steps far slower than the others and what their extra time went to (measure/slowsteps.py): how a
+    # long run's window names the periodic stall it recorded
+    slow_steps: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -89,6 +92,7 @@ class TraceReport:
     rank_stats: RankStats | None = None  # when the trace is one rank of several
     calibration: Calibration | None = None  # the profiler's own cost
     figures: TraceFigures | None = None  # the summary figures (None without a trace's model and metrics)
+    window: int | None = None  # a long run's window (run folder: 1, 2, …); None for any other trace
 
     def compact(self) -> "TraceReport":
         """A copy without the parsed events (what a worker sends back): the figures, findings, notes,
@@ -105,20 +109,42 @@ class TraceReport:
                        findings=list(self.findings), notes=list(self.notes))
 
 
+@dataclass
+class LongRunReport:
+    """What changed over one process's run (a `gpuadvise profile` run folder with a step record): the
+    run-level section's figures as plain data (`summary`: the keys are in run/longrun.py), the run-level
+    findings and notes."""
+
+    folder: str
+    rank: int | None
+    record: str  # the step record it was read from
+    summary: dict
+    findings: list[Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"folder": self.folder, "rank": self.rank, "record": self.record, **self.summary,
+                "notes": list(self.notes)}
+
+
 class Reports(list):
     """The reports of `analyze_paths`, one per source (a list), the job-level report when two or more
-    ranks were analysed together (`.job`, else None), and the run.json facts read with the sources
-    (`.facts`: trace path → facts; empty for traces from elsewhere)."""
+    ranks were analysed together (`.job`, else None), the run-level reports of long runs (`.long_runs`, one per
+    process with a step record), and the run.json facts read with the sources (`.facts`: trace path →
+    facts; empty for traces from elsewhere)."""
 
-    def __init__(self, reports=(), job=None, facts: dict | None = None):
+    def __init__(self, reports=(), job=None, facts: dict | None = None, long_runs: list[LongRunReport] | None = None):
         super().__init__(reports)
         self.job = job
         self.facts = dict(facts or {})
+        self.long_runs = list(long_runs or [])
 
 
 def all_findings(reports: list[TraceReport]) -> list[Finding]:
     job = getattr(reports, "job", None)
-    return order([f for r in reports for f in r.findings] + (job.findings if job is not None else []))
+    runs = getattr(reports, "long_runs", None) or []
+    return order([f for r in reports for f in r.findings] + (job.findings if job is not None else [])
+                 + [f for run in runs for f in run.findings])
 
 
 def overhead_words(x: float | None) -> str:

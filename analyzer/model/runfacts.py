@@ -122,12 +122,21 @@ class DataLoaderFact:
     batch_size: int | None
     prefetch_factor: int | None
     persistent_workers: bool | None
-    created_via: str | None = None  # the framework call that built it for the user ("`get_train_dataloader` in transformers")
+    created_via: str | None = None  # the framework call that built it for the user ("`train` in transformers")
+    # the installed package that built it for the user ("transformers" inside `trainer.train()`; None: the
+    # user's own `DataLoader(...)`), the user's line that called it as written, and the user's function there
+    built_by: str | None = None
+    call: str | None = None
+    in_function: str | None = None
 
     @property
     def where(self) -> str:
         """Where the user's code built it, with the framework call in between: "train.py:40 (through …)"."""
         return f"{self.created_at} (through {self.created_via})" if self.created_via else self.created_at
+
+    def settings(self) -> tuple:
+        """Its settings, as a key: frameworks often rebuild a loader with the same ones (Accelerate's prepare)."""
+        return (self.num_workers, self.pin_memory, self.prefetch_factor, self.persistent_workers)
 
 
 @dataclass(frozen=True)
@@ -178,8 +187,26 @@ def dataloaders(facts: dict) -> list[DataLoaderFact]:
     return [DataLoaderFact(created_at=site(e.get("created_at")) or "?", num_workers=_int(e.get("num_workers")),
                            pin_memory=_bool(e.get("pin_memory")), batch_size=_int(e.get("batch_size")),
                            prefetch_factor=_int(e.get("prefetch_factor")),
-                           persistent_workers=_bool(e.get("persistent_workers")), created_via=_str(e.get("created_via")))
+                           persistent_workers=_bool(e.get("persistent_workers")), created_via=_str(e.get("created_via")),
+                           built_by=_str(e.get("built_by")), call=_str(e.get("call")), in_function=_str(e.get("in_function")))
             for e in _entries(facts, "dataloaders")]
+
+
+def training_loaders(facts: dict) -> list[DataLoaderFact]:
+    """The DataLoaders that feed training, one per distinct origin and settings: a loader a framework
+    rebuilt with the same settings (Accelerate's `prepare`) is the user's own one again; under Lightning,
+    the loaders a `val_dataloader()` / `test_dataloader()` returned are left out when a training one is known."""
+    loaders = dataloaders(facts)
+    fw = framework(facts)
+    if fw is not None and fw.name == "lightning":
+        train = [d for d in loaders if d.in_function == "train_dataloader"]
+        loaders = train or loaders
+    out: list[DataLoaderFact] = []
+    for d in loaders:
+        twin = next((o for o in out if o.settings() == d.settings() and (o.created_at == d.created_at or d.built_by)), None)
+        if twin is None:
+            out.append(d)
+    return out
 
 
 def wrappers(facts: dict, kind: str | None = None) -> list[WrapperFact]:
@@ -198,6 +225,63 @@ def optimizers(facts: dict, cls: str | None = None) -> list[OptimizerFact]:
         out.append(OptimizerFact(cls=_str(e.get("class")) or "?", foreach=_bool(e.get("foreach")),
                                  fused=_bool(e.get("fused")), params=_int(e.get("params")), param_devices=devices))
     return [o for o in out if cls is None or o.cls == cls]
+
+
+# -- the training framework that ran the loop (run.json `framework`, written by harness/frameworks.py) ------
+
+FRAMEWORK_LABELS = {"transformers": "transformers' Trainer", "lightning": "Lightning's Trainer", "accelerate": "Accelerate"}
+
+
+@dataclass(frozen=True)
+class FrameworkFact:
+    """The framework whose loop the script ran: `name` ("transformers", "lightning", "accelerate"), its
+    `version`, the `entry` that started the loop ("Trainer.train()"), the user's line that called it
+    (`called_at` "train.py:41", `call` as written), its `settings` as it reported them
+    (TrainingArguments fields, Lightning's precision / accumulate_grad_batches / strategy, …), and
+    `accelerate`: Accelerate's state under transformers' Trainer."""
+
+    name: str
+    version: str | None
+    entry: str | None
+    called_at: str
+    call: str | None
+    settings: dict
+    accelerate: dict
+
+    @property
+    def label(self) -> str:
+        return FRAMEWORK_LABELS.get(self.name, self.name)
+
+    def setting(self, key: str):
+        """One setting (a scalar or a list of scalars), None when not recorded."""
+        v = self.settings.get(key)
+        if isinstance(v, list):
+            return [x for x in v if isinstance(x, (bool, int, float, str))]
+        return v if isinstance(v, (bool, int, float, str)) else None
+
+
+def _scalars(v) -> dict:
+    return {k: x for k, x in _dict(v).items() if isinstance(k, str) and (x is None or isinstance(x, (bool, int, float, str, list)))}
+
+
+def framework(facts: dict) -> FrameworkFact | None:
+    """The training framework that ran the loop; None when the script drove its own."""
+    fw = _dict(_dict(facts).get("framework"))
+    name = _str(fw.get("name"))
+    if not name:
+        return None
+    return FrameworkFact(name=name, version=_str(fw.get("version")), entry=_str(fw.get("entry")),
+                         called_at=site(fw.get("called_at")) or "?", call=_str(fw.get("call")),
+                         settings=_scalars(fw.get("settings")), accelerate=_scalars(fw.get("accelerate")))
+
+
+def framework_phases(facts: dict) -> list[dict]:
+    """What the framework ran between its steps, as recorded: `kind` ("evaluation", "checkpoint"), `step`
+    (run.json step number), `window` (the profiler's phase in that step), `ms`."""
+    phases = _dict(_dict(facts).get("framework")).get("phases")
+    return [{"kind": p["kind"], "step": p["step"], "window": _str(p.get("window")), "ms": _num(p.get("ms"))}
+            for p in phases if isinstance(p, dict) and isinstance(p.get("kind"), str) and _int(p.get("step")) is not None] \
+        if isinstance(phases, list) else []
 
 
 # -- torch.compile -----------------------------------------------------------------------------------
@@ -415,3 +499,68 @@ def fsdp(facts: dict) -> dict:
 def zero_stage(facts: dict) -> int | None:
     """DeepSpeed's ZeRO stage when the script called deepspeed.initialize with one."""
     return _int(_dict(distributed(facts).get("deepspeed")).get("zero_stage"))
+
+
+# -- long runs: the windows after the first and their triggers (run.json `capture.windows`, `capture.triggers`) --
+
+@dataclass(frozen=True)
+class WindowFact:
+    """One profiled window of a run: window 1 is `--wait/--warmup/--active`'s, the others were asked for
+    while the script ran (`trigger`: "signal", "trigger file", "slower", "stall", "every")."""
+
+    index: int
+    trigger: str
+    detail: str
+    steps: tuple[int, int] | None  # the first and last recorded step
+    state: str  # "captured", "planned", "incomplete: …", "not reached: …", "failed: …"
+    trace: str | None  # its trace file's name in the run folder
+    requested_at: int | None  # the step boundary at which it was asked for
+
+
+def windows(facts: dict) -> list[WindowFact]:
+    """Every window run.json lists, by index (empty for a run with one window)."""
+    out = []
+    for w in _entries(_dict(facts.get("capture")), "windows"):
+        index = _int(w.get("index"))
+        if index is None:
+            continue
+        span = w.get("steps")
+        steps = (span[0], span[1]) if isinstance(span, list) and len(span) == 2 and all(
+            _int(v) is not None for v in span) else None
+        out.append(WindowFact(index=index, trigger=_str(w.get("trigger")) or "?", detail=_str(w.get("detail")) or "",
+                              steps=steps, state=_str(w.get("state")) or "?", trace=_str(w.get("trace")),
+                              requested_at=_int(w.get("requested_at"))))
+    return sorted(out, key=lambda w: w.index)
+
+
+def window_facts(facts: dict, index: int) -> dict:
+    """The facts a later window's trace is analysed with: the run's, with that window's `steps` (its recorded
+    steps and the unprofiled ones around them, for the profiler's calibration) and what was measured while
+    it recorded (`capture.loader`, `capture.shapes`). Window 1, or a run without windows: the run's."""
+    if index <= 1:
+        return facts
+    entry = next((w for w in _entries(_dict(facts.get("capture")), "windows") if w.get("index") == index), None)
+    if entry is None:
+        return facts
+    capture = {k: v for k, v in _dict(facts.get("capture")).items() if k not in ("loader", "shapes")}
+    capture.update({k: entry[k] for k in ("loader", "shapes") if k in entry})
+    capture["window"] = {"wait": None, "warmup": entry.get("warmup"), "active": entry.get("active")}
+    out = dict(facts, capture=capture)
+    out["steps"] = _dict(entry.get("step_times"))
+    return out
+
+
+def unprofiled_median_ms(facts: dict) -> float | None:
+    """run.json `steps.unprofiled_median_ms`: the median step no profiler touched (ms)."""
+    v = _num(_dict(facts.get("steps")).get("unprofiled_median_ms"))
+    return v if v else None
+
+
+def slower_steps(facts: dict) -> int | None:
+    """`--slower-steps` of the run (the steps in each median `--when-slower` compared), when it was set."""
+    return _int(_dict(_dict(facts.get("capture")).get("triggers")).get("slower_steps"))
+
+
+def device_memory(facts: dict) -> int | None:
+    """The GPU's memory in bytes, as run.json recorded it."""
+    return _int(_dict(_dict(_dict(facts).get("environment")).get("device")).get("total_memory"))

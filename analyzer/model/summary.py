@@ -6,8 +6,9 @@ reports, the TUI's overview and `gpuadvise compare` read it, and the JSON report
   read with it), its memory summary, its figures (`TraceFigures`; None for a snapshot on its own or a
   rank whose analysis failed) and its notes.
 - `RunSummary`: the whole analysis: every trace, the findings in report order, the job-level report of
-  two or more ranks, which trace heads it (the slowest one: it sets the job's pace) and the run's own
-  figures (`RunFigures`).
+  two or more ranks, the run-level reports of long runs (`long_runs`: what changed over a run folder's
+  run, its step record and windows), which trace heads it (the slowest one: it sets the job's pace; never
+  a long run's later window) and the run's own figures (`RunFigures`).
 
 `summarize(reports)` builds it once from `Reports` (or any list of `TraceReport`s).
 
@@ -32,6 +33,8 @@ if TYPE_CHECKING:  # computed upstream; the summary only carries them
     from gpuadvise.analyzer.measure.job import JobReport
     from gpuadvise.analyzer.measure.memory import MemorySummary
 
+    from .report import LongRunReport
+
 # The heading trace's figures the JSON repeats in its top `summary`, in this order (a script reading a
 # single-trace report finds its headline there).
 HEADLINE = ("steps", "median_step_ms", "gpu_busy_pct", "gpu_busy_in_steps_pct", "device", "device_description",
@@ -49,11 +52,12 @@ class TraceSummary:
     memory: MemorySummary | None = None
     figures: TraceFigures | None = None
     notes: tuple[str, ...] = ()
+    window: int | None = None  # a long run's window (1, 2, …): the same process at another stretch of the run
 
     @classmethod
     def of(cls, r: TraceReport) -> TraceSummary:
         return cls(source=r.source, rank=r.rank, kind=r.kind, snapshot=r.snapshot, memory=r.memory,
-                   figures=r.figures, notes=tuple(r.notes))
+                   figures=r.figures, notes=tuple(r.notes), window=r.window)
 
     @property
     def timed(self) -> bool:
@@ -67,6 +71,8 @@ class TraceSummary:
     def to_dict(self) -> dict:
         """The JSON's entry: where it came from, its memory, its figures (flat), its notes."""
         d: dict = {"trace": self.source, "rank": self.rank, "kind": self.kind}
+        if self.window is not None:
+            d["window"] = self.window
         if self.snapshot:
             d["snapshot"] = self.snapshot
         d["memory"] = self.memory.to_dict() if self.memory is not None else None
@@ -93,6 +99,7 @@ class RunSummary:
     heading: int | None = None
     job: JobReport | None = None  # two or more ranks: the per-rank table, the slowest rank per step
     figures: RunFigures = field(default_factory=RunFigures)
+    long_runs: tuple[LongRunReport, ...] = ()  # run folders with a step record: what changed over the run
 
     @property
     def head(self) -> TraceSummary | None:
@@ -110,11 +117,14 @@ class RunSummary:
         return top
 
     def to_dict(self) -> dict:
-        """The JSON report's body: `summary`, `findings`, `traces`, and `job` with two or more ranks."""
+        """The JSON report's body: `summary`, `findings`, `traces`, `job` with two or more ranks, `long_runs`
+        with a run folder's step record."""
         d = {"summary": self.headline(), "findings": [f.to_dict() for f in self.findings],
              "traces": [t.to_dict() for t in self.traces]}
         if self.job is not None:
             d["job"] = self.job.to_dict()
+        if self.long_runs:
+            d["long_runs"] = [r.to_dict() for r in self.long_runs]
         return d
 
 
@@ -123,13 +133,15 @@ def summarize(reports: list[TraceReport]) -> RunSummary:
     traces = tuple(TraceSummary.of(r) for r in reports)
     findings = tuple(all_findings(reports))
     return RunSummary(traces=traces, findings=findings, heading=heading(traces), job=getattr(reports, "job", None),
-                      figures=RunFigures(traces=len(traces), findings=len(findings)))
+                      figures=RunFigures(traces=len(traces), findings=len(findings)),
+                      long_runs=tuple(getattr(reports, "long_runs", None) or ()))
 
 
 def heading(traces: tuple[TraceSummary, ...]) -> int | None:
     """The trace that heads the summary: the slowest timed one (with several ranks it sets the job's
-    pace; the first of equals), else the first."""
-    timed = [i for i, t in enumerate(traces) if t.timed]
+    pace; the first of equals), else the first. A long run's later windows are other stretches of the same
+    process, not ranks: window 1 heads."""
+    timed = [i for i, t in enumerate(traces) if t.timed and (t.window or 1) == 1]
     if timed:
         return max(timed, key=lambda i: traces[i].figures.median_step_ms or 0.0)
     return 0 if traces else None

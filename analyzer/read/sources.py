@@ -6,6 +6,12 @@ below (MAX_DEPTH levels). The handler writes one file per capture, so `schedule(
 N files of one worker with increasing times: those are marked as captures of one worker
 (`Source.capture`), not ranks.
 
+A `gpuadvise profile` run folder of a long run holds several windows of one process: `trace.pt.trace.json.gz`
+(window 1) and `trace.wN.pt.trace.json.gz` (`trace.rankR.wN…` under torchrun), listed in run.json's
+`capture.windows`. They are marked as captures of that process (`Capture.window` true), each analysed
+with its own step times (`runfacts.window_facts`), and the rank's step record (`steps.jsonl`,
+`Source.record`) comes with them for the run-level analysis.
+
 A folder may hold more JSON than traces: the user's own reports (`gpuadvise analyze RUN -o
 RUN/report.json`), run records, notes. Inside a folder, a JSON file that is not a trace is skipped with
 a note; named on its own it is an error. A run record named on its own (`RUN/run.json`) stands for its
@@ -21,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuadvise.analyzer.errors import InputError
+from gpuadvise.analyzer.model import runfacts
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".gz")
 SNAPSHOT_SUFFIXES = (".pickle", ".pkl")
@@ -33,17 +40,26 @@ class Source:
     rank: int | None = None
     facts: dict = field(default_factory=dict)
     snapshot: Path | None = None  # a trace's allocator snapshot from the same run (run folder)
-    capture: "Capture | None" = None  # one of several captures of one worker (tensorboard_trace_handler)
+    capture: "Capture | None" = None  # one of several captures of one worker (tensorboard_trace_handler, windows)
+    record: Path | None = None  # the run's step record (run folder: steps.jsonl of the trace's rank)
 
 
 @dataclass(frozen=True)
 class Capture:
-    worker: str  # the handler's worker name (hostname_pid by default)
-    index: int  # 1-based, in the order the captures were written
+    worker: str  # the handler's worker name (hostname_pid by default), or the run folder and rank
+    index: int  # 1-based, in the order the captures were written (a run folder: the window's number)
     count: int  # captures of this worker in the input
+    window: bool = False  # a window of a `gpuadvise profile` run folder (not a repeated handler capture)
 
 
 _RUN_JSON = re.compile(r"^run(\.rank\d+)?\.json$")  # run.json, and run.rankN.json for ranks other than 0
+_WINDOW = re.compile(r"\.w(\d+)\.pt\.trace\.json(\.gz)?$")  # trace.w2.pt.trace.json.gz: a run folder's later window
+
+
+def window_from_name(name: str) -> int:
+    """A run folder trace's window (1 unless named `….wN.pt.trace.json[.gz]`)."""
+    m = _WINDOW.search(name)
+    return int(m.group(1)) if m else 1
 
 
 def is_trace_name(p: Path) -> bool:
@@ -158,10 +174,35 @@ def _folder(d: Path, notes: list[str] | None = None) -> list[Source]:
         own = facts_by_file.get(f"run.rank{rank}.json") if rank not in (None, 0) else None
         return own if own is not None else facts_by_file.get("run.json", {})
 
-    out = [Source(p, "trace", rank=rank_from_name(p.name), facts=facts(rank_from_name(p.name))) for p in traces]
+    out = []
+    for p in traces:
+        rank, window = rank_from_name(p.name), window_from_name(p.name)
+        out.append(Source(p, "trace", rank=rank, facts=runfacts.window_facts(facts(rank), window),
+                          record=_record(d, rank)))
+    out.sort(key=lambda src: (src.rank if src.rank is not None else -1, window_from_name(src.path.name)))
+    _mark_windows(d, out)
     loose = [p for p in snaps if not _attach(p, out)]
     out += [Source(p, "snapshot", rank=rank_from_name(p.name), facts=facts(rank_from_name(p.name))) for p in loose]
     return out
+
+
+def _record(d: Path, rank: int | None) -> Path | None:
+    """The rank's step record in a run folder (steps.jsonl, steps.rankR.jsonl), when there is one."""
+    p = d / (f"steps.rank{rank}.jsonl" if rank is not None else "steps.jsonl")
+    return p if p.is_file() else None
+
+
+def _mark_windows(d: Path, traces: list[Source]) -> None:
+    """A rank with several windows in a run folder: captures of one process, numbered by window."""
+    by_rank: dict = {}
+    for src in traces:
+        by_rank.setdefault(src.rank, []).append(src)
+    for rank, members in by_rank.items():
+        if len(members) < 2:
+            continue
+        worker = f"{d.name}" + (f" rank {rank}" if rank is not None else "")
+        for src in members:
+            src.capture = Capture(worker=worker, index=window_from_name(src.path.name), count=len(members), window=True)
 
 
 def _why_empty(facts_by_file: dict) -> str:
@@ -222,8 +263,9 @@ def _attach(snap: Path, traces: list[Source]) -> bool:
     """A run folder's memory.rankN.pickle belongs to trace.rankN.json.gz (memory.pickle to the one trace):
     it is analysed with that trace rather than reported on its own."""
     rank = rank_from_name(snap.name)
-    same = [t for t in traces if t.rank == rank and t.snapshot is None]
-    if len(same) != 1 and len(traces) == 1 and traces[0].snapshot is None:
+    # a long run's snapshot follows window 1 (CUDA memory history runs right after it)
+    same = [t for t in traces if t.rank == rank and t.snapshot is None and window_from_name(t.path.name) == 1]
+    if len(same) != 1 and len(traces) == 1 and traces[0].snapshot is None and window_from_name(traces[0].path.name) == 1:
         same = traces  # one trace, one snapshot: the same run whatever the names say
     if len(same) != 1:
         return False

@@ -1,6 +1,6 @@
-"""Charts for `gpuadvise analyze`: the per-step breakdown of each trace and the predicted saving of
-each finding, as SVG files beside a markdown report (`-o report.md` → `report-steps.svg`, …), or
-inline in the HTML page (`--format html`).
+"""Charts for `gpuadvise analyze`: the per-step breakdown of each trace, the predicted saving of each
+finding, and a long run's step time over the whole run, as SVG files beside a markdown report (`-o
+report.md` → `report-steps.svg`, `report-run.svg`, …), or inline in the HTML page (`--format html`).
 
 Markdown on stdout gets no charts: there is no folder to put files in, and GitHub's job summary and
 most markdown viewers do not render inline SVG. The tables carry the same numbers.
@@ -13,6 +13,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from . import svg
+from .longrun import chart_svg, shown
 from gpuadvise.analyzer.model.report import TraceReport, all_findings
 from .finding import saving
 
@@ -26,7 +27,7 @@ class Chart:
     name: str  # file suffix and HTML id: "steps", "steps-2", "savings"
     alt: str
     svg: str
-    anchor: str | int  # where the markdown shows it: "findings" or the report index
+    anchor: str | int  # where the markdown shows it: "findings", "run-<i>" (a long run's section) or the report index
 
 
 def charts(reports: list[TraceReport]) -> list[Chart]:
@@ -42,6 +43,13 @@ def charts(reports: list[TraceReport]) -> list[Chart]:
         out.append(Chart("savings", "Predicted step-time saving per finding",
                          svg.value_bars("Predicted step-time saving per finding (% of the median step)", rows, note),
                          "findings"))
+    runs = getattr(reports, "long_runs", None) or []
+    for i, run in enumerate(runs[:MAX_TRACE_CHARTS]):
+        if not shown(run):
+            continue
+        who = f" — {run.folder}" + (f" rank {run.rank}" if run.rank is not None else "") if len(runs) > 1 else ""
+        out.append(Chart("run" if len(runs) == 1 else f"run-{i + 1}", f"Step time over the run{who}", chart_svg(run),
+                         f"run-{i}"))
     traced = [i for i, r in enumerate(reports) if r.metrics is not None and len(r.metrics.per_step)]
     for k, i in enumerate(traced[:MAX_TRACE_CHARTS]):
         r = reports[i]

@@ -1,6 +1,8 @@
 """JSON report: `summary` (the heading trace's figures and the counts), `findings` (the finding fields) and
 `traces` (each one's summary), for scripts and CI; `job` (ranks, per-rank stats, the slowest rank per step)
-when two or more ranks were analysed together. It is `model.summary.RunSummary` serialised."""
+when two or more ranks were analysed together; `long_runs` (what changed over a long run: its step
+record, windows and levels, run/longrun.py) for a run folder with a step record. It is
+`model.summary.RunSummary` serialised."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ from gpuadvise.analyzer.model.report import TraceReport, overhead_words
 from gpuadvise.analyzer.model.findings import Finding
 from gpuadvise.analyzer.model.summary import TraceSummary, summarize
 from .finding import finding_lines, fmt, saving
+from .longrun import markdown_section as run_section, shown
 from .safe import md, md_cell, md_code, md_text, short
 
 
@@ -34,6 +35,10 @@ def render(reports: list[TraceReport], charts: dict | None = None) -> str:
     job = summary.job
     if job is not None:
         out += _job_section(job)
+    runs = summary.long_runs
+    for i, run in enumerate(runs):
+        if shown(run):
+            out += run_section(run, len(runs) > 1) + charts.get(f"run-{i}", [])
     for i, r in enumerate(reports):
         steps = _steps_table(r, len(reports) > 1)
         out += steps + (charts.get(i, []) if steps else [])
@@ -47,10 +52,12 @@ def render(reports: list[TraceReport], charts: dict | None = None) -> str:
         out += _kernels_table(r, len(reports) > 1)
     notes = [(t, n) for t in summary.traces for n in t.notes]
     job_notes = job.notes if job is not None else []
-    if notes or job_notes:
+    run_notes = [n for run in runs for n in run.notes]
+    if notes or job_notes or run_notes:
         out += ["## Notes", ""]
         out += [f"- {md(n)}" + (f" ({md(t.source)})" if len(reports) > 1 else "") for t, n in notes]
         out += [f"- {md(n)} (job)" for n in job_notes]
+        out += [f"- {md(n)} (step record)" for n in run_notes]
         out.append("")
     return "\n".join(out).rstrip() + "\n"
 

@@ -138,3 +138,54 @@ def value_bars(title: str, rows: list[dict], note: str = "") -> str:
     if note:
         body.append(f'<text x="8" y="{height - 8}" fill="{MUTED}">{_t(note)}</text>')
     return _frame(title, height, body)
+
+
+def line_chart(title: str, xs: list[float], ys: list[float], peaks: list[float] | None = None,
+               bands: list[tuple[float, float, str]] = (), marks: list[tuple[float, str]] = (), note: str = "",
+               unit: str = "ms", y_max: float | None = None) -> str:
+    """A value over steps: `ys` as a line, `peaks` (each point's slowest, same xs) as a lighter line above it,
+    `bands` (x0, x1, label) shaded behind (the profiled windows), `marks` (x, label) as dashed verticals.
+    Values above `y_max` (default: the highest) are drawn at the top."""
+    left, right, top, plot_h = 56, 12, 34, 150
+    plot_w = WIDTH - left - right
+    values = list(ys) + [v for v in (peaks or []) if v is not None]
+    if not xs or not values:
+        return _frame(title, top + 30, [f'<text x="8" y="{top + 16}" fill="{MUTED}">no steps recorded</text>'])
+    x_lo, x_hi = min(xs), max(xs)
+    for x0, x1, _ in bands:
+        x_lo, x_hi = min(x_lo, x0), max(x_hi, x1)
+    x_span = (x_hi - x_lo) or 1.0
+    y_hi = y_max or max(values) * 1.05 or 1.0
+
+    def px(x):
+        return left + plot_w * (x - x_lo) / x_span
+
+    def py(y):
+        return top + plot_h * (1 - min(y, y_hi) / y_hi)
+
+    body = []
+    for frac in (0.0, 0.5, 1.0):  # a light grid with its values
+        y = y_hi * frac
+        body.append(f'<line x1="{left}" y1="{py(y):.1f}" x2="{left + plot_w}" y2="{py(y):.1f}" stroke="{GRID}"/>'
+                    f'<text x="{left - 6}" y="{py(y) + 4:.1f}" text-anchor="end" fill="{MUTED}">{y:.3g}</text>')
+    for x0, x1, label in bands:
+        body.append(f'<rect x="{px(x0):.1f}" y="{top}" width="{max(px(x1) - px(x0), 2):.1f}" height="{plot_h}" '
+                    f'fill="#ddf4ff"><title>{_t(label)}</title></rect>'
+                    f'<text x="{px(x0) + 2:.1f}" y="{top + 11}" fill="#0969da" font-size="10">{_t(label.split(":")[0])}</text>')
+    for x, label in marks:
+        body.append(f'<line x1="{px(x):.1f}" y1="{top}" x2="{px(x):.1f}" y2="{top + plot_h}" stroke="#cf222e" '
+                    f'stroke-dasharray="4 3"><title>{_t(label)}</title></line>')
+    if peaks:
+        pts = " ".join(f"{px(x):.1f},{py(v):.1f}" for x, v in zip(xs, peaks) if v is not None)
+        body.append(f'<polyline points="{pts}" fill="none" stroke="#d4a72c" stroke-width="1"/>')
+    pts = " ".join(f"{px(x):.1f},{py(v):.1f}" for x, v in zip(xs, ys))
+    body.append(f'<polyline points="{pts}" fill="none" stroke="#0969da" stroke-width="1.6"/>')
+    bottom = top + plot_h
+    body.append(f'<line x1="{left}" y1="{bottom}" x2="{left + plot_w}" y2="{bottom}" stroke="{TEXT}"/>'
+                f'<text x="{left}" y="{bottom + 14}" fill="{MUTED}">step {x_lo:.0f}</text>'
+                f'<text x="{left + plot_w}" y="{bottom + 14}" text-anchor="end" fill="{MUTED}">step {x_hi:.0f}</text>'
+                f'<text x="{left - 6}" y="{top - 8}" text-anchor="end" fill="{MUTED}">{_t(unit)}</text>')
+    height = bottom + 22 + (18 if note else 0)
+    if note:
+        body.append(f'<text x="8" y="{height - 6}" fill="{MUTED}">{_t(note)}</text>')
+    return _frame(title, height, body)

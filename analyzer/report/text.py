@@ -6,6 +6,7 @@ import textwrap
 
 from gpuadvise.analyzer.model.report import overhead_words
 from gpuadvise.analyzer.model.summary import TraceSummary, summarize
+from .longrun import shown, text_lines as run_lines
 from .safe import short, terminal
 
 
@@ -38,6 +39,9 @@ def render(reports, top: int = 5, prefix: str = "") -> str:
     job = summary.job
     if job is not None:
         out += _job_lines(job)
+    for run in summary.long_runs:
+        if shown(run):
+            out += run_lines(run, len(summary.long_runs) > 1)
     findings, ranks_of = _one_per_rule(list(summary.findings)) if job is not None else (list(summary.findings), {})
     if not findings:
         out.append("\nNo findings.")
@@ -65,7 +69,8 @@ def render(reports, top: int = 5, prefix: str = "") -> str:
             out.append(f"   → {first}")
         if len(findings) > top:
             out.append(f"\n… and {len(findings) - top} more (use --format md for the full report).")
-    notes = [n for t in summary.traces for n in t.notes] + (job.notes if job is not None else [])
+    notes = [n for t in summary.traces for n in t.notes] + (job.notes if job is not None else []) + \
+        [n for run in summary.long_runs for n in run.notes]
     if notes:
         out.append("")
         out += [f"note: {terminal(n)}" for n in notes]

@@ -2,7 +2,8 @@
 and scripts call it, through `gpuadvise.analyzer.run`). The paths become sources (read/sources);
 each is analysed on its own (run/single: in this process, in worker processes or on a Dask cluster,
 see run/ranks); with two or more ranks the job view is reduced (measure/job) and the job-level rules
-(`requires = ("ranks",)`) run once on it.
+(`requires = ("ranks",)`) run once on it; a run folder's step record and windows make the run-level
+analysis of a long run (run/longrun), whose rules (`requires = ("run",)`) run once per process.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from gpuadvise.analyzer.measure.jobmodel import job_saving_pct
 from gpuadvise.analyzer.model.report import Reports, TraceReport
 from gpuadvise.analyzer.read.sources import Sources, resolve
 
-from . import captures, ranks
+from . import captures, longrun, ranks
 from .single import analyze_source, run_rules
 
 
@@ -54,11 +55,13 @@ def analyze_paths(paths: list[str] | Sources, progress=None, rules=None, bytes_p
     reports = [r if isinstance(r, TraceReport) else _failed(r) for r in results]
     if traces >= 2:
         reports.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0))  # stable: rank order
-    repeated = captures.apply(sources, reports)  # one worker captured N times: no job across them
+    # one worker captured N times: no job across them; a long run's later windows stay out of its job view
+    repeated, later_windows = captures.apply(sources, reports)
     if reports and getattr(sources, "notes", None):
         reports[0].notes[:0] = sources.notes  # files of the folder(s) that are not traces
     facts = {str(s.path): s.facts for s in sources}
-    return Reports(reports, job=None if repeated else analyze_job(reports, rules), facts=facts)
+    job = None if repeated else analyze_job([r for r in reports if id(r) not in later_windows], rules)
+    return Reports(reports, job=job, facts=facts, long_runs=longrun.analyze_runs(sources, reports, rules))
 
 
 def _failed(failure) -> TraceReport:

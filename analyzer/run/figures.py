@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from gpuadvise.analyzer.measure.calibration import Calibration
-from gpuadvise.analyzer.measure import perstep
+from gpuadvise.analyzer.measure import perstep, phases
 from gpuadvise.analyzer.measure.idle import idle_split
 from gpuadvise.analyzer.measure.metrics import Metrics
+from gpuadvise.analyzer.measure.slowsteps import slow_steps
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.measure import intervals as iv
 from gpuadvise.analyzer.model.report import LeftOutStep, StepTime, TraceFigures
@@ -55,13 +56,18 @@ def trace_figures(model: TraceModel, m: Metrics, calibration: Calibration | None
         steps_left_out=[LeftOutStep(step=st.number, ms=round(st.dur / 1e3, 3), reason=m.left_out.get(st.number, ""))
                         for st in m.left_out_steps],
         one_time_note=one_time_note(m),
+        slow_steps=slow_steps(model, m),
     )
 
 
 def one_time_note(m: Metrics) -> str | None:
-    """What was kept out of the figures for one-time costs, in one sentence (None: nothing was)."""
+    """What was kept out of the figures for one-time costs or a framework's evaluation and checkpoints, in
+    one sentence (None: nothing was)."""
     if m.left_out_steps:
-        return ("Left out of every figure (one-time costs; the capture findings say how to capture steady state): "
+        one_time = any(not phases.is_phase(m.left_out.get(st.number, "")) for st in m.left_out_steps)
+        why = ("one-time costs; the capture findings say how to capture steady state" if one_time
+               else "the framework's evaluation or checkpointing, not training")
+        return (f"Left out of every figure ({why}): "
                 + "; ".join(f"step #{st.number} ({st.dur / 1e3:.1f} ms): {m.left_out.get(st.number, '')}"
                             for st in m.left_out_steps)
                 + f". The figures describe the other {len(m.steps)} step{'s' if len(m.steps) != 1 else ''}.")
@@ -69,6 +75,9 @@ def one_time_note(m: Metrics) -> str | None:
     if cut is not None and len(cut[0]):
         where = "its only step" if m.steps else "the window"
         gone = float(iv.covered(*cut, [m.window[0]], [m.window[1]])[0])
+        if m.one_time is not None and not m.one_time.costs:  # only the framework's phases were cut
+            return (f"Every step holds the framework's evaluation or checkpointing: its {gone / 1e3:.1f} ms are cut out "
+                    f"of {where}'s figures, which describe the remaining {float(m.per_step['dur_us'].sum()) / 1e3:.1f} ms.")
         return (f"No step without one-time costs remains: {gone / 1e3:.1f} ms of one-time costs are cut out of "
                 f"{where}'s figures, which describe the remaining {float(m.per_step['dur_us'].sum()) / 1e3:.1f} ms.")
     return None

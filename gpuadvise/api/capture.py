@@ -25,14 +25,18 @@ class Capture:
 
     def __init__(self, out: str | os.PathLike[str], *, wait: int = 10, warmup: int = 2, active: int = 3,
                  force: bool = False, record_shapes: bool = False, with_stack: bool = False,
-                 memory_history: bool = True, loader_probe: bool = True):
+                 memory_history: bool = True, loader_probe: bool = True, on_signal: bool = False,
+                 when_slower: float | None = None, every: int | None = None, max_windows: int = 10):
         self.path = Path(out)
         self.force = force
+        # the long-run options are `gpuadvise profile`'s (README, Long runs)
         self._options = {"wait": wait, "warmup": warmup, "active": active, "record_shapes": record_shapes,
-                         "with_stack": with_stack, "loader_probe": loader_probe, "memory_history": memory_history}
+                         "with_stack": with_stack, "loader_probe": loader_probe, "memory_history": memory_history,
+                         "on_signal": on_signal, "when_slower": when_slower, "every": every, "max_windows": max_windows}
         self._session = None
         self._saved: list = []
         self._started = 0.0
+        self.command = ["gpuadvise.capture", str(self.path)]  # run.json `command` (the callbacks name themselves)
 
     def __enter__(self) -> Capture:
         from gpuadvise.analyzer.errors import InputError
@@ -46,7 +50,7 @@ class Capture:
         if any(p.exists() for p in mine):
             if not self.force:
                 raise InputError(self.path, "run folder already holds a capture; pass force=True to replace it")
-            for p in mine + [self.path / runfolder.snapshot_name(r)]:
+            for p in mine + [self.path / runfolder.snapshot_name(r)] + runfolder.later_traces(self.path, r):
                 p.unlink(missing_ok=True)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -56,7 +60,7 @@ class Capture:
         o = self._options
         config = {"out": str(self.path.resolve()), "stop_after_capture": False, "shapes_probe": True,
                   "profile_memory": False, "memory_steps": 2, "max_entries": 100_000, **o,
-                  "run": {"command": ["gpuadvise.capture", str(self.path)], "script": sys.argv[0] if sys.argv else None,
+                  "run": {"command": list(self.command), "script": sys.argv[0] if sys.argv else None,
                           "cwd": os.getcwd(),
                           "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self._started))}}
         self._saved = _save_torch_hooks()
@@ -85,6 +89,7 @@ class Capture:
         finally:
             set_active(None)
             _restore_torch_hooks(self._saved)
+            _detach_frameworks()
             _RUNNING.clear()
             _finish_run_json(self.path, runfolder.rank(), code, self._started)
 
@@ -133,9 +138,6 @@ def _save_torch_hooks() -> list:
 def _restore_torch_hooks(saved: list) -> None:
     from torch.optim import optimizer
 
-    from gpuadvise.harness import importhooks
-
-    importhooks.clear()  # FSDP / DeepSpeed not imported inside the block: nothing left waiting for them
     for owner, name, value in saved:
         if owner is optimizer:  # the step hook the session registered: drop it, keep the user's
             for key in set(optimizer._global_optimizer_post_hooks) - value:
@@ -150,12 +152,22 @@ def _restore_torch_hooks(saved: list) -> None:
 
 
 def _reset_facts() -> None:
-    from gpuadvise.harness import distfacts, facts
+    from gpuadvise.harness import distfacts, facts, frameworks, importwatch
 
     for v in facts._FACTS.values():
         v.clear()
     facts._WINDOW.clear()
     distfacts.reset()
+    frameworks.reset()
+    importwatch.ERRORS.clear()
+
+
+def _detach_frameworks() -> None:
+    """Take the session's patches off the framework classes and stop watching imports."""
+    from gpuadvise.harness import frameworks, importwatch
+
+    importwatch.uninstall()
+    frameworks.unpatch_all()
 
 
 _MISSING = object()

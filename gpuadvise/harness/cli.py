@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from . import distributed, runfolder
+from .triggers import signal_number
 
 PREFIX = "gpuadvise> "
 
@@ -57,6 +58,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "a snapshot (default on)")
     p.add_argument("--memory-steps", type=int, default=2, help="steps of CUDA memory history (default 2)")
     p.add_argument("--max-entries", type=int, default=100_000, help="memory history entries kept (default 100000)")
+    long = p.add_argument_group("long runs", "record more windows while the script runs (README: Long runs)")
+    long.add_argument("--on-signal", action="store_true",
+                      help="record a window from the next step each time the process gets the signal (--signal, "
+                           "default SIGUSR2) or `gpuadvise trigger RUN` asks")
+    long.add_argument("--signal", default="USR2", metavar="NAME",
+                      help="the signal --on-signal listens for (default USR2; USR1 is Lightning's SLURM requeue, "
+                           "USR2 submitit's)")
+    long.add_argument("--when-slower", type=float, metavar="PCT",
+                      help="record a window when the median of the last --slower-steps steps is PCT %% above the "
+                           "early median, or on the next of steps PCT %% slower that recur every N steps")
+    long.add_argument("--slower-steps", type=int, default=20, metavar="K",
+                      help="steps in each median --when-slower compares (default 20)")
+    long.add_argument("--every", type=int, metavar="N", help="record a window every N steps after the first")
+    long.add_argument("--max-windows", type=int, default=10, metavar="N",
+                      help="windows --every and --when-slower may add (default 10; signalled ones are not counted)")
     p.add_argument("--report", metavar="FILE",
                    help="also write the full report here (format from the extension: .md, .html, .json, .txt)")
     p.add_argument("--perfetto", metavar="FILE",
@@ -82,10 +98,23 @@ def parse(argv: list[str]):
         least = 1 if name in ("active", "memory_steps") else 0
         if getattr(args, name) < least:
             parser.error(f"--{name.replace('_', '-')} must be {'at least 1' if least else 'zero or more'}")
+    if args.when_slower is not None and not args.when_slower > 0:
+        parser.error("--when-slower must be a percentage above 0")
+    if args.slower_steps < 5:
+        parser.error("--slower-steps must be at least 5")
+    if args.every is not None and args.every <= args.warmup + args.active:
+        parser.error(f"--every must be more than a window's --warmup + --active ({args.warmup + args.active} steps)")
+    if args.max_windows < 1:
+        parser.error("--max-windows must be at least 1")
+    try:
+        signal_number(args.signal)
+    except ValueError as exc:
+        parser.error(f"--signal: {exc}")
     return args, target
 
 
-_VALUED = {"-o", "--output", "--report", "--perfetto", "--wait", "--warmup", "--active", "--steps", "--max-entries", "--memory-steps", "-m"}
+_VALUED = {"-o", "--output", "--report", "--perfetto", "--wait", "--warmup", "--active", "--steps", "--max-entries",
+           "--memory-steps", "-m", "--signal", "--when-slower", "--slower-steps", "--every", "--max-windows"}
 
 
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -134,7 +163,7 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     if args.force:
-        for p in mine + [out / runfolder.snapshot_name(r), out / runfolder.log_name(r)]:
+        for p in mine + runfolder.later_traces(out, r) + [out / runfolder.snapshot_name(r), out / runfolder.log_name(r), out / runfolder.steps_name(r)]:
             if p.exists():
                 p.unlink()
     made = not out.exists() or (job is not None and not args.output and _only_mark(out))
@@ -156,7 +185,9 @@ def main(argv: list[str]) -> int:
         "stop_after_capture": args.stop_after_capture, "with_stack": args.with_stack, "record_shapes": args.record_shapes,
         "shapes_probe": args.shapes_probe, "profile_memory": args.profile_memory, "memory_history": args.memory_history,
         "memory_steps": args.memory_steps, "max_entries": args.max_entries,
-        "run": run,
+        "on_signal": args.on_signal, "signal": args.signal, "when_slower": args.when_slower,
+        "slower_steps": args.slower_steps, "every": args.every, "max_windows": args.max_windows,
+        "run": dict(run, launcher_pid=os.getpid()), "rank_argv": rank_argv(args, out.resolve()),
     }
     fd, config_path = tempfile.mkstemp(prefix="gpuadvise-profile-", suffix=".json")
     with os.fdopen(fd, "w") as fh:
@@ -165,7 +196,8 @@ def main(argv: list[str]) -> int:
         ranks = f" on {job.world_size} ranks" if job is not None and job.world_size > 1 else ""
         print(f"{PREFIX}profiling {shlex.join(target)}{ranks} (steps: wait {args.wait}, warm-up {args.warmup}, "
               f"record {args.active}) → {out}", file=sys.stderr, flush=True)
-    code = _run_child([sys.executable, "-m", "gpuadvise.harness.bootstrap", config_path] + target)
+    forward = [signal_number(args.signal)] if args.on_signal else []
+    code = _run_child([sys.executable, "-m", "gpuadvise.harness.bootstrap", config_path] + target, forward)
     if not (out / runfolder.run_json_name(r)).exists():
         # the script never started (python -m found no module): leave nothing behind
         if made:
@@ -225,7 +257,26 @@ def _only_mark(folder: Path) -> bool:
         return False
 
 
-def _run_child(cmd: list[str]) -> int:
+def rank_argv(args, out: Path) -> list[str]:
+    """The options for `gpuadvise profile` in a process the script itself starts for another rank
+    (Lightning's Trainer re-runs the script once per extra device): the same window, later windows and
+    folder, no summary, no --report/--perfetto (they are this process's)."""
+    argv = ["-q", "-o", str(out), "--wait", str(args.wait), "--warmup", str(args.warmup), "--active", str(args.active),
+            "--memory-steps", str(args.memory_steps), "--max-entries", str(args.max_entries)]
+    for name in ("with_stack", "record_shapes", "shapes_probe", "profile_memory", "memory_history"):
+        argv.append(f"--{'' if getattr(args, name) else 'no-'}{name.replace('_', '-')}")
+    if args.on_signal:
+        argv += ["--on-signal", "--signal", args.signal]
+    if args.when_slower is not None:
+        argv += ["--when-slower", str(args.when_slower), "--slower-steps", str(args.slower_steps)]
+    if args.every is not None:
+        argv += ["--every", str(args.every)]
+    argv += ["--max-windows", str(args.max_windows)]
+    return argv + (["--force"] if args.force else []) + (["--stop-after-capture"] if args.stop_after_capture else [])
+
+
+def _run_child(cmd: list[str], also_forward: list[int] = ()) -> int:
+    """Run the child, passing on SIGTERM, SIGHUP and `also_forward` (the --on-signal signal)."""
     child = subprocess.Popen(cmd)
     forwarded = {}
 
@@ -237,7 +288,7 @@ def _run_child(cmd: list[str]) -> int:
 
     # Ctrl-C reaches the child directly (same process group); we only wait for it to finish.
     forwarded[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    for sig in (signal.SIGTERM, signal.SIGHUP, *also_forward):
         forwarded[sig] = signal.signal(sig, forward)
     try:
         return child.wait()

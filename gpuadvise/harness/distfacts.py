@@ -18,7 +18,7 @@ recorded while the script runs and written to run.json's `distributed` (README, 
   `reduce_dtype`, `offload`; `prefetch` counts the `set_modules_to_forward/backward_prefetch` calls;
 - `deepspeed`: `zero_stage` and where `deepspeed.initialize` was called.
 
-FSDP and DeepSpeed are patched only when the user's code imports them (importhooks.py). Every recording
+FSDP and DeepSpeed are patched only when the user's code imports them (importwatch.py). Every recording
 is wrapped: a failure here never reaches the user's code.
 """
 
@@ -32,7 +32,6 @@ import weakref
 from collections import deque
 
 from . import facts as facts_mod
-from .importhooks import when_imported
 
 _DDP: list[tuple] = []  # (weakref to the module, its facts dict)
 _FSDP: list[dict] = []
@@ -65,8 +64,7 @@ def install(torch) -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     register_optimizer_step_post_hook(lambda opt, args, kwargs: _safe(_after_optimizer_step)())
-    when_imported("torch.distributed.fsdp", _patch_fsdp)
-    when_imported("deepspeed", _patch_deepspeed)
+    # FSDP and DeepSpeed: patch_fsdp / patch_deepspeed, once the script imports them (importwatch.py)
 
 
 def summary(torch) -> dict | None:
@@ -207,7 +205,7 @@ def _after_optimizer_step() -> None:
 # FSDP (FSDP1 wrappers and FSDP2 fully_shard)
 
 
-def _patch_fsdp(fsdp) -> None:
+def patch_fsdp(fsdp) -> None:
     cls = getattr(fsdp, "FullyShardedDataParallel", None)
     if cls is not None:
         _wrap_init(cls, _record_fsdp1)
@@ -274,7 +272,7 @@ def _record_fully_shard(module: str, k: dict, where: str) -> None:
 # DeepSpeed
 
 
-def _patch_deepspeed(ds) -> None:
+def patch_deepspeed(ds) -> None:
     original = getattr(ds, "initialize", None)
     if original is None:
         return

@@ -3,16 +3,21 @@
 Each patch wraps a constructor or function, records a few attributes and where the user called it
 (file:line of the first frame in the user's own code: analyzer/model/frames.py), and calls the original. Every recording is
 wrapped so that a failure here can never reach the user's code.
+
+An object an installed framework built for the user (the DataLoader a `transformers.Trainer` makes inside
+`trainer.train()`) is placed at the user's line that called the framework, and says which package built it.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 import sys
 
 from gpuadvise.analyzer.model import frames
 
 _FACTS: dict = {"dataloaders": [], "optimizers": [], "autocast": [], "compile": [], "wrappers": []}
+_INSTALLED = re.compile(r"(^|/)(site-packages|dist-packages)/")
 
 
 def facts() -> dict:
@@ -23,6 +28,58 @@ def caller() -> str:
     """file:line of the innermost frame that belongs to the user's code (model/frames.py judges: not
     torch, not a framework, not the standard library, not gpuadvise); "?" when none does."""
     return frames.live(1).site or "?"
+
+
+def _is_user(frame) -> bool:
+    return not frames.is_library(frame.f_code.co_filename)
+
+
+def built(obj, start) -> dict:
+    """Where the user's code made `obj` (its constructor is running, called from frame `start`):
+    `created_at` (file:line) and `in_function`; when an installed package built it for them, also
+    `built_by` (that package: the one the user's line called into; torch, the standard library and
+    gpuadvise's own wrappers are no framework), `created_via` (that call, "`train` in transformers") and
+    `call` (the user's line, as written).
+    Frames that hold `obj` itself are its constructors and their wrappers (a subclass's `__init__`, a
+    framework wrapping `DataLoader.__init__` to record its arguments): they build nothing on their own."""
+    package, via, f = None, None, start
+    while f is not None and not _is_user(f):
+        if not any(v is obj for v in f.f_locals.values()):
+            # a framework frame that asked for the object: the outermost one is what the user's line called
+            name = _framework_of(f.f_code.co_filename)
+            if name:
+                package, via = name, f"`{f.f_code.co_name}` in {name}"
+        f = f.f_back
+    if f is None:
+        return {"created_at": "?"}
+    where = user_call(f)
+    out = {"created_at": where["called_at"], "in_function": where["in_function"]}
+    if package:
+        out.update(created_via=via, built_by=package, call=where["call"])
+    return out
+
+
+def user_call(frame) -> dict:
+    """The user's frame at or above `frame`: `called_at` (file:line), `call` (that line as written, for a
+    message like "built by transformers (train.py:41 `trainer.train()`)") and `in_function`."""
+    import linecache
+
+    f = frame
+    while f is not None and not _is_user(f):
+        f = f.f_back
+    if f is None:
+        return {"called_at": "?", "call": "", "in_function": ""}
+    return {"called_at": frames.Frame(f.f_code.co_filename, f.f_lineno).site,
+            "call": linecache.getline(f.f_code.co_filename, f.f_lineno).strip()[:120], "in_function": f.f_code.co_name}
+
+
+def _framework_of(path: str) -> str | None:
+    """The installed package a library frame belongs to ("transformers" for …/site-packages/transformers/
+    trainer.py); None for torch (a DataLoader subclass is torch's own), gpuadvise, the standard library."""
+    if not _INSTALLED.search(path.replace("\\", "/")):
+        return None
+    name = frames.package(path)
+    return None if name in ("torch", "gpuadvise") else name
 
 
 def _safe(fn):
@@ -81,8 +138,13 @@ def _created() -> dict:
 
 
 def _record_dataloader(loader, a, k, where) -> None:
+    add_dataloader(loader, _safe(built)(loader, sys._getframe(3)) or where)  # 3: past our two wrappers
+
+
+def add_dataloader(loader, origin: dict) -> None:
+    """Record a DataLoader's settings; `origin` says where it was made (`built()`)."""
     _FACTS["dataloaders"].append({
-        **where,
+        **origin,
         "num_workers": loader.num_workers,
         "pin_memory": bool(loader.pin_memory),
         "batch_size": loader.batch_size,

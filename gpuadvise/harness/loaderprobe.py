@@ -53,13 +53,28 @@ class Recorder:
         self.fetch_kind: str | None = None
         self.functions: dict[tuple[str, str, int], float] = {}  # (function, file, line) → seconds inside it
         self._pending: list = []  # sampled sessions not yet added to `functions`
+        self.window_id = None  # a worker: the flag file it last saw (a new one: a new window)
 
     def recording(self) -> bool:
         if os.getpid() != self.pid:  # a process forked without our worker_init_fn: not ours to record
             return False
         if self.flag_file:
-            return os.path.exists(os.path.join(self.folder, FLAG))
+            try:
+                st = os.stat(os.path.join(self.folder, FLAG))
+            except OSError:
+                return False
+            window = (st.st_ino, st.st_mtime_ns)  # each window makes the flag anew
+            if window != self.window_id:  # a persistent worker's counts restart with each window
+                self.window_id = window
+                self.reset()
+            return True
         return self.on
+
+    def reset(self) -> None:
+        self.batches = self.samples = self.build_ns = self.collate_ns = 0
+        self.sampled_s = 0.0
+        self.functions = {}
+        self._pending = []
 
     def fetch(self, original, fetcher, index):
         from pyinstrument import Profiler
@@ -209,6 +224,13 @@ class Probe:
 
         dl._BaseDataLoaderIter.__next__ = __next__
 
+    def reset(self) -> None:
+        """Forget what earlier windows measured (each window's summary is its own)."""
+        self.main.reset()
+        self.waits_ns, self.gaps_ns, self.recorded = [], [], []
+        self.workers = set()
+        self._returned = None
+
     def window(self, on: bool) -> None:
         """Recording on (the window's recorded steps) or off; idempotent."""
         if on == self.main.on:
@@ -277,6 +299,7 @@ def attach(session, torch) -> Probe | None:
         return None
 
     def on_start(s, k):
+        probe.reset()  # a later window's summary is its own
         probe.window(True)
 
     def on_stop(s, k, captured):

@@ -1,20 +1,28 @@
 """The run folder `gpuadvise profile` writes: names, atomic writes, rank-aware file names.
 
 Files: `trace.pt.trace.json.gz` (the recorded window, named as TensorBoard's profiler plugin and HTA
-expect; run folders written before used `trace.json.gz`, still read), `memory.pickle` (GPU: CUDA memory snapshot),
+expect; run folders written before used `trace.json.gz`, still read), `trace.wN.pt.trace.json.gz` (a long
+run's later windows), `steps.jsonl` (every step's time and memory samples, steprecord.py),
+`capture-requests.jsonl` (window requests every rank follows, requests.py), `memory.pickle` (GPU: CUDA memory snapshot),
 `run.json` (what happened; rewritten atomically while the script runs, so it is true even after a
 crash or `os._exit`). Under torchrun they carry the rank (`trace.rank3.pt.trace.json.gz`, `run.rank3.json`).
 `profiler.log`: the profiler's own log lines (kineto), kept off the user's stderr.
 
 run.json, the keys the capture writes:
 - `command`, `script`, `argv`, `cwd`, `started_at`, `ended_at`, `duration_s`, `exit_code`,
-  `exit_signal` (if killed by one), `script_exit_code` (as the child saw it), `rank`;
+  `exit_signal` (if killed by one), `script_exit_code` (as the child saw it), `rank`, `pid` (the training
+  process), `hostname`, `launcher_pid` (the `gpuadvise profile` process that runs it);
 - `environment` (torch/CUDA/cuDNN/Python versions, device), `settings` (TF32, cudnn.benchmark),
   `dataloaders`, `optimizers`, `autocast`, `compile`, `wrappers` (facts.py); `distributed` (the job's
   process group, DDP/FSDP/DeepSpeed settings, backward passes per optimizer step: distfacts.py);
+- `framework` (frameworks.py; only when transformers' Trainer, Lightning or Accelerate ran the loop):
+  `name`, `version`, `entry`, `called_at`, `call`, `settings` (as the framework reports them),
+  `accelerate` (under the Trainer), `phases` (evaluation and checkpoints: `kind`, `step`, `window`, `ms`);
 - `capture`: `state` ("captured", "waiting for steps", "incomplete: …", "failed: …"), `error`,
   `steps_stepped` (step boundaries seen), `step_source` (what marked the window's steps:
-  "optimizer.step()", "DataLoader batch", "gpuadvise.step()", "backward()", "CUDA graph replay"),
+  "optimizer.step()", "DataLoader batch", "gpuadvise.step()", "backward()", "CUDA graph replay",
+  "transformers Trainer step", "Lightning Trainer step", "Accelerate optimizer step"),
+  `framework_errors` (a framework gpuadvise could not attach to: it ran unmarked),
   `files`, `window` {wait, warmup, active}, `options` {record_shapes, shapes_probe, with_stack,
   profile_memory, memory_history}, `memory_steps` (steps of CUDA memory history after the window;
   0 without a GPU), `memory_stats` (GPU: `torch.cuda.memory_stats()` at the end of the window),
@@ -23,6 +31,16 @@ run.json, the keys the capture writes:
   (`mode` "probe", `probe_step`, `state` — "annotated", "partial: …", "not annotated: …", "no
   matmuls in the window", "probe failed: …", "merge failed: …" —, `matmuls` in the window,
   `annotated` of them, `probe_matmuls`); absent with `--no-record-shapes --no-shapes-probe`;
+  `files.step_record` (the step record's name), `step_record_error` (why it stopped, if it did);
+  with `--on-signal`, `--when-slower` or `--every`: `triggers` {`on_signal` (the signal's name),
+  `listening`, `when_slower_pct`, `slower_steps`, `every`, `requests`} and `windows`, one entry per
+  window: `index`, `trigger` ("schedule" for window 1, "signal", "trigger file", "slower", "stall",
+  "every"), `detail`, `requested_at` (step boundary), `request` (its id), `start` (the boundary its
+  warm-up begins at), `warmup`, `active`, `steps` [first, last recorded], `state` ("planned", "warming
+  up", "recording", "captured", "incomplete: …", "not reached: …", "not recorded: …", "failed: …"),
+  `trace`, and for later windows `captured_at`, `shapes`, `loader` (what the window hooks measured in
+  it) and `step_times` (run.json `steps`' keys, over its recorded steps and the unprofiled ones within
+  10 steps of it); `window_notes`: windows not recorded (the --max-windows cap);
 - `steps`: the time of every step, in and out of the window. Step n is the time from step boundary
   n to boundary n+1, i.e. `ProfilerStep#n` of the trace (step 0, the script's setup before the first
   boundary, is never a step). gpuadvise's own work at a boundary (profiler transitions, export,
@@ -38,13 +56,15 @@ run.json, the keys the capture writes:
     armed, CUDA tracer on, events discarded), "active" (recorded: these are the trace's steps),
     "memory" (GPU: CUDA memory history on, after the window), "after" (nothing: after the window),
     "off" (nothing: profiling failed or never started). `step_sources` per step: "optimizer",
-    "dataloader", "manual", "backward", "cuda_graph";
+    "dataloader", "manual", "backward", "cuda_graph", or the framework whose step it was ("transformers",
+    "lightning", "accelerate");
   - `count`: steps completed in all; `kept`: "all", or "first N and last M of COUNT" (long runs keep
     the first `wait+warmup+active+100` steps and the last 50);
   - `settle`: steps numbered ≤ settle (2) are the loop's own start-up and count in no median;
   - `unprofiled_median_ms`, `unprofiled_n`: median `ms` of the kept steps with phase "wait", "after"
-    or "off" and number > settle, except the first "after" step (it follows the trace export, or
-    the memory snapshot's dump, and runs on cold caches); null when there are none; `profiled_median_ms`, `profiled_n`:
+    or "off", number > settle and at most 20 steps after the window (and its memory history: the level
+    the window ran at, which a later drift does not move), except the first "after" step (it follows the
+    trace export, or the memory snapshot's dump, and runs on cold caches); null when there are none; `profiled_median_ms`, `profiled_n`:
     median `ms` of the "active" steps; `overhead_x`: profiled_median_ms / unprofiled_median_ms (null
     unless both exist). "warmup", "shapes" and "memory" steps count in neither median;
   - `source`: the source of the recorded steps (else of the last step); `error`: why timing was
@@ -76,9 +96,21 @@ def suffix(r: int | None) -> str:
     return f".rank{r}" if r is not None else ""
 
 
-def trace_name(r: int | None) -> str:
-    # `*.pt.trace.json.gz` is the name TensorBoard's profiler plugin and HTA look for
-    return f"trace{suffix(r)}.pt.trace.json.gz"
+def trace_name(r: int | None, window: int = 1) -> str:
+    """Window 1 keeps the name older tools read; window i is `trace.wI…` (`trace.rank3.wI…`), so a window
+    and a rank never share a name. `*.pt.trace.json.gz` is the name TensorBoard's profiler plugin and HTA
+    look for."""
+    return f"trace{suffix(r)}{f'.w{window}' if window > 1 else ''}.pt.trace.json.gz"
+
+
+def later_traces(folder: Path, r: int | None) -> list[Path]:
+    """The traces of windows after the first that `folder` holds for rank r."""
+    return sorted(folder.glob(f"trace{suffix(r)}.w[0-9]*.pt.trace.json.gz")) if folder.is_dir() else []
+
+
+def steps_name(r: int | None) -> str:
+    """The whole run's step record (steprecord.py)."""
+    return f"steps{suffix(r)}.jsonl"
 
 
 def rank_traces(out: Path) -> list[Path]:

@@ -6,7 +6,10 @@ The parts live in their own modules:
   backward/CUDA-graph fallbacks);
 - window.py: the schedule (wait, warm-up, record), the profiler, the shape probe, and `WindowHooks`,
   the callbacks at the edges of the recorded steps;
-- writers.py: the run folder's files (trace, memory snapshot, run.json).
+- writers.py: the run folder's files (trace, memory snapshot, run.json);
+- steprecord.py: every step's time and memory samples for the whole run, in a sidecar file;
+- laterwindows.py (with windows.py, triggers.py, requests.py, slowwatch.py): the windows after the first
+  (`--on-signal`, `--when-slower`, `--every`), recorded by the same profiler.
 This module is what happens at each boundary, and the session's start and end.
 
 Every boundary is timed (steptimes.py), also outside the profiler's window, so run.json can tell the
@@ -21,6 +24,7 @@ reaches the user's code.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 import traceback
@@ -28,10 +32,17 @@ from pathlib import Path
 
 from . import compiled  # torch.compile recording
 from . import facts as facts_mod
-from . import distfacts, distributed, loaderprobe, quiet, runfolder, writers
+from . import distfacts, distributed, importwatch, laterwindows, loaderprobe, quiet, runfolder, writers
+from .active import active, set_active  # noqa: F401 - where gpuadvise.step() and the bootstrap find them
+from .requests import REQUESTS
+from .steprecord import StepRecord
 from .stepsources import SOURCES, StepSources
 from .steptimes import StepTimes
 from .window import ShapeProbe, Window, WindowHooks, cuda
+
+# run.json's unprofiled median counts the steps before window 1 and this many after it (and its memory
+# history): the level window 1 ran at, which a run that drifts later does not move
+AFTER_WINDOW_STEPS = 20
 
 PREFIX = "gpuadvise> "
 
@@ -54,7 +65,8 @@ class Session:
         self.memory_history = False
         self.finishing = False  # set before the final stop: a partial window must not become a trace
         self._next_after_write = 1
-        self.times = StepTimes()
+        self.record = StepRecord(self.out / runfolder.steps_name(self.rank))
+        self.times = StepTimes(on_final=self._final_step)
         self.memory_steps = 0  # CUDA memory history steps after the window (set at start: GPU only)
         self.window = Window(config)
         self.sources = StepSources(self._boundary)
@@ -63,6 +75,7 @@ class Session:
         # Capture features that must run only while the window records add their callbacks here.
         self.hooks = WindowHooks()
         self.started = time.time()
+        self.later: laterwindows.LaterWindows | None = None  # windows after the first, when an option asks
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -72,15 +85,20 @@ class Session:
             self._fail("torch could not be imported", exc)
             return
         self.torch = torch
-        self.times = StepTimes(torch, keep_head=self.window.end + self.config.get("keep_after", 100))
+        w = self.window
+        self.times = StepTimes(torch, keep_head=w.end + self.config.get("keep_after", 100),
+                               keep_tail=max(50, 2 * laterwindows.CONTEXT_STEPS + w.w + w.a + 10),
+                               on_final=self._final_step)
         self.memory_steps = self.config.get("memory_steps", 2) if self.config["memory_history"] and cuda(torch) else 0
+        self._start_long_run()
         quiet.ignore_profiler_warnings()
         quiet.set_log(self.out / runfolder.log_name(self.rank), errors_to_stderr=cuda(torch))
         try:
             facts_mod.install(torch)
             distfacts.install(torch)  # DDP/FSDP/DeepSpeed settings and the job's process group
             compiled.install(torch, lambda: (self.steps, self._phase(self.steps)))  # compile facts
-            self.prof = self.window.profiler(torch, self.config, self._on_trace_ready)
+            schedule = self.later.plan.schedule if self.later is not None else None
+            self.prof = self.window.profiler(torch, self.config, self._on_trace_ready, schedule=schedule)
             with quiet.quiet_fd2():
                 self.prof.start()
         except Exception as exc:
@@ -90,6 +108,7 @@ class Session:
         loaderprobe.attach(self, torch)
         try:  # the step hooks also time an unprofiled run (profiler failed to start)
             self.sources.install(torch)
+            importwatch.install()  # a training framework's own steps, once the script imports one
         except Exception as exc:
             self.status["hooks_error"] = repr(exc)
         if not self.failed:
@@ -98,15 +117,30 @@ class Session:
             self.status["shapes"] = {"mode": "window"}
         self._write_status()
 
+    def _start_long_run(self) -> None:
+        """With --on-signal, --when-slower or --every: the windows after the first. A fresh run starts with a
+        fresh step record (and rank 0 with a fresh request file)."""
+        for name in [runfolder.steps_name(self.rank)] + ([REQUESTS] if self.rank in (None, 0) else []):
+            with contextlib.suppress(OSError):
+                os.unlink(self.out / name)
+        if laterwindows.wanted(self.config):
+            self.later = laterwindows.LaterWindows(self)
+            self.later.triggers.install()
+
     def finish(self, exit_code=None) -> None:
         """At the end of the script: record what happened to the capture (the trace is already written)."""
         try:
             self.times.close(wait_for_gpu=exit_code == 0)
+            self.record.close()
             self.probe.end(keep=False, out=self.out)
-            self.hooks.stop(self, self.steps, captured=False)  # still open: the script ended inside the window
+            self._hooks_stop(self.steps, captured=False)  # still open: the script ended inside a window
+            if self.later is not None:
+                self.later.close(self.steps)
             if self.prof is not None and self.done:
+                self.finishing = True  # a later window still recording is incomplete: never written
                 try:
-                    self.prof.stop()  # the schedule has no more windows (repeat=1): just release it
+                    with quiet.quiet_fd2():
+                        self.prof.stop()  # no window is due any more: just release it
                 except Exception:
                     pass
             if self.prof is not None and not self.done and not self.failed:
@@ -125,6 +159,9 @@ class Session:
             self._write_status(exit_code=exit_code)
         except Exception:  # nothing may escape at exit either
             pass
+        finally:
+            if self.later is not None:
+                self.later.triggers.uninstall()
 
     def manual_step(self) -> None:
         self.sources.manual()
@@ -136,6 +173,9 @@ class Session:
         k = self.steps
         stop = False
         try:
+            self.record.tick()
+            if self.record.wants_memory(k):
+                self.record.memory(k, self.torch)
             self._advance(k, source)
             stop = self.complete and self.config.get("stop_after_capture") and not self.failed
         except Exception as exc:  # pragma: no cover - _advance swallows its own failures
@@ -154,6 +194,8 @@ class Session:
             return
         if self.probe.running and k == w.probe_step + 1:
             self.probe.end(keep=True, out=self.out)
+        if self.later is not None:
+            self.later.take_requests(k)
         if not self.done:
             self.status["step_source"] = SOURCES[source]
             if not w.recorded(k):
@@ -173,6 +215,8 @@ class Session:
             if self.done and not self.memory_steps:
                 self.complete = True
             return
+        if self.later is not None:
+            self.later.step(k)
         if self.memory_history and k >= w.end + self.memory_steps:
             self._stop_memory_history(dump=True)
             self.complete = True
@@ -182,6 +226,10 @@ class Session:
             self._next_after_write *= 2
             self._write_status()
 
+    def step_phase(self, k: int) -> str:
+        """What the profiler does in step k ("wait", "active", "after", …: run.json `steps.phase`)."""
+        return self._phase(k)
+
     def _phase(self, k: int) -> str:
         if self.failed or self.prof is None:
             return "off"
@@ -189,17 +237,38 @@ class Session:
             return "shapes"
         if not self.done:
             return self.window.phase(k)
-        return "memory" if self.memory_history else "after"
+        if self.memory_history:
+            return "memory"
+        return (self.later.phase(k) if self.later is not None else None) or "after"
+
+    def _final_step(self, number: int, phase: str, cpu_ms: float, gpu_ms: float | None) -> None:
+        """Each step once its time is final: into the whole-run record, and to the slowdown watch."""
+        self.record.add(number, phase, cpu_ms, gpu_ms)
+        if self.later is not None:
+            ms = gpu_ms if gpu_ms is not None else None if self.times.used_cuda else cpu_ms
+            self.later.triggers.observe(number, phase, ms)
+
+    def _hooks_stop(self, k: int, captured: bool) -> None:
+        if self.later is not None:
+            self.later.hooks_stop(k, captured)
+        else:
+            self.hooks.stop(self, k, captured)
 
     # -- window end ---------------------------------------------------------------------------------
     def _on_trace_ready(self, prof) -> None:
         if self.finishing:  # stopped mid-window at exit: torch still calls us; keep no partial trace
+            return
+        later = self.later.ending(prof.step_num) if self.later is not None else None
+        if later is not None:
+            self.later.trace_ready(prof, later)
             return
         facts_mod.end_of_window(self.torch)  # the settings the traced steps ran with, not those at exit
         distfacts.end_of_window(self.torch)
         try:
             final = writers.write_trace(prof, self.out, self.rank, self.probe.events, self.window.a, self.status)
             self.status["files"]["trace"] = final.name
+            if self.later is not None:
+                self.later.first_captured(final.name)
             self._record_memory_stats()
             self.done = True
             self.status["state"] = "captured"
@@ -258,7 +327,9 @@ class Session:
         try:
             self.probe.end(keep=False, out=self.out)
             self._stop_memory_history(dump=False)
-            self.hooks.stop(self, self.steps, captured=False)
+            self._hooks_stop(self.steps, captured=False)
+            if self.later is not None:
+                self.later.failed(self.steps)
         except Exception:
             pass
         print(f"{PREFIX}profiling stopped ({what}: {self.status['error']}); your script continues unprofiled",
@@ -274,16 +345,14 @@ class Session:
                        options={k: c.get(k) for k in ("record_shapes", "shapes_probe", "with_stack",
                                                       "profile_memory", "memory_history")},
                        memory_steps=self.memory_steps)
-        writers.write_run_json(self.out, self.rank, c, capture, self.times.summary(), self.torch, exit_code)
+        if importwatch.ERRORS:
+            capture["framework_errors"] = list(importwatch.ERRORS)
+        capture["files"] = dict(capture.get("files") or {}, step_record=runfolder.steps_name(self.rank))
+        if self.record.error:
+            capture["step_record_error"] = self.record.error
+        if self.later is not None:
+            self.later.describe(capture)
+        upto = self.window.end + self.memory_steps + AFTER_WINDOW_STEPS
+        writers.write_run_json(self.out, self.rank, c, capture, self.times.summary(median_upto=upto), self.torch,
+                               exit_code)
 
-
-_ACTIVE: Session | None = None
-
-
-def active() -> Session | None:
-    return _ACTIVE
-
-
-def set_active(session: Session | None) -> None:
-    global _ACTIVE
-    _ACTIVE = session

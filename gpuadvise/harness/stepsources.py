@@ -2,6 +2,10 @@
 
 In order of precedence:
 - `gpuadvise.step()`: once called, the only signal;
+- a training framework's own step, once the framework runs the loop (frameworks.py: transformers'
+  Trainer, Lightning's Trainer, Accelerate): its optimizer step after gradient accumulation, counted even
+  when a grad scaler skipped the update; the sources below are then ignored (an evaluation loop's
+  batches and accumulation micro-batches are no steps);
 - a global optimizer-step hook (after every `optimizer.step()`);
 - the DataLoader iterator (each batch), until the first optimizer step is seen;
 - fallbacks for loops none of those see: CUDA graph replays (`CUDAGraph.replay()`) and autograd
@@ -33,6 +37,10 @@ SOURCES = {
     "dataloader": "DataLoader batch",
     "cuda_graph": "CUDA graph replay",
     "backward": "backward()",
+    # a framework's step (frameworks.py), keyed by the framework
+    "transformers": "transformers Trainer step",
+    "lightning": "Lightning Trainer step",
+    "accelerate": "Accelerate optimizer step",
 }
 FALLBACKS = ("cuda_graph", "backward")
 BACKWARD_BEFORE_OPTIMIZER = 64  # backward() calls before an existing optimizer's first step that make them the steps
@@ -44,7 +52,9 @@ class StepSources:
     def __init__(self, on_step):
         self.on_step = on_step
         self.torch = None
-        self.mode = "auto"  # "auto" (the precedence above) or "manual" (gpuadvise.step() was called)
+        self.mode = "auto"  # "auto" (the precedence above), "framework" (one runs the loop) or "manual"
+        self.framework: str | None = None  # the framework whose steps are the steps
+        self._first_batch_starts = False  # the framework's first step starts at its first batch
         self.optimizer_steps = 0
         self.fallback = None  # the fallback source driving the steps, if any
         self._fallback_count = {s: 0 for s in FALLBACKS}
@@ -67,6 +77,19 @@ class StepSources:
     def manual(self) -> None:
         self.mode = "manual"
         self.on_step("manual")
+
+    def claim(self, framework: str, first_batch_starts: bool = False) -> None:
+        """Framework `framework` runs the loop from now on: only its steps count (gpuadvise.step() still wins)."""
+        if self.mode == "manual":
+            return
+        self.mode, self.framework, self._first_batch_starts = "framework", framework, first_batch_starts
+        self.fallback = None
+
+    def framework_step(self, framework: str) -> None:
+        if self.mode != "framework" or framework != self.framework:
+            return
+        self._first_batch_starts = False
+        self.on_step(framework)
 
     def note(self) -> str:
         """A note for the capture message when a fallback marked the steps."""
@@ -103,12 +126,18 @@ class StepSources:
         sources = self
 
         def __next__(it):
-            # Without an optimizer (inference, custom update rules) each batch starts a step.
-            if sources.mode == "auto" and sources.optimizer_steps == 0:
-                sources._primary("dataloader")
+            sources.batch()
             return original(it)
 
         dl._BaseDataLoaderIter.__next__ = __next__
+
+    def batch(self) -> None:
+        """A DataLoader batch is asked for."""
+        # Without an optimizer (inference, custom update rules) each batch starts a step.
+        if self.mode == "auto" and self.optimizer_steps == 0:
+            self._primary("dataloader")
+        elif self.mode == "framework" and self._first_batch_starts:  # the framework's first step starts here
+            self.framework_step(self.framework)
 
     def _hook_fallbacks(self, torch) -> None:
         sources = self
@@ -145,7 +174,7 @@ class StepSources:
             self._primary_resumed = time.perf_counter_ns()
 
     def _fallback_event(self, source: str) -> None:
-        if self.mode == "manual":
+        if self.mode != "auto":
             return
         try:
             compiling = getattr(getattr(self.torch, "compiler", None), "is_compiling", None)

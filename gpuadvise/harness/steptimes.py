@@ -11,7 +11,9 @@ CUDA event is also recorded at each begin and end on the current stream, and the
 the elapsed time between them: what the GPU took for that step, with no synchronize in the loop.
 Events are resolved lazily (`query()` says they are done) and, at the end of the run, waited for.
 
-Memory stays bounded on long runs: the first `keep_head` steps and the last `keep_tail` are kept.
+Memory stays bounded on long runs: the first `keep_head` steps and the last `keep_tail` are kept (the
+whole run's times go to the step record, steprecord.py, through `on_final`: each step once its time is
+final, in step order).
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ MAX_PENDING = 512  # the steps in the trace
 
 
 class StepTimes:
-    def __init__(self, torch=None, keep_head: int = 200, keep_tail: int = 50, settle: int = 2):
+    def __init__(self, torch=None, keep_head: int = 200, keep_tail: int = 50, settle: int = 2, on_final=None):
         self.torch = torch
         self.keep_head, self.settle = keep_head, settle
         self.head: list[list] = []  # [number, phase, source, start_ns, end_ns, start_ev, end_ev, gpu_ms]
         self.tail: deque = deque(maxlen=keep_tail)
+        self.on_final = on_final  # fn(number, phase, cpu_ms, gpu_ms), once per step, in step order
+        self._unreported: deque = deque()  # ended steps not yet handed to on_final
         self.count = 0
         self.open: list | None = None
         self.error: str | None = None
@@ -61,9 +65,18 @@ class StepTimes:
                         old[5] = old[6] = None
             self.count += 1
             (self.head if len(self.head) < self.keep_head else self.tail).append(step)
+            if self.on_final is not None:
+                self._unreported.append(step)
             self._resolve(wait=False)
+            self._report()
         except Exception as exc:  # timing must never reach the user's loop
             self._disable(exc)
+
+    def _report(self) -> None:
+        """Hand the steps whose time is final (no CUDA event pending) to on_final, oldest first."""
+        while self._unreported and self._unreported[0][6] is None:
+            s = self._unreported.popleft()
+            self.on_final(s[0], s[1], (s[4] - s[3]) / 1e6, s[7])
 
     def begin(self, number: int, phase: str, source: str | None) -> None:
         """Step `number` starts now (called last thing at a boundary)."""
@@ -110,6 +123,10 @@ class StepTimes:
             return
         try:
             self._resolve(wait=wait_for_gpu)
+            for s in self._unreported:  # still pending (an interrupted run): their GPU time is not known
+                s[5] = s[6] = None
+            if self.on_final is not None:
+                self._report()
         except Exception as exc:
             self._disable(exc)
 
@@ -122,12 +139,24 @@ class StepTimes:
     def steps(self) -> list[list]:
         return self.head + list(self.tail)
 
-    def summary(self) -> dict:
+    def summary(self, first: int | None = None, last: int | None = None, median_upto: int | None = None) -> dict:
+        """run.json's `steps` (the keys are documented in runfolder.py): of every kept step, or of the
+        kept steps numbered `first` … `last` (a later window and the unprofiled steps around it). The
+        unprofiled median counts the steps up to `median_upto` only: the level the window ran at, not
+        where a long run drifted to later."""
         try:
             self._resolve(wait=False)
+            if self.on_final is not None:
+                self._report()
         except Exception as exc:
             self._disable(exc)
         steps = self.steps()
+        kept = "all" if not self.tail or self.count == len(steps) else \
+            f"first {len(self.head)} and last {len(self.tail)} of {self.count}"
+        if first is not None or last is not None:
+            lo, hi = first if first is not None else 0, last if last is not None else float("inf")
+            steps = [s for s in steps if lo <= s[0] <= hi]
+            kept = f"steps {steps[0][0]}–{steps[-1][0]}" if steps else "none"
         clock = "cuda_event" if self.used_cuda else "cpu"
         cpu_ms = [round((s[4] - s[3]) / 1e6, 3) for s in steps]
         gpu_ms = [None if s[7] is None else round(s[7], 3) for s in steps]
@@ -135,8 +164,7 @@ class StepTimes:
         out = {
             "clock": clock,
             "count": self.count,
-            "kept": "all" if not self.tail or self.count == len(steps) else
-                    f"first {len(self.head)} and last {len(self.tail)} of {self.count}",
+            "kept": kept,
             "settle": self.settle,
             "number": [s[0] for s in steps],
             "phase": [s[1] for s in steps],
@@ -146,11 +174,12 @@ class StepTimes:
         }
         if clock == "cuda_event":
             out["gpu_ms"] = gpu_ms
-        # the first step after the window follows the trace export (cold caches, freed buffers): skipped too
-        after = [s[0] for s in steps if s[1] == "after"]
-        skip = set(after[:1])
+        # the first step after a window follows the trace export (cold caches, freed buffers): skipped too
+        phase_of = {s[0]: s[1] for s in steps}
+        skip = {s[0] for s in steps if s[1] == "after" and phase_of.get(s[0] - 1, "after") not in UNPROFILED}
+        upto = median_upto if median_upto is not None else float("inf")
         unprof = [m for s, m in zip(steps, ms)
-                  if s[1] in UNPROFILED and s[0] > self.settle and s[0] not in skip and m is not None]
+                  if s[1] in UNPROFILED and self.settle < s[0] <= upto and s[0] not in skip and m is not None]
         prof = [m for s, m in zip(steps, ms) if s[1] in PROFILED and m is not None]
         u = round(statistics.median(unprof), 3) if unprof else None
         p = round(statistics.median(prof), 3) if prof else None

@@ -55,16 +55,18 @@ class Window:
     def as_dict(self) -> dict:
         return {"wait": self.W, "warmup": self.w, "active": self.a}
 
-    def profiler(self, torch, config: dict, on_trace_ready):
-        """A torch.profiler that follows the schedule; not started."""
-        from torch.profiler import ProfilerActivity, profile, schedule
+    def profiler(self, torch, config: dict, on_trace_ready, schedule=None):
+        """A torch.profiler that follows the schedule (this window alone, or `schedule`: a callable of the
+        step number, windows.Plan's, that adds later windows); not started."""
+        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler import schedule as one_window
 
         activities = [ProfilerActivity.CPU]
         if cuda(torch):
             activities.append(ProfilerActivity.CUDA)
         return profile(
             activities=activities,
-            schedule=schedule(wait=self.W, warmup=self.w, active=self.a, repeat=1),
+            schedule=schedule or one_window(wait=self.W, warmup=self.w, active=self.a, repeat=1),
             on_trace_ready=on_trace_ready,
             record_shapes=self.shapes,
             with_stack=config["with_stack"],

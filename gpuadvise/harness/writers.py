@@ -10,19 +10,21 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
 from . import compiled, distfacts
 from . import facts as facts_mod
+from . import frameworks
 from . import runfolder, shapes
 
 
-def write_trace(prof, out: Path, rank, probe_events: list | None, active: int, status: dict) -> Path:
-    """Export the window's trace to `out`/trace….json.gz; returns its path. Raises when it cannot be
-    written, after removing its temporary files."""
+def write_trace(prof, out: Path, rank, probe_events: list | None, active: int, status: dict, window: int = 1) -> Path:
+    """Export window `window`'s trace to `out`/trace….json.gz; returns its path. Raises when it cannot be
+    written, after removing its temporary files. `status` gets the shape merge's report (`shapes`)."""
     out.mkdir(parents=True, exist_ok=True)
-    final = out / runfolder.trace_name(rank)
+    final = out / runfolder.trace_name(rank, window)
     tmp_json = out / f".{final.name}.json.tmp"
     tmp_gz = out / f".{final.name}.tmp"
     try:
@@ -79,6 +81,8 @@ def write_run_json(out: Path, rank, config: dict, capture: dict, steps: dict, to
     data = runfolder.read_json(path)
     data.update(config.get("run", {}))
     data["rank"] = rank
+    data["pid"] = os.getpid()  # the training process: `gpuadvise trigger` signals it
+    data["hostname"] = socket.gethostname()
     data["capture"] = capture
     recorded = [s for s, p in zip(steps["step_sources"], steps["phase"]) if p == "active"]
     steps["source"] = (recorded or steps["step_sources"] or [None])[-1]
@@ -98,6 +102,9 @@ def write_run_json(out: Path, rank, config: dict, capture: dict, steps: dict, to
             job = None
         if job:
             data["distributed"] = job
+    framework = frameworks.summary()  # None unless a training framework ran the loop
+    if framework is not None:
+        data["framework"] = framework
     compile_facts = compiled.summary()  # None unless the script called torch.compile
     if compile_facts is not None:
         data["compiled"] = compile_facts

@@ -65,7 +65,7 @@ class CompareApp(App[int]):
     def load(self) -> None:
         from gpuadvise.analyzer import run as analysis
         from gpuadvise.analyzer.compare.diff import compare
-        from gpuadvise.analyzer.compare.side import load_side
+        from gpuadvise.analyzer.compare.load import load_side
 
         try:
             inputs = [analysis.resolve_inputs([p]) for p in self.paths]  # both checked before either is analysed

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gpuadvise.analyzer.model.report import TraceReport
 from gpuadvise.analyzer.model.findings import Finding
@@ -63,6 +64,13 @@ class ViewData:
         r = self.reports[self.current if i is None else i]
         rank = f" (rank {r.rank})" if r.rank is not None else ""
         return short_source(r.source) + rank
+
+    def long_run_of(self, i: int | None = None):
+        """The long run the report's trace is a window of (`Reports.long_runs`), None for any other trace."""
+        r = self.reports[self.current if i is None else i]
+        folder = str(Path(r.source).parent)
+        return next((run for run in getattr(self.reports, "long_runs", None) or []
+                     if run.folder == folder and run.rank == r.rank), None)
 
     def report_of(self, f: Finding) -> int:
         for i, r in enumerate(self.reports):

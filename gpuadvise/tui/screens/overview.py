@@ -10,6 +10,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from gpuadvise.analyzer.model.report import overhead_words
+from gpuadvise.analyzer.report.longrun import headline, sparkline
 
 from ..text import clean, ms, pct, short_source
 from ..widgets.charts import BusyChart, breakdown_bar, breakdown_legend
@@ -126,6 +127,20 @@ idle; and GPU busy % per step (0–100 % scale).
             row("GPU", Text("no GPU activity in this trace", style="yellow"))
         row("Events", f"{s.events:,} · {s.kernels:,} kernels of {len(m.kernels):,} kinds · "
                       f"{len(r.model.copies):,} copies")
+        run = self.data.long_run_of()
+        if run is not None:  # a long run: the whole run's step time, and where this window sits in it
+            row("Run", clean(headline(run.summary)))
+            chart = run.summary.get("chart") or {}
+            level = (run.summary.get("levels") or {}).get("slow_ms")
+            if chart.get("ms"):
+                line = Text(sparkline(chart["ms"], width=56, level_ms=level), style="cyan")
+                line.append(f"  steps {chart['step'][0]}–{chart['step'][-1]}", style="dim")
+                row("Step time", line)
+            if r.window is not None:
+                w = next((w for w in run.summary.get("windows") or [] if w["index"] == r.window), None)
+                if w is not None:
+                    row("Window", clean(f"{w['index']} of {len(run.summary['windows'])}: {w['trigger']}"
+                                        + (f" — {w['detail']}" if w.get("detail") else "")))
         for note in summary.notes:
             row("Note", Text(clean(note), style="yellow"))
         return t

@@ -1,0 +1,134 @@
+"""Several profiled windows in one run: the first from `--wait/--warmup/--active`, the others planned while
+the script runs (a signal, `gpuadvise trigger`, `--when-slower`, `--every`).
+
+A window starts at a step boundary `start`: `warmup` warm-up steps (traced and discarded), then `active`
+recorded steps; `end = start + warmup + active` is the boundary that ends its last recorded step, where
+its trace is written. Steps are numbered as run.json's `steps` and the trace's `ProfilerStep#N` number
+them, so window 2's trace holds `ProfilerStep#start+warmup` … `#end-1`.
+
+One torch.profiler follows the whole plan: `Plan.schedule` is its schedule (a callable of the step
+number), so window 1 and the later ones are the same profiler's cycles, never two profilers at once
+(torch crashes when one stops and another starts inside one open `record_function`). Between windows the
+session does not step the profiler at all (no per-step cost); it moves the profiler's step counter to
+the window's first step when one begins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MAX_WINDOWS = 100  # a safety net for a script signalled in a loop: each window is a trace file
+
+
+@dataclass
+class Planned:
+    index: int  # 1-based, in the order the windows start
+    start: int  # the boundary where the warm-up begins
+    warmup: int
+    active: int
+    trigger: str  # "schedule" (window 1), "signal", "trigger file", "slower", "stall", "every"
+    detail: str = ""
+    requested_at: int | None = None  # the step boundary at which it was asked for
+    request: str | None = None  # the request's id (capture-requests.jsonl)
+    state: str = "planned"
+    trace: str | None = None
+    extra: dict = field(default_factory=dict)  # what the window hooks recorded (loader sampling, …), and step times
+
+    @property
+    def first_recorded(self) -> int:
+        return self.start + self.warmup
+
+    @property
+    def end(self) -> int:
+        return self.start + self.warmup + self.active
+
+    def steps(self) -> list[int]:
+        """The recorded steps (as run.json and the trace number them)."""
+        return list(range(self.first_recorded, self.end))
+
+    def as_dict(self) -> dict:
+        out = {"index": self.index, "trigger": self.trigger, "detail": self.detail, "requested_at": self.requested_at,
+               "request": self.request, "start": self.start, "warmup": self.warmup, "active": self.active,
+               "steps": [self.first_recorded, self.end - 1], "state": self.state, "trace": self.trace}
+        out.update(self.extra)
+        return out
+
+
+class Plan:
+    """The windows of one run and the profiler schedule that records them."""
+
+    def __init__(self, first_start: int, warmup: int, active: int, earliest_later: int, max_auto: int):
+        self.warmup, self.active = warmup, active
+        self.earliest_later = earliest_later  # later windows start after window 1 and its memory history
+        self.max_auto = max_auto
+        self.windows = [Planned(1, first_start, warmup, active, "schedule")]
+        self.auto = 0  # windows planned by --every / --when-slower
+        self.notes: list[str] = []
+
+    # -- planning ------------------------------------------------------------------------------------
+    def add(self, start: int, k: int, trigger: str, detail: str = "", request: str | None = None,
+            automatic: bool = False) -> Planned | None:
+        """Plan a window from boundary `start` (moved to the first free boundary after k and after the
+        windows already planned). None when the cap is reached or an overlapping window already covers it."""
+        if automatic and self.auto >= self.max_auto:
+            self._note(f"{trigger}: not recorded at step {k}, --max-windows ({self.max_auto}) reached")
+            return None
+        if len(self.windows) >= MAX_WINDOWS:
+            self._note(f"{trigger}: not recorded at step {k}, {MAX_WINDOWS} windows is the most one run keeps")
+            return None
+        start = max(start, k + 1, self.earliest_later)
+        end = start + self.warmup + self.active
+        for w in self.windows:
+            if w.state.startswith(("incomplete", "failed")):
+                continue
+            if start < w.end and w.start < end:  # overlaps: the steps it asks for are being recorded anyway
+                if w.index > 1 and w.state == "planned" and trigger != w.trigger and trigger not in w.detail:
+                    w.detail = f"{w.detail}; also {trigger}: {detail}" if w.detail else f"also {trigger}: {detail}"
+                return None
+        planned = Planned(len(self.windows) + 1, start, self.warmup, self.active, trigger, detail, requested_at=k,
+                          request=request)
+        self.windows.append(planned)
+        self.windows.sort(key=lambda w: w.start)
+        for i, w in enumerate(self.windows, start=1):
+            w.index = i
+        if automatic:
+            self.auto += 1
+        return planned
+
+    def _note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    # -- lookups -------------------------------------------------------------------------------------
+    def containing(self, k: int) -> Planned | None:
+        """The window whose warm-up or recording holds step k."""
+        for w in self.windows:
+            if w.start <= k < w.end:
+                return w
+        return None
+
+    def ending_at(self, k: int) -> Planned | None:
+        for w in self.windows:
+            if w.end == k:
+                return w
+        return None
+
+    def later(self) -> list[Planned]:
+        return self.windows[1:]
+
+    def phase(self, k: int) -> str | None:
+        w = self.containing(k)
+        if w is None:
+            return None
+        return "warmup" if k < w.first_recorded else "active"
+
+    def schedule(self, k: int):
+        """torch.profiler's schedule: the action for step k (ProfilerStep#k)."""
+        from torch.profiler import ProfilerAction
+
+        w = self.containing(k)
+        if w is None or w.state.startswith(("incomplete", "failed")):
+            return ProfilerAction.NONE
+        if k < w.first_recorded:
+            return ProfilerAction.WARMUP
+        return ProfilerAction.RECORD_AND_SAVE if k == w.end - 1 else ProfilerAction.RECORD

@@ -1,0 +1,181 @@
+"""step-time-drift: the step got slower during the run, and stayed slower.
+
+## What it detects
+The whole run's step times (the step record `gpuadvise profile` writes for every step, profiled or not)
+rise from their early level to a slower one and stay there: the median of K steps around a point (K =
+`--slower-steps`, 20 by default) against the median of the first K unprofiled steps. The drift began at
+the first step whose level is a quarter of the way up (the step of a jump), and lasted to the last one.
+When a window recorded the slow steps (`--when-slower`, `--on-signal`, `--every`), it is compared with
+window 1 as `gpuadvise compare` compares two runs, and the finding names what changed: the findings that
+appeared or grew, the part of the step that grew (DataLoader wait, compute, sync, …), the op that grew most.
+
+## Why it matters
+A run that slows down after its first epoch (DataLoader workers re-created each epoch, a cache that no
+longer fits, a Python list that grows and is scanned every step), as its memory fills up, or as the GPU
+throttles, spends every later step at the slow speed. A profile of the first steps shows none of it.
+
+## Fix
+```python
+# Record the slow steps while the run is slow, then fix what the comparison names:
+#   gpuadvise profile --when-slower 20 train.py      # a window when the median step is 20 % slower
+#   gpuadvise trigger RUN                            # or ask a --on-signal run for a window now
+loader = DataLoader(ds, num_workers=8, persistent_workers=True)  # e.g. workers re-created each epoch
+history.append(loss.item())                                      # e.g. a growing list of tensors
+```
+
+## Thresholds
+Fires when the slow level is at least 15 % and 0.5 ms above the early level, with at least 2·K unprofiled
+steps recorded. A finding counts as grown when its predicted saving rose by 5 percentage points between
+the windows; an op is named when its time per step grew by a tenth of the drift. The predicted saving is
+the share of a slow step the drift costs, 1 − early / slow, for the steps from the start of the drift on
+(an upper bound: the steps return to the early level when the cause is fixed). Severity follows it.
+"""
+
+from __future__ import annotations
+
+from gpuadvise.analyzer.measure.longrun import RunAnalysis
+from gpuadvise.analyzer.model.findings import Evidence
+from gpuadvise.fixtures.builder import TraceBuilder
+from gpuadvise.fixtures.longrun import RunFolder, Window, trace_for
+
+from .base import RunRule
+
+LOADER = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+# the parts of the step compare's breakdown splits (GPU idle is what the others leave, not a cause)
+PARTS = {"dataloader": "DataLoader wait", "kernel": "GPU compute", "comm": "communication", "memcpy": "copies",
+         "sync": "sync wait"}
+
+
+class StepTimeDrift(RunRule):
+    code = "GA160"
+    name = "step-time-drift"
+    title = "The step got slower during the run"
+    thresholds = {"min_drift_pct": 15.0, "min_drift_ms": 0.5, "min_grown_pts": 5.0, "op_share_of_drift": 0.1}
+
+    def check(self, a: RunAnalysis):
+        lv, t = a.levels, self.thresholds
+        if lv is None or lv.began_at is None:
+            return []
+        if lv.change_pct < t["min_drift_pct"] or lv.slow_ms - lv.early_ms < t["min_drift_ms"]:
+            return []
+        last = a.record.last_step
+        span = f"from step {lv.began_at} on" if lv.until is None or last is None or lv.until >= last - lv.k else \
+            f"from step {lv.began_at} to step {lv.until}"
+        message = (f"The step time drifted from a median {lv.early_ms:.2f} ms (steps {lv.early_steps[0]}–"
+                   f"{lv.early_steps[1]}) to {lv.slow_ms:.2f} ms (+{lv.change_pct:.0f} %, the median of {lv.k} steps "
+                   f"around step {lv.slow_at}) {span}.")
+        first, slow = a.window(1), self._slow_window(a, lv)
+        cmp = a.comparisons.get(slow.index) if slow is not None else None
+        items: list[dict] = []
+        lead = None
+        if slow is None:
+            message += " No window recorded the slow steps, so the trace cannot say what changed."
+            advice = ("Profile again with `--when-slower 15` (a window when the median step is 15 % slower), or with "
+                      "`--on-signal` and run `gpuadvise trigger RUN` while it is slow; the windows are then compared.")
+        elif cmp is None or first is None or not first.steps or first.steps[1] >= lv.began_at:
+            message += (f" Window {slow.index} (steps {slow.steps[0]}–{slow.steps[1]}) recorded the slow steps, but no "
+                        "window before the drift to compare it with.")
+            advice = f"Read window {slow.index}'s findings: they describe the slow steps."
+        else:
+            items, lead = self._changes(cmp, slow, lv.slow_ms - lv.early_ms)
+            said = "; ".join(i["what"] for i in items[:4]) or "no finding, part of the step or op changed by much"
+            message += (f" Window {slow.index} (steps {slow.steps[0]}–{slow.steps[1]}, {_why(slow)}) against window 1 "
+                        f"(steps {first.steps[0]}–{first.steps[1]}): {said}.")
+            advice = (f"Fix what grew: {lead['rule']} ({lead['topic']}) explains the slow steps best; its finding on "
+                      f"window {slow.index} says how." if lead else
+                      f"Compare the windows in full: `gpuadvise compare` on window 1's and window {slow.index}'s traces.")
+        saving = 100.0 * (1.0 - lv.early_ms / lv.slow_ms)
+        evidence = Evidence(
+            steps=list(range(slow.steps[0], slow.steps[1] + 1)) if slow is not None and slow.steps else [],
+            items=items,
+            numbers={"early_ms": round(lv.early_ms, 3), "slow_ms": round(lv.slow_ms, 3),
+                     "drift_pct": round(lv.change_pct, 1), "began_at_step": lv.began_at, "until_step": lv.until,
+                     "late_ms": round(lv.late_ms, 3), "k": lv.k, "statistic": f"median of {lv.k} steps",
+                     "slow_window": slow.index if slow is not None else None,
+                     "explained_by": lead["rule"] if lead else None})
+        basis = (f"the steps from step {lv.began_at} on at the early median ({lv.early_ms:.2f} ms) instead of the "
+                 f"slow one ({lv.slow_ms:.2f} ms): the step record's unprofiled steps, medians of {lv.k}")
+        f = self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice)
+        f.impact.upper_bound = True  # the drift's cost; its cause's fix is the finding it names
+        return [f]
+
+    @staticmethod
+    def _slow_window(a: RunAnalysis, lv):
+        """The analysed later window whose surroundings ran slowest, within the drift."""
+        mid = lv.early_ms + 0.5 * (lv.slow_ms - lv.early_ms)
+        inside = [w for w in a.captured() if w.index > 1 and w.steps and w.steps[0] >= lv.began_at
+                  and (lv.until is None or w.steps[0] <= lv.until)]
+        slow = [w for w in inside if (w.level_ms or 0.0) >= mid]
+        pool = slow or inside
+        # a window that also holds a stall (an evaluation step) describes the stall as much as the drift
+        steady = [w for w in pool if not (w.report.figures and w.report.figures.slow_steps)]
+        pool = steady or pool
+        return max(pool, key=lambda w: w.level_ms or 0.0) if pool else None
+
+    def _changes(self, cmp: dict, slow, drift_ms: float) -> tuple[list[dict], dict | None]:
+        """What grew from window 1 to the slow window, most first: findings, parts of the step, ops (an op
+        only when it grew by a tenth of the drift: a small op's wobble explains nothing)."""
+        grown = []
+        for f in cmp["findings"]["new"]:
+            after = f["after"]["est_step_saving_pct"] or 0.0
+            grown.append((after, {"kind": "finding", "rule": f["rule"], "topic": f["topic"], "before": None,
+                                  "after": after, "what": f"{f['topic']} appeared (its fix predicted to save {after:.0f} % "
+                                                          "of the step there)"}))
+        for f in cmp["findings"]["still_there"]:
+            b, a = f["before"]["est_step_saving_pct"] or 0.0, f["after"]["est_step_saving_pct"] or 0.0
+            if a - b >= self.thresholds["min_grown_pts"]:
+                grown.append((a, {"kind": "finding", "rule": f["rule"], "topic": f["topic"], "before": b, "after": a,
+                                  "what": f"{f['topic']} grew (its fix predicted to save {b:.0f} % → {a:.0f} % of "
+                                          "the step)"}))
+        grown.sort(key=lambda g: -g[0])
+        items = [g[1] for g in grown]
+        lead = items[0] if items else None
+        parts = [r for r in cmp["breakdown"] if r["part"] in PARTS and r["change_ms"] is not None and r["change_ms"] > 0]
+        if parts:
+            p = max(parts, key=lambda r: r["change_ms"])
+            items.append({"kind": "part", "rule": None, "topic": p["part"], "before": p["before_ms"], "after": p["after_ms"],
+                          "what": f"{PARTS[p['part']]} per step {p['before_ms']:.2f} → {p['after_ms']:.2f} ms"})
+        ops = [o for o in cmp["ops"] if o["change_ms_per_step"] >= self.thresholds["op_share_of_drift"] * drift_ms]
+        if ops:
+            o = ops[0]
+            items.append({"kind": "op", "rule": None, "topic": o["name"], "before": o["before_ms_per_step"],
+                          "after": o["after_ms_per_step"],
+                          "what": f"the op that grew most: {o['name']} (+{o['change_ms_per_step']:.2f} ms per step)"})
+        return items, lead
+
+    # -- fixtures ---------------------------------------------------------------------------------------
+    def positive(self) -> RunFolder:
+        return _drifting_run(slow_ms=6.0)
+
+    def negative(self) -> RunFolder:
+        return _drifting_run(slow_ms=2.1)  # a 5 % wobble is no drift
+
+
+def _drifting_run(slow_ms: float) -> RunFolder:
+    """120 steps of 2 ms; from step 60 on the DataLoader takes `slow_ms` − 2 ms more per batch; window 2
+    recorded steps 80–82."""
+    ms = {n: (2.0 if n < 60 else slow_ms) + 0.01 * (n % 3) for n in range(1, 121)}
+    w1 = Window(1, "schedule", start=3)
+    w2 = Window(2, "slower", start=79, detail="the median step rose")
+    w1.trace = _loader_steps(trace_for(w1), wait_us=100.0)
+    w2.trace = _loader_steps(trace_for(w2), wait_us=100.0 + 1000 * (slow_ms - 2.0))
+    return RunFolder(ms, [w1, w2])
+
+
+def _loader_steps(b: TraceBuilder, wait_us: float) -> TraceBuilder:
+    for _ in range(3):
+        with b.step():
+            b.cpu(LOADER, wait_us)
+            with b.op("aten::linear"):
+                b.cpu("aten::addmm", 1_500.0)
+            b.cpu("autograd::engine::evaluate_function: AddmmBackward0", 300.0)
+    return b
+
+
+def _why(w) -> str:
+    words = {"slower": "recorded when slower", "stall": "recorded on a stall", "signal": "recorded on a signal",
+             "trigger file": "recorded on request", "every": "recorded on schedule"}
+    return words.get(w.trigger, f"trigger {w.trigger}")
+
+
+RULE = StepTimeDrift()

@@ -1,0 +1,207 @@
+"""The parts of long runs that need no training run: the step record's bounded format and what a crash
+leaves of it, the request file every rank follows, the slowdown watch, the plan of windows, and the
+run-level measures on synthetic records."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from gpuadvise.analyzer.errors import InputError
+from gpuadvise.analyzer.measure.longrun import RunAnalysis, nearby_median
+from gpuadvise.analyzer.read.steprecord import load_step_record
+from gpuadvise.harness.requests import REQUESTS, Requests, append
+from gpuadvise.harness.slowwatch import SlowWatch
+from gpuadvise.harness.steprecord import StepRecord, bucket_width
+from gpuadvise.harness.windows import Plan
+
+
+# -- the step record ---------------------------------------------------------------------------------------
+
+def _record(path, steps: int, ms=lambda n: 2.0 + (n % 7) * 0.01, exact: int = 1000) -> StepRecord:
+    rec = StepRecord(path, exact_steps=exact, flush_s=1e9)
+    for n in range(1, steps + 1):
+        rec.add(n, "active" if 4 <= n <= 6 else "after", ms(n), None)
+        if rec.wants_memory(n):
+            rec.sample(n, 1000 + n, None, None)
+    rec.close()
+    return rec
+
+
+def test_the_step_record_stays_bounded_on_a_long_run(tmp_path):
+    # 300 000 steps: exact up to 1 000, then buckets 10, 100, 1 000 steps wide (900 lines per tenfold)
+    path = tmp_path / "steps.jsonl"
+    _record(path, 300_000, ms=lambda n: 5.0 if n % 997 == 0 else 2.0)
+    lines = path.read_text().splitlines()
+    assert len(lines) < 2_200 and path.stat().st_size < 400_000
+    r = load_step_record(path)
+    assert r.steps == 300_000 and r.last_step == 300_000 and len(r.number) == 999
+    assert [bucket_width(n) for n in (999, 1_000, 10_000, 100_000)] == [1, 10, 100, 1_000]
+    assert all(b.median_ms == 2.0 for b in r.buckets)
+    # a bucket's slowest step is named: a stall every 997 steps shows up where it was
+    assert any(b.max_step == 997 * 150 and b.max_ms == 5.0 for b in r.buckets)
+    assert len(r.mem_step) == len(r.buckets) + 999 // 5 and r.mem_rss[-1] == 1000 + 300_000  # one per bucket
+
+
+def test_a_record_cut_by_a_crash_reads_up_to_the_cut(tmp_path):
+    path = tmp_path / "steps.jsonl"
+    rec = StepRecord(path, flush_s=0.0)
+    for n in range(1, 51):
+        rec.add(n, "wait" if n < 3 else "after", 3.0, None)
+        rec.tick()  # written as it goes, as at each step boundary
+    with open(path, "a") as fh:
+        fh.write('{"first":51,"phase":"nn","cpu":[3.0,')  # killed while writing a line
+    r = load_step_record(path)
+    assert r.last_step == 50 and r.damaged_lines == 1
+    steps, ms = r.unprofiled()
+    assert steps[0] == 3 and list(ms) == [3.0] * 48
+
+
+def test_a_file_that_is_not_a_step_record_is_refused(tmp_path):
+    path = tmp_path / "steps.jsonl"
+    path.write_text(json.dumps({"traceEvents": []}) + "\n")
+    with pytest.raises(InputError, match="not a gpuadvise step record"):
+        load_step_record(path)
+
+
+def test_unprofiled_steps_leave_out_the_windows_and_the_step_after_each(tmp_path):
+    path = tmp_path / "steps.jsonl"
+    rec = StepRecord(path, flush_s=1e9)
+    phases = ["wait"] * 3 + ["warmup", "active", "active"] + ["after"] * 4
+    for n, p in enumerate(phases, start=1):
+        rec.add(n, p, float(n), None)
+    rec.close()
+    steps, _ = load_step_record(path).unprofiled()
+    assert list(steps) == [3, 8, 9, 10]  # 1-2 settle, 4-6 profiled, 7 follows the export
+
+
+# -- the request file every rank follows ----------------------------------------------------------------
+
+def test_a_request_from_one_rank_names_the_same_steps_on_every_rank(tmp_path):
+    r0, r1 = Requests(tmp_path, 0, is_distributed=True), Requests(tmp_path, 1, is_distributed=True)
+    r1.post(30, "signal")  # rank 1 was signalled at its step 30
+    assert r0.poll(31) == []  # the file is read every few steps, not at each
+    got0, got1 = r0.poll(32), r1.poll(32)
+    assert [r.step for r in got0] == [r.step for r in got1] == [30 + r1.lead]
+    assert r0.poll(36) == [] and r1.poll(36) == []  # each request once
+
+
+def test_a_request_without_a_step_is_resolved_once_for_every_rank(tmp_path):
+    r0, r1 = Requests(tmp_path, 0, is_distributed=True), Requests(tmp_path, 1, is_distributed=True)
+    append(tmp_path, {"id": "abc", "step": None, "trigger": "trigger file"})
+    got1 = r1.poll(44)  # rank 1, a step ahead, reads it first and gives it a step
+    # rank 0 resolved it at the same moment, from its own step (the race two appends can have)
+    append(tmp_path, {"id": "abc", "step": 40 + r0.lead, "trigger": "trigger file"})
+    got0 = r0.poll(40)
+    assert [r.step for r in got0] == [r.step for r in got1] == [44 + r1.lead]  # the first line written wins
+    lines = [json.loads(x) for x in (tmp_path / REQUESTS).read_text().splitlines()]
+    assert [x["step"] for x in lines] == [None, 44 + r1.lead, 40 + r0.lead]  # rank 0 added no third answer
+
+
+def test_a_single_process_starts_the_window_at_the_next_step(tmp_path):
+    r = Requests(tmp_path, None, is_distributed=False)
+    r.post(17, "slower")
+    assert [x.step for x in r.poll(17, force=True)] == [18]
+
+
+# -- the slowdown watch ------------------------------------------------------------------------------------
+
+def _feed(watch: SlowWatch, times: dict[int, float]) -> list:
+    fired = []
+    for n, ms in sorted(times.items()):
+        watch.observe(n, ms)
+        seen = watch.check()
+        if seen is not None:
+            fired.append((n, seen))
+    return fired
+
+
+def test_a_drift_fires_once_when_the_run_settles_at_the_slow_level():
+    times = {n: 10.0 if n < 60 else 40.0 for n in range(3, 200)}
+    fired = _feed(SlowWatch(50, k=10), times)
+    assert [s.kind for _, s in fired] == ["slower"] and 60 < fired[0][0] < 75
+    assert "above the early median (10.00 ms" in fired[0][1].detail
+
+
+def test_a_run_that_keeps_slowing_down_fires_again():
+    times = {n: 10.0 * (1 + (n >= 60) + 2 * (n >= 120)) for n in range(3, 200)}
+    kinds = [s.kind for _, s in _feed(SlowWatch(50, k=10), times)]
+    assert kinds == ["slower", "slower"]
+
+
+def test_a_periodic_stall_predicts_the_next_one_even_when_a_window_hid_one():
+    times = {n: 10.0 + (30.0 if n % 20 == 0 else 0.0) for n in range(3, 200)}
+    del times[60]  # step 60 fell in a profiled window: unseen
+    fired = [(n, s) for n, s in _feed(SlowWatch(100, k=10), times) if s.kind == "stall"]
+    assert len(fired) == 1 and fired[0][1].at_step == fired[0][0] + 20 and "every 20 steps" in fired[0][1].detail
+
+
+def test_jitter_and_a_stall_seen_at_normal_speed_make_no_period():
+    rng = np.random.default_rng(0)
+    times = {n: 10.0 + float(rng.uniform(0, 3)) for n in range(3, 300)}
+    for n in (40, 60, 100, 140):  # 80 and 120 ran at normal speed: no period of 20
+        times[n] = 45.0
+    assert [s for _, s in _feed(SlowWatch(100, k=10), times) if s.kind == "stall"] == []
+
+
+# -- the plan of windows -----------------------------------------------------------------------------------
+
+def test_windows_never_overlap_and_automatic_ones_are_capped():
+    plan = Plan(first_start=10, warmup=1, active=3, earliest_later=17, max_auto=1)
+    assert plan.add(5, k=3, trigger="signal").start == 17  # after window 1 and its memory history
+    assert plan.add(18, k=4, trigger="slower", automatic=True) is None  # overlaps window 2: recorded anyway
+    assert plan.add(40, k=30, trigger="every", automatic=True).start == 40
+    assert plan.add(60, k=50, trigger="every", automatic=True) is None and "--max-windows" in plan.notes[0]
+    assert [w.index for w in plan.windows] == [1, 2, 3] and plan.phase(18) == "active" and plan.phase(21) is None
+
+
+def test_the_schedule_follows_every_window():
+    pytest.importorskip("torch")
+    from torch.profiler import ProfilerAction as A
+
+    plan = Plan(first_start=2, warmup=1, active=2, earliest_later=6, max_auto=5)
+    plan.add(8, k=6, trigger="signal")
+    assert [plan.schedule(k) for k in range(1, 12)] == [A.NONE, A.WARMUP, A.RECORD, A.RECORD_AND_SAVE, A.NONE,
+                                                        A.NONE, A.NONE, A.WARMUP, A.RECORD, A.RECORD_AND_SAVE, A.NONE]
+
+
+# -- run-level measures --------------------------------------------------------------------------------------
+
+def _analysis(tmp_path, ms: dict[int, float], k: int = 10) -> RunAnalysis:
+    path = tmp_path / "steps.jsonl"
+    rec = StepRecord(path, flush_s=1e9)
+    for n, v in sorted(ms.items()):
+        rec.add(n, "after", v, None)
+    rec.close()
+    return RunAnalysis(record=load_step_record(path), k=k)
+
+
+def test_a_jump_is_dated_to_its_step_and_a_ramp_to_where_it_took_off(tmp_path):
+    jump = _analysis(tmp_path, {n: 2.0 if n < 70 else 5.0 for n in range(1, 150)}).levels
+    assert jump.began_at == 70 and jump.early_ms == 2.0 and jump.slow_ms == 5.0
+    ramp = _analysis(tmp_path, {n: 2.0 if n < 50 else 2.0 + 0.05 * (n - 50) for n in range(1, 150)}).levels
+    assert 50 < ramp.began_at < 80 and ramp.until == 149
+
+
+def test_a_level_reaches_only_steps_nearby():
+    steps = np.array([1, 2, 3, 4, 5, 40, 41, 42, 43, 44], dtype=float)
+    values = np.array([1, 1, 1, 1, 1, 9, 9, 9, 9, 9], dtype=float)
+    assert list(nearby_median(steps, values, 5)) == [1.0] * 5 + [9.0] * 5  # the gap pulls nothing across
+
+
+# -- compare and a long run's folder -----------------------------------------------------------------------
+
+def test_compare_reads_a_long_run_by_its_first_window(tmp_path):
+    from gpuadvise.analyzer.compare.diff import compare
+    from gpuadvise.analyzer.compare.load import load_side
+    from gpuadvise.rules import find_rule
+
+    folder = find_rule("step-time-drift").positive().write(tmp_path / "run")
+    side = load_side(str(folder), jobs=1)
+    cmp = compare(side, side)
+    assert cmp["before"]["trace"].endswith("trace.pt.trace.json.gz") and cmp["before"]["traces"] == 1
+    assert not any("traces" in w for w in cmp["warnings"])  # window 2 is not a second rank
+    still = {f["rule"] for f in cmp["findings"]["still_there"]}
+    assert "GA160" in still  # the run-level finding is compared like any other
