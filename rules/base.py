@@ -88,9 +88,10 @@ class Rule:
 
     def finding(self, *, message: str, evidence: Evidence, saving: float, basis: str, advice: str,
                 severity: str | None = None, title: str | None = None, range_pct: tuple[float, float] | None = None,
-                after: str | None = None, fix: str | None = None) -> Finding:
+                after: str | None = None, fix: str | None = None, removes: list | None = None) -> Finding:
         """`fix` replaces the rule's general Fix text when the input makes part of it wrong (a setting
-        the run records as already on)."""
+        the run records as already on). `removes`: the keys (`a.collectives.keys()`) of the collectives
+        the fix takes away, for what it saves a job (they stop holding the ranks together)."""
         saving = round(max(0.0, saving), 1)
         span = None
         if range_pct is not None:
@@ -103,7 +104,7 @@ class Rule:
             title=title or self.title,
             message=message,
             evidence=evidence,
-            impact=Impact(est_step_saving_pct=saving, basis=basis, range_pct=span, after=after),
+            impact=Impact(est_step_saving_pct=saving, basis=basis, range_pct=span, after=after, removes=removes),
             advice=advice.strip(),
             fix=(self.fix if fix is None else fix).strip(),
         )

@@ -1,13 +1,15 @@
 """comm-overlap: communication is exposed: the GPUs stop computing while gradients are exchanged.
 
 ## What it detects
-Ranks whose collective kernels (NCCL/RCCL all-reduce, all-gather, reduce-scatter …) mostly run while
-no compute kernel does. Overlap is Holistic Trace Analysis' comm/compute overlap: the time
-communication kernels run alongside compute kernels, divided by the communication kernels' time
-(HTA `get_comm_comp_overlap`), per rank over its whole trace. It only matters when the exposed part is
-a real share of the step, so the time is measured per step, and time a rank spends inside a collective
-waiting for a slower rank (see `straggler`) is not counted: per step, only the exposed communication
-every rank has (the least over ranks) is the transfer that better overlap could hide.
+Ranks whose collectives (all-reduce, all-gather, reduce-scatter …, on NCCL/RCCL kernels or a CPU backend
+such as gloo) mostly transfer while the rank does nothing else. Each collective is lined up across the
+ranks (see `straggler`), and the time a rank spends in it is split into its wait for the last rank and
+the transfer itself; only the transfer is what better overlap could hide (the wait is the straggler's).
+Overlap is the share of the transfer time during which the rank did other work (a compute kernel on its
+GPU, or an op on its training threads for a CPU backend); where the collectives cannot be lined up it is
+Holistic Trace Analysis' comm/compute overlap (communication-kernel time alongside compute kernels over
+their time, HTA `get_comm_comp_overlap`) and the transfer is the least exposed communication of the
+ranks in each step. It only matters when the exposed transfer every rank has is a real share of the step.
 
 ## Why it matters
 Data-parallel training is meant to reduce the gradients of one layer while the backward pass of the
@@ -63,32 +65,38 @@ class CommOverlap(JobRule):
             return []
         g = job.grid
         job_step = g["dur_us"].max(axis=0)
-        transfer = g["transfer_us"]
-        share = 100.0 * float(transfer.sum()) / max(float(job_step.sum()), 1e-9)
-        per_step = float(np.median(transfer))
+        every = g["exposed_transfer_us"].min(axis=0)  # the exposed transfer every rank pays, per step
+        share = 100.0 * float(every.sum()) / max(float(job_step.sum()), 1e-9)
+        per_step = float(np.median(every))
         if share < self.thresholds["min_exposed_share_pct"] or per_step < 1e3 * self.thresholds["min_exposed_ms"]:
             return []
+        overlaps = _overlaps(job)
         flagged = [(j, r) for j, r in enumerate(job.ranks)
-                   if r.overlap_pct is not None and r.overlap_pct < self.thresholds["max_overlap_pct"]]
+                   if overlaps[j] is not None and overlaps[j] < self.thresholds["max_overlap_pct"]]
         if not flagged:
             return []
-        overlaps = [r.overlap_pct for _, r in flagged]
-        comm = float(np.median(g["comm_us"][[j for j, _ in flagged]]))
+        pcts = [overlaps[j] for j, _ in flagged]
+        rows = [j for j, _ in flagged]
+        comm = float(np.median(g["wait_us"][rows] + g["transfer_us"][rows]))
+        wait = float(np.median(g["wait_us"][rows]))
         n, total = len(flagged), len(job.ranks)
         which = "all" if n == total else "ranks " + ", ".join(str(r.rank) for _, r in flagged[:12]) + (" …" if n > 12 else "")
+        how = ("of their collectives' transfer time overlaps other work" if job.matched is not None else
+               "of their collective-kernel time overlaps compute (HTA's comm/compute overlap)")
         message = (f"Communication is mostly exposed on {n} of {total} ranks ({which}): only "
-                   f"{np.median(overlaps):.1f} % of their collective-kernel time overlaps compute (median; HTA's "
-                   f"comm/compute overlap). Of a median {comm / 1e3:.2f} ms of communication per step, "
-                   f"{per_step / 1e3:.2f} ms runs with no compute beside it on every rank, "
-                   f"{share:.1f} % of the job's step time.")
+                   f"{np.median(pcts):.1f} % {how} (median). Of a median {comm / 1e3:.2f} ms per step inside "
+                   f"collectives ({wait / 1e3:.2f} ms of it waiting for other ranks), {per_step / 1e3:.2f} ms of "
+                   f"transfer runs with nothing else beside it on every rank, {share:.1f} % of the job's step time.")
         evidence = Evidence(
             steps=list(job.steps),
-            items=[{"rank": r.rank, "comm_ms": a.ms(np.median(g["comm_us"][j])),
-                    "exposed_ms": a.ms(np.median(g["exposed_comm_us"][j])), "wait_ms": a.ms(np.median(g["wait_us"][j])),
-                    "overlap_pct": round(r.overlap_pct, 1)} for j, r in flagged[:16]],
-            numbers={"ranks_flagged": n, "ranks": total, "median_overlap_pct": round(float(np.median(overlaps)), 1),
+            items=[{"rank": r.rank, "comm_ms": a.ms(np.median(g["wait_us"][j] + g["transfer_us"][j])),
+                    "transfer_ms": a.ms(np.median(g["transfer_us"][j])),
+                    "exposed_transfer_ms": a.ms(np.median(g["exposed_transfer_us"][j])),
+                    "wait_ms": a.ms(np.median(g["wait_us"][j])), "overlap_pct": round(overlaps[j], 1)}
+                   for j, r in flagged[:16]],
+            numbers={"ranks_flagged": n, "ranks": total, "median_overlap_pct": round(float(np.median(pcts)), 1),
                      "comm_ms_per_step": a.ms(comm), "exposed_transfer_ms_per_step": a.ms(per_step),
-                     "exposed_share_pct": round(share, 1)},
+                     "exposed_share_pct": round(share, 1), "statistic": "median step"},
         )
         advice = ("Start the gradient reduction during the backward pass and keep it going while compute runs: "
                   "DDP buckets, FSDP prefetch, no syncs inside backward.")
@@ -106,6 +114,17 @@ class CommOverlap(JobRule):
     def negative(self) -> RankFolder:
         # the same 3 ms of all-reduce in 4 buckets, each reduced while the next bucket computes
         return job_folder(ranks=4, compute_us=10_000, transfer_us=750, buckets=4)
+
+
+def _overlaps(job) -> list:
+    """Per rank, % of its collectives' time that overlaps its other work: of the transfer, where the
+    collectives were lined up across ranks; else HTA's comm/compute overlap of its kernels (None: no
+    communication)."""
+    g = job.grid
+    if job.matched is None:
+        return [r.overlap_pct for r in job.ranks]
+    transfer, exposed = g["transfer_us"].sum(axis=1), g["exposed_transfer_us"].sum(axis=1)
+    return [100.0 * (1.0 - e / t) if t > 0 else None for t, e in zip(transfer.tolist(), exposed.tolist())]
 
 
 RULE = CommOverlap()

@@ -7,7 +7,7 @@ from gpuadvise.analyzer.read import chunks, loader, parallel
 from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.rules import find_rule
 
-TABLES = ("gpu", "runtime", "cpu", "python", "memory", "syncs", "gpu_annotations")
+TABLES = ("gpu", "runtime", "cpu", "python", "memory", "syncs", "gpu_annotations", "comms")
 
 
 def _legacy_threads(path):

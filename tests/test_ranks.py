@@ -70,7 +70,7 @@ def test_straggler_is_rank_5(local):
     assert len(straggler) == 1
     f = straggler[0]
     assert f.rank == 5 and f.trace.endswith("rank5.trace.json.gz")
-    assert f.message.startswith("Rank 5 is the slowest in 4 of 4 steps")
+    assert f.message.startswith("Rank 5 is the rank the job waits for in 4 of 4 steps. It is 38 % slower")
     n = f.evidence.numbers
     assert n["straggler_rank"] == 5 and n["slowest_in_steps"] == 4 and n["ranks"] == 8
     # 14.0 ms of GEMMs against 10.0 ms, plus ~0.5 ms every rank pays: ~38 % more work
@@ -213,12 +213,14 @@ def test_markdown_and_text_job_sections(capsys, job8):
     rc, md, _ = call_main(capsys, "analyze", job8, "-f", "md", "-j", "1")
     assert rc == 0
     assert "## Job" in md and "8 ranks, 4 steps compared (ProfilerStep#0–#3)." in md
-    assert "| Rank | Median step (ms) | Work (ms) | Wait (ms) | GPU busy | Comm (ms) | Exposed comm (ms) | Comm/compute overlap |" in md
-    assert "| #0 | 5 |" in md  # slowest rank per step
+    assert ("| Rank | Median step (ms) | Work (ms) | Wait (ms) | Others waited for it (ms) | GPU busy | Comm (ms) | "
+            "Exposed comm (ms) | Comm/compute overlap |") in md
+    assert "| #0 | 5 |" in md  # the rank the job waited for, per step
+    assert "| all_reduce | – | 1 |" in md  # waits per collective: one all-reduce per step
     rc, text, _ = call_main(capsys, "analyze", job8, "-j", "1")
     assert rc == 0
     assert "job: 8 ranks, 4 steps compared" in text
-    assert "slowest rank per step: #0 rank 5 (+" in text
+    assert "the rank the job waited for, per step: #0 rank 5 (others waited 4.00 ms)" in text
     assert "[rank 5]" in text
 
 
@@ -383,3 +385,25 @@ def test_unusable_scheduler_address_is_one_clean_error_line(job8):
     assert run.returncode == 2
     assert run.stderr.splitlines() == ["gpuadvise: error: not a Dask scheduler address: '127.0.0.1' "
                                        "(missing port number in address '127.0.0.1')"]
+
+
+def test_collective_waits_match_a_hand_count_on_the_dlrm_pair():
+    """PARAM's DLRM ranks 0 and 1 of 8 (V100, NCCL, one step): 8 NCCL kernels each (5 all-to-all as
+    SendRecv kernels, 3 all-reduces), ending on both ranks within 3 µs of each other (one clock). Counted by
+    hand from the raw kernels: rank 0 starts its first all-to-all 5489 µs after rank 1 (rank 1 waits 5489 µs
+    of its 7635 µs there), and over the 8 collectives rank 1 waits 5585 µs, rank 0 40 µs (7 + 6 + 27)."""
+    reports = analyze_paths([str(real_pair("param/et_replay/tests/inputs/dlrm_kineto"))], jobs=1)
+    v = reports.job.view
+    m = v.matched
+    assert len(m) == 8 and m.unmatched == 0 and list(m.offsets_us) == [0.0, 0.0]
+    assert m.kind == ["all_to_all"] * 4 + ["all_reduce", "all_to_all", "all_reduce", "all_reduce"]
+    assert m.wait[:, 0].tolist() == pytest.approx([0.0, 5489.0], abs=1.0)
+    assert m.wait.sum(axis=1).tolist() == pytest.approx([40.0, 5585.0], abs=2.0)
+    assert int(m.last[0]) == 0  # rank 0 arrived last at the first all-to-all: rank 1 waited for it
+    rows = {r["rank"]: r for r in v.per_rank()}
+    assert rows[1]["caused_wait_ms"] == pytest.approx(0.04, abs=0.01)
+    assert rows[0]["caused_wait_ms"] == pytest.approx(5.56, abs=0.03)  # exposed: rank 1 computed 24 µs meanwhile
+    (f,) = [f for f in all_findings(reports) if f.topic == "straggler"]
+    # the late rank is named; its work in the step is no more than rank 1's: it began the step late
+    assert f.rank == 0 and "Rank 1 waits a median 5.56 ms per step for it" in f.message, f.message
+    assert "rank 0 starts its steps after the others" in f.message

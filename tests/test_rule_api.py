@@ -22,7 +22,7 @@ from gpuadvise.fixtures.builder import TraceBuilder
 DOC = Path(__file__).resolve().parents[1] / "docs" / "rule-api.md"
 README = Path(__file__).resolve().parents[1] / "README.md"
 SINGLE = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
-MODEL_TABLES = ("gpu", "runtime", "cpu", "python", "memory", "syncs")
+MODEL_TABLES = ("gpu", "runtime", "cpu", "python", "memory", "syncs", "comms")
 METRICS_TABLES = ("per_step", "idle_breakdown", "kernels", "ops", "copies", "copy_summary", "syncs", "launches",
                   "dataloader")
 
@@ -93,7 +93,7 @@ def _same(doc: list[str], real: list[str], what: str) -> None:
 @pytest.mark.parametrize("table", MODEL_TABLES)
 def test_model_tables_are_documented(documented, analysis, table):
     df = getattr(analysis.model, table)
-    if table in ("gpu", "runtime", "cpu", "memory"):
+    if table in ("gpu", "runtime", "cpu", "memory", "comms"):
         assert len(df), f"the fixture has no model.{table} rows"
     _same(documented[f"model.{table}"], _cols(df), f"model.{table}")
 

@@ -16,7 +16,7 @@ from gpuadvise.analyzer.read import stream
 from gpuadvise.analyzer.errors import InputError
 from gpuadvise.rules import find_rule
 
-TABLES = ("gpu", "runtime", "cpu", "python", "memory", "syncs", "gpu_annotations")
+TABLES = ("gpu", "runtime", "cpu", "python", "memory", "syncs", "gpu_annotations", "comms")
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
 

@@ -29,6 +29,7 @@ from gpuadvise.tui import timeline_index as ti  # noqa: E402
 from gpuadvise.tui.app import GpuadviseApp  # noqa: E402
 from gpuadvise.tui.screens.dialogs import ExportScreen, HelpScreen  # noqa: E402
 from gpuadvise.tui.screens.findings import FindingsScreen  # noqa: E402
+from gpuadvise.tui.screens.job import JobScreen  # noqa: E402
 from gpuadvise.tui.screens.loading import LoadingScreen  # noqa: E402
 from gpuadvise.tui.screens.memory import MemoryScreen  # noqa: E402
 from gpuadvise.tui.screens.overview import OverviewScreen  # noqa: E402
@@ -597,6 +598,41 @@ def test_view_shows_the_same_findings_as_analyze_on_a_rank_folder(tmp_path, caps
             await pilot.pause()
             assert [app.data.findings[i].rule for i in screen.shown] == ["GA130"]
             assert "rank 1" in screen.query_one("#finding-detail").source
+
+    run(go())
+
+
+def test_job_screen_shows_the_ranks_and_opens_a_ranks_findings(tmp_path):
+    """A 4-rank job whose rank 2 computes 1.5× longer: the job screen lists the ranks with their waits, the
+    rank the job waited for per step and the waits per collective; enter on rank 2 shows its findings."""
+    from gpuadvise.fixtures.builder import job_folder
+
+    folder = job_folder(ranks=4, straggler=2, slowdown=1.5).write(tmp_path / "job")
+    reports = analyze_paths([str(folder)], jobs=1)
+
+    async def go():
+        app = make_app(reports, tmp_path)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            await pilot.press("7")
+            await pilot.pause()
+            screen = app.screen
+            assert isinstance(screen, JobScreen)
+            facts = str(screen.query_one("#job-facts").render())
+            assert "4 ranks, 4 steps compared" in facts and "#0: rank 2" in facts
+            ranks = screen.query_one("#ranks", TableView)
+            frame = ranks.frame
+            assert list(frame["rank"]) == [0, 1, 2, 3]
+            waits = dict(zip(frame["rank"], frame["wait_ms"]))
+            assert waits[2] < 0.1 and all(waits[r] > 4.0 for r in (0, 1, 3)), waits  # the others wait ~5 ms for rank 2
+            collectives = screen.query_one("#collectives", TableView).frame
+            assert set(collectives["collective"]) == {"all_reduce"} and len(collectives) == 4
+            ranks.focus()
+            await pilot.press("down", "down", "enter")
+            await pilot.pause()
+            screen = app.screen
+            assert isinstance(screen, FindingsScreen) and app.data.report.rank == 2
+            assert screen.shown and {app.data.findings[i].rank for i in screen.shown} == {2}
 
     run(go())
 

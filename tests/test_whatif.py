@@ -323,3 +323,43 @@ def test_cheaper_launches_do_not_shrink_a_driver_stall(load_built):
     replay = replay_graph.build(model, compute(model, steady=False))
     saving = replay.saving_pct(Scenario("launch and CPU overhead halved", cpu_scale=0.5))
     assert saving == pytest.approx(4.8, abs=1.0)
+
+
+def _rank_of_a_job(waits_us: list[float]):
+    """Rank 3 of a 16-rank job: six layers per step, each read back with `.item()` (the thread waits for
+    the GPU), then an all-reduce that waits `waits_us[i]` for the other ranks, the optimizer behind it."""
+    from gpuadvise.fixtures.builder import COMM_STREAM, FUSED_ADAM, GEMM
+
+    b = TraceBuilder(rank=3, world_size=16)
+    for w in waits_us:
+        with b.step():
+            for _ in range(6):
+                b.idle(300)
+                with b.op("aten::linear"):
+                    b.kernel(GEMM, 400)
+                b.item()
+            with b.op("nccl:all_reduce"):
+                b.comm(600 + w)
+            with b.op("Optimizer.step#AdamW.step"):
+                b.kernel(FUSED_ADAM, 100, wait_for=COMM_STREAM)
+            b.item()
+    b.finish()
+    return b
+
+
+def test_one_rank_of_a_job_predicts_the_fix_on_every_rank(tmp_path):
+    """With only rank 3's trace, a finding says what ending it on every rank saves: the saving of the rank's
+    own work when no collective waits for another rank, which is what the same rank predicts when its
+    all-reduces take their transfer time only (their shortest in the trace, 1.0 ms)."""
+    from gpuadvise.analyzer.run.engine import analyze_paths
+
+    waits = [9_000, 400, 7_000, 10_000, 6_000, 8_000]
+    (job,) = analyze_paths([str(_rank_of_a_job(waits).write(tmp_path / "rank3.json.gz"))], jobs=1)
+    (alone,) = analyze_paths([str(_rank_of_a_job([400] * len(waits)).write(tmp_path / "nowait.json.gz"))], jobs=1)
+    f = next(f for f in job.findings if f.topic == "host-sync")
+    g = next(f for f in alone.findings if f.topic == "host-sync")
+    assert f.impact.job_pct is not None and "only rank 3's trace was analysed" in f.impact.job_basis
+    assert "16-rank job" in f.impact.job_basis and "every rank runs the same steps" in f.impact.job_basis
+    # the same own work saved, over the traced step (the waits stay): the no-wait rank's saving scaled
+    saved_ms = g.impact.est_step_saving_pct / 100 * alone.metrics.median_step_us / 1e3
+    assert f.impact.job_pct == pytest.approx(100 * saved_ms * 1e3 / job.metrics.median_step_us, abs=2.0)

@@ -9,14 +9,19 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import cached_property
 
+import numpy as np
+import pandas as pd
+
 from . import replay_graph, whatif
+from .collectives import RankCollectives, own_work, rank_collectives
 from .compiled import CompiledTrace, compiled_trace
 from .calibration import NOISE, Calibration, calibrate, recorded_starts, scenario_on, unprofiled_step_ms
 from gpuadvise.analyzer.model.calls import TRAINING
 from gpuadvise.analyzer.model import devices
+from gpuadvise.analyzer.model.kernels import is_comm
 from .memory import MemorySummary
 from .metrics import Metrics
-from gpuadvise.analyzer.model.trace import TraceModel
+from gpuadvise.analyzer.model.trace import TraceModel, name_mask
 
 
 class Analysis:
@@ -56,6 +61,16 @@ class Analysis:
         if self.model is None or self.metrics is None:
             return None
         return compiled_trace(self.model, self.metrics)
+
+    @cached_property
+    def collectives(self) -> RankCollectives | None:
+        """The collectives this rank ran, on any backend (measure/collectives.py); None without any."""
+        return rank_collectives(self.model, self.metrics)
+
+    @cached_property
+    def own_work(self) -> tuple:
+        """The rank's own work beside its collectives (measure/collectives.own_work), absolute µs."""
+        return own_work(self.model)
 
     @cached_property
     def replay(self) -> whatif.Replay | None:
@@ -107,8 +122,55 @@ class Analysis:
             base = self._calibrated_baseline_us(mode)
             after = replay.simulate(scenario_on(cal, scenario))
             pct = max(0.0, 100.0 * (1.0 - after / base)) if base > 0 else 0.0
-            return pct, f"{basis}; {cal.describe()}"
-        return replay.saving_pct(scenario), basis
+            basis = f"{basis}; {cal.describe()}"
+        else:
+            base, pct = replay.baseline_for(scenario), replay.saving_pct(scenario)
+        self._predictions.append((basis, pct, self._without_waits(scenario, cal, base, pct)))
+        return pct, basis
+
+    @cached_property
+    def _predictions(self) -> list:
+        """Every prediction made so far: (basis, % saved, % of the step the fix saves of the rank's own work
+        when no collective waits for another rank); what a job's prediction is built from (`own_work_saved`)."""
+        return []
+
+    def own_work_saved(self, basis: str) -> float | None:
+        """For a finding whose basis holds a prediction made here: % of the step its fix saves of this rank's
+        own work, its collectives taking only their transfer time (the engine's, for a job's prediction)."""
+        return next((p[2] for p in reversed(self._predictions) if p[0] and p[0] in basis), None)
+
+    def _without_waits(self, scenario: whatif.Scenario, cal, base: float, pct: float) -> float:
+        """% of the step the scenario saves when the rank's collective kernels take only their transfer time,
+        in the baseline and the fix alike: the rank's own work the fix removes, whatever the other ranks do
+        (waits inside collectives are set by them). The transfer of a collective is the shortest time this
+        trace shows for the same kernel on the same number of elements."""
+        ops = self.replay.ops
+        comm = name_mask(ops["name"], is_comm)
+        if not comm.any() or base <= 0:
+            return pct
+        elems = self._comm_elems
+        key = pd.Series([f"{n}|{elems.get(c, '')}" for n, c in zip(ops["name"].astype(str), ops["correlation"])],
+                        index=ops.index)
+        transfer = ops["dur"].groupby(key).transform("min").to_numpy(dtype=float)
+        fixed = np.where(comm, transfer, np.nan)
+        own = scenario.gpu_time
+
+        def gpu_time(o):
+            mine = own(o) if own is not None else np.full(len(o), np.nan)
+            return np.where(np.isnan(fixed), mine, fixed)
+
+        plain = whatif.Scenario("transfer only", alloc_syncs=scenario.alloc_syncs, gpu_time=gpu_time)
+        fix = replace(scenario, gpu_time=gpu_time)
+        if cal is not None and cal.applied:
+            plain, fix = scenario_on(cal, plain), scenario_on(cal, fix)
+        return max(0.0, 100.0 * (self.replay.simulate(plain) - self.replay.simulate(fix)) / base)
+
+    @cached_property
+    def _comm_elems(self) -> dict:
+        """Correlation of a collective kernel → its element count (where the trace records it)."""
+        c = self.model.comms
+        k = c[(c["role"] == "kernel") & c["in_nelems"].notna()]
+        return dict(zip(k["correlation"].to_numpy(), k["in_nelems"].to_numpy()))
 
     @property
     def trains(self) -> bool:

@@ -1,22 +1,25 @@
 """The job-level view of a multi-rank run: the reduce step after each rank was analysed on its own.
 
 Each rank contributes a small `RankStats` (computed where its trace was analysed, in a worker process
-or on a Dask worker); `build_view` lines the ranks up by ProfilerStep number.
+or on a Dask worker); `build_view` lines the ranks up by ProfilerStep number and their collectives one
+by one (measure/waits.py).
 
 Definitions:
+- wait: in a synchronous job a collective ends only when the last rank joins it. Each collective is
+  matched across the ranks, their clocks aligned by the collectives' ends, and a rank's wait in it is
+  (last rank's arrival) − (its own arrival); its *exposed* wait is the part of that it did no other work
+  (measure/waits.py). A rank's wait in a step is the exposed wait of the collectives its step issued,
+  on every backend: NCCL/RCCL kernels and CPU backends (gloo) alike. A trace whose collectives cannot be
+  matched (different counts on different ranks) falls back to the communication kernels: per step, the
+  rank with the least exposed communication waited least, the others' wait is their exposed
+  communication minus that minimum (the TensorBoard plugin's "synchronizing time").
+- caused: the wait a rank made the others spend: per collective, the median exposed wait of the other
+  ranks, counted on the rank that arrived last. The rank the others wait for is the straggler.
+- work of a rank in a step: its step time minus its wait, i.e. how long the step would take if no other
+  rank held it back.
 - comm/compute overlap (HTA's `get_comm_comp_overlap`): |∪comm ∩ ∪compute| / |∪comm| over the whole
   trace, where comm kernels are NCCL/RCCL collectives (`kernels.is_comm`) and compute kernels are all
   other kernels (memcpy/memset are neither).
-- exposed comm of a step: communication-kernel time inside the step's window that no compute kernel
-  overlaps.
-- wait: in a synchronous job a collective ends only when the last rank joins it, so a fast rank's
-  exposed comm includes waiting for the slowest. Per step, the rank with the least exposed comm waited
-  least; the others' wait is their exposed comm minus that minimum (the TensorBoard plugin's
-  "synchronizing time": kernel time minus the minimum over ranks). The minimum itself is the exposed
-  transfer time every rank pays.
-- work of a rank in a step: its step time minus its wait, i.e. how long the step would take if no
-  other rank held it back. The slowest rank of a step is the one with the most work; how much slower
-  it is compares it with the median work of the other ranks.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import intervals as iv
+from . import intervals as iv, waits
+from .collectives import RankCollectives, rank_collectives
+from .ranktime import thread_time
 from gpuadvise.analyzer.model.kernels import is_comm
 from gpuadvise.analyzer.model.trace import name_mask
 
@@ -49,6 +54,16 @@ class RankStats:
     comm_overlap_us: float = 0.0
     busy_in_steps_pct: float | None = None
     median_step_us: float = 0.0
+    has_gpu: bool = True
+    base_us: float = 0.0  # the trace's own clock at its rebased 0 (absolute µs): step starts + this compare across ranks
+    cpu_start_us: list[float] = field(default_factory=list)  # each step's CPU span start (rebased, like start_us)
+    backend: str | None = None  # distributedInfo's backend ("nccl", "gloo", …)
+    collectives: RankCollectives | None = None  # every collective it ran, for the matching
+    # the training thread, per step (measure/ranktime.py): inside ops, outside every op, and where
+    sync_us: list[float] = field(default_factory=list)
+    op_us: list[float] = field(default_factory=list)
+    untraced_us: list[float] = field(default_factory=list)
+    gap_before: list[str] = field(default_factory=list)
 
     @property
     def overlap_pct(self) -> float | None:
@@ -79,6 +94,7 @@ def rank_stats(report) -> RankStats | None:
     def col(name):
         return [float(x) for x in ps[name]] if name in ps else [0.0] * len(ps)
 
+    thread = thread_time(model, m)
     return RankStats(
         rank=report.rank,
         source=report.source,
@@ -95,6 +111,15 @@ def rank_stats(report) -> RankStats | None:
         comm_overlap_us=float(max(overlap_total, 0.0)),
         busy_in_steps_pct=m.busy_in_steps_pct if m.steps else m.gpu_busy_pct,
         median_step_us=float(m.median_step_us),
+        has_gpu=bool(m.has_gpu),
+        base_us=float(model.meta.base_ts_us),
+        cpu_start_us=col("cpu_start_us"),
+        backend=model.meta.backend,
+        collectives=rank_collectives(model, m),
+        sync_us=col("sync_us"),
+        op_us=thread.op_us,
+        untraced_us=thread.untraced_us,
+        gap_before=thread.gap_before,
     )
 
 
@@ -106,6 +131,7 @@ class StepStraggler:
     others_median_us: float  # median work of the other ranks
     slower_pct: float
     job_step_us: float  # the step as the job saw it: the longest rank's step time
+    caused_us: float = 0.0  # the wait it made the other ranks spend in this step (median over them)
 
 
 @dataclass
@@ -118,14 +144,18 @@ class JobView:
     stragglers: list[StepStraggler]
     world_size: int | None = None
     notes: list[str] = field(default_factory=list)
+    matched: waits.Matched | None = None  # the collectives lined up across ranks (None: none could be)
+    collectives: list[dict] = field(default_factory=list)  # waits per collective and rank (waits.by_collective)
 
     @property
     def rank_ids(self) -> list[int]:
         return [int(r.rank) for r in self.ranks]
 
     def per_rank(self) -> list[dict]:
-        """One row per rank: the job table of the reports."""
+        """One row per rank: the job table of the reports. With collectives lined up across the ranks,
+        communication is the time inside them (kernels or a CPU backend's), else the NCCL/RCCL kernels'."""
         rows = []
+        g = self.grid
         for i, r in enumerate(self.ranks):
             row = {"rank": r.rank, "trace": r.source, "steps": len(r.steps),
                    "median_step_ms": _ms(np.median(r.dur_us)) if r.dur_us else _ms(r.median_step_us),
@@ -133,9 +163,15 @@ class JobView:
                    "comm_ms": _ms(np.median(r.comm_us)) if r.comm_us else 0.0,
                    "exposed_comm_ms": _ms(np.median(r.exposed_comm_us)) if r.exposed_comm_us else 0.0,
                    "comm_overlap_pct": _round(r.overlap_pct)}
+            if self.steps and self.matched is not None:
+                row["comm_ms"] = _ms(np.median(g["wait_us"][i] + g["transfer_us"][i]))
+                row["exposed_comm_ms"] = _ms(np.median(g["wait_us"][i] + g["exposed_transfer_us"][i]))
             if self.steps:
-                row["wait_ms"] = _ms(np.median(self.grid["wait_us"][i]))
-                row["work_ms"] = _ms(np.median(self.grid["work_us"][i]))
+                row["wait_ms"] = _ms(np.median(g["wait_us"][i]))
+                row["work_ms"] = _ms(np.median(g["work_us"][i]))
+                row["caused_wait_ms"] = _ms(np.median(g["caused_us"][i]))
+            if self.matched is not None:
+                row["clock_offset_ms"] = _ms(self.matched.offsets_us[i])
             rows.append(row)
         return rows
 
@@ -147,7 +183,10 @@ class JobView:
             "per_rank": self.per_rank(),
             "straggler_per_step": [
                 {"step": s.step, "rank": s.rank, "work_ms": _ms(s.work_us), "others_median_ms": _ms(s.others_median_us),
-                 "slower_pct": round(s.slower_pct, 1), "job_step_ms": _ms(s.job_step_us)} for s in self.stragglers],
+                 "slower_pct": round(s.slower_pct, 1), "job_step_ms": _ms(s.job_step_us),
+                 "others_waited_ms": _ms(s.caused_us)} for s in self.stragglers],
+            "collectives": self.collectives,
+            "matched_collectives": len(self.matched) if self.matched is not None else 0,
             "notes": list(self.notes),
         }
 
@@ -173,40 +212,79 @@ def build_view(stats: list[RankStats]) -> JobView | None:
     elif any(len([n for n in s.steps if n >= 0]) != len(steps) for s in stats):
         notes.append(f"compared the {len(steps)} steps every rank recorded")
     world = max(sizes) if sizes else None
+    matched = waits.match([s.collectives for s in stats]) if steps else None
     if world and world > len(stats):
-        notes.append(f"{len(stats)} of the job's {world} ranks were traced")
-    grid = _grid(stats, steps)
+        notes.append(f"{len(stats)} of the job's {world} ranks were traced"
+                     + (": waits are for the last of the traced ranks to arrive" if matched is not None else ""))
+    if matched is not None:
+        notes.append(f"{len(matched)} collectives lined up across the ranks (by {matched.by})"
+                     + (f"; {matched.unmatched} ran on some ranks only and were left out" if matched.unmatched else ""))
+    grid = _grid(stats, steps, matched)
+    ids = [int(s.rank) for s in stats]
     return JobView(ranks=stats, steps=steps, grid=grid, stragglers=_stragglers(grid, stats, steps), world_size=world,
-                   notes=notes)
+                   notes=notes, matched=matched,
+                   collectives=waits.by_collective(matched, ids, steps) if matched is not None else [])
 
 
-def _grid(stats: list[RankStats], steps: list[int]) -> dict[str, np.ndarray]:
-    cols = ("dur_us", "busy_pct", "compute_us", "comm_us", "exposed_comm_us", "dataloader_us")
+GRID_COLUMNS = ("dur_us", "busy_pct", "compute_us", "comm_us", "exposed_comm_us", "dataloader_us", "sync_us", "op_us",
+                "untraced_us")
+
+
+def _grid(stats: list[RankStats], steps: list[int], matched: waits.Matched | None) -> dict[str, np.ndarray]:
     grid = {}
-    for col in cols:
+    for col in GRID_COLUMNS:
         rows = []
         for s in stats:
-            by_step = dict(zip(s.steps, getattr(s, col)))
+            values = getattr(s, col) or [0.0] * len(s.steps)
+            by_step = dict(zip(s.steps, values))
             rows.append([by_step[n] for n in steps])
         grid[col] = np.array(rows, dtype=float).reshape(len(stats), len(steps))
-    exposed = grid["exposed_comm_us"]
-    transfer = exposed.min(axis=0) if steps else np.zeros(0)
-    grid["transfer_us"] = transfer  # exposed comm every rank pays (per step)
-    grid["wait_us"] = exposed - transfer  # waiting inside collectives for slower ranks
+    if matched is not None:
+        grid["wait_us"] = np.minimum(waits.exposed_per_step(matched, steps, "wait"), grid["dur_us"])
+        grid["transfer_us"] = waits.per_step(matched.transfer, matched.step, steps)
+        grid["exposed_transfer_us"] = waits.exposed_per_step(matched, steps, "transfer")
+        grid["caused_us"] = waits.caused(matched, steps)
+    else:  # communication kernels that cannot be matched one by one: the least exposed comm is the transfer
+        exposed = grid["exposed_comm_us"]
+        least = exposed.min(axis=0, keepdims=True) if steps else np.zeros((1, 0))
+        grid["wait_us"] = exposed - least
+        grid["transfer_us"] = np.broadcast_to(least, exposed.shape).copy()
+        grid["exposed_transfer_us"] = grid["transfer_us"].copy()
+        caused = np.zeros_like(exposed)
+        if steps and len(stats) > 1:
+            slowest = np.argmin(exposed, axis=0)  # the rank that waited least was the last to arrive
+            for j, r in enumerate(slowest.tolist()):
+                caused[r, j] = float(np.median(np.delete(grid["wait_us"][:, j], r)))
+        grid["caused_us"] = caused
     grid["work_us"] = grid["dur_us"] - grid["wait_us"]
+    grid["late_us"] = _late_starts(stats, steps, matched)
     return grid
 
 
+def _late_starts(stats: list[RankStats], steps: list[int], matched: waits.Matched | None) -> np.ndarray:
+    """(ranks, steps): how much later than the earliest rank each rank began the step (its CPU span), on
+    the clock the collectives align; zeros when the clocks cannot be aligned (no collective matched)."""
+    late = np.zeros((len(stats), len(steps)))
+    if matched is None or not steps:
+        return late
+    for i, s in enumerate(stats):
+        by_step = dict(zip(s.steps, s.cpu_start_us or [np.nan] * len(s.steps)))
+        late[i] = [by_step[n] + s.base_us - matched.offsets_us[i] for n in steps]
+    late = late - np.nanmin(late, axis=0, keepdims=True)
+    return np.nan_to_num(late)
+
+
 def _stragglers(grid, stats, steps) -> list[StepStraggler]:
+    """Per step, the rank the others waited for (the most wait caused), else the one with the most work."""
     out = []
-    work, dur = grid["work_us"], grid["dur_us"]
+    work, dur, caused = grid["work_us"], grid["dur_us"], grid["caused_us"]
     for j, n in enumerate(steps):
-        i = int(np.argmax(work[:, j]))
+        i = int(np.argmax(caused[:, j])) if caused[:, j].max() > 0 else int(np.argmax(work[:, j]))
         others = np.delete(work[:, j], i)
         ref = float(np.median(others))
         slower = float(100.0 * (work[i, j] / ref - 1.0)) if ref > 0 else 0.0
         out.append(StepStraggler(step=n, rank=int(stats[i].rank), work_us=float(work[i, j]), others_median_us=ref,
-                                 slower_pct=slower, job_step_us=float(dur[:, j].max())))
+                                 slower_pct=slower, job_step_us=float(dur[:, j].max()), caused_us=float(caused[i, j])))
     return out
 
 

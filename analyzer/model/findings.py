@@ -26,6 +26,13 @@ class Impact:
     range_pct: list[float] | None = None
     # topic of another finding whose fix this saving depends on: the figure is what this fix adds to it
     after: str | None = None
+    # a finding on a rank of a multi-rank job: % of the job's step saved when every rank that shows the
+    # cause gets the fix (collectives end when their last rank arrives), and how that was predicted
+    job_pct: float | None = None
+    job_basis: str | None = None
+    # the collectives the fix removes on this rank (measure.collectives keys), for the job's prediction;
+    # not part of the JSON
+    removes: list | None = None
 
 
 @dataclass
@@ -49,6 +56,7 @@ class Finding:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        d["impact"].pop("removes", None)
         d["evidence"]["time_ranges_ms"] = [list(r) for r in self.evidence.time_ranges_ms]
         # the JSON keeps its field order: recommendation where it always was, advice and fix after
         out = {k: d[k] for k in ("rule", "topic", "severity", "title", "message", "evidence", "impact")}

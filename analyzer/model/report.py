@@ -101,7 +101,7 @@ class TraceReport:
             return replace(self)
         m = self.metrics
         empty = {name: getattr(self.model, name).iloc[0:0] for name in
-                 ("gpu", "runtime", "cpu", "python", "memory", "syncs", "gpu_annotations")}
+                 ("gpu", "runtime", "cpu", "python", "memory", "syncs", "gpu_annotations", "comms")}
         return replace(self, model=replace(self.model, **empty),
                        metrics=replace(m, ops=m.ops.iloc[0:0], copies=m.copies.iloc[0:0], syncs=m.syncs.iloc[0:0],
                                        launches=m.launches.iloc[0:0], dataloader=m.dataloader.iloc[0:0],

@@ -408,6 +408,99 @@ def loader_profile(facts: dict) -> dict | None:
     return out
 
 
+# -- distributed training (run.json `distributed`) -----------------------------------------------------
+def distributed(facts: dict) -> dict:
+    """run.json's `distributed` as written (README, run.json); {} for a process outside a job."""
+    return _dict(_dict(facts).get("distributed"))
+
+
+@dataclass(frozen=True)
+class JobFact:
+    """How the job was launched: the process group as the window ended."""
+
+    world_size: int | None
+    rank: int | None
+    local_world_size: int | None
+    backend: str | None  # "nccl", "gloo", …
+
+
+def job(facts: dict) -> JobFact:
+    d = distributed(facts)
+    return JobFact(world_size=_int(d.get("world_size")), rank=_int(d.get("rank")),
+                   local_world_size=_int(d.get("local_world_size")), backend=_str(d.get("backend")))
+
+
+@dataclass(frozen=True)
+class DDPFact:
+    """One DistributedDataParallel the script built, with its settings and what DDP itself measured."""
+
+    created_at: str
+    find_unused_parameters: bool | None
+    static_graph: bool | None
+    bucket_cap_mb: float | None
+    gradient_as_bucket_view: bool | None
+    comm_hooks: tuple[str, ...]
+    no_sync_calls: int | None
+    params: int | None
+    params_without_grad: int | None  # the most parameters without a gradient after an optimizer step
+    unused_parameter_bytes: int | None  # DDP's logging data: bytes of parameters its search found unused
+
+    def as_dict(self) -> dict:
+        return {"created_at": self.created_at, "find_unused_parameters": self.find_unused_parameters,
+                "static_graph": self.static_graph, "bucket_cap_mb": self.bucket_cap_mb,
+                "gradient_as_bucket_view": self.gradient_as_bucket_view, "comm_hooks": list(self.comm_hooks),
+                "no_sync_calls": self.no_sync_calls, "params_without_grad": self.params_without_grad}
+
+
+def ddp(facts: dict) -> list[DDPFact]:
+    """The DistributedDataParallel wrappers the script built (run.json `distributed.ddp`)."""
+    out = []
+    for e in _entries(distributed(facts), "ddp"):
+        hooks = tuple(h for h in e.get("comm_hooks") or [] if isinstance(h, str)) if isinstance(e.get("comm_hooks"), list) else ()
+        cap = e.get("bucket_cap_mb")
+        out.append(DDPFact(created_at=site(e.get("created_at")) or "?",
+                           find_unused_parameters=_bool(e.get("find_unused_parameters")),
+                           static_graph=_bool(e.get("static_graph")),
+                           bucket_cap_mb=float(cap) if isinstance(cap, (int, float)) and not isinstance(cap, bool) else None,
+                           gradient_as_bucket_view=_bool(e.get("gradient_as_bucket_view")), comm_hooks=hooks,
+                           no_sync_calls=_int(e.get("no_sync_calls")), params=_int(e.get("params")),
+                           params_without_grad=_int(e.get("params_without_grad")),
+                           unused_parameter_bytes=_int(e.get("unused_parameter_bytes"))))
+    return out
+
+
+@dataclass(frozen=True)
+class AccumulationFact:
+    """Backward passes per optimizer step (medians over the steps seen), and how many all-reduced."""
+
+    backward_per_step: float
+    synced_backward_per_step: float
+    steps: int
+
+
+def accumulation(facts: dict) -> AccumulationFact | None:
+    a = _dict(distributed(facts).get("accumulation"))
+    b, s, n = _num(a.get("backward_per_step")), _num(a.get("synced_backward_per_step")), _int(a.get("steps"))
+    if b is None or s is None or not n:
+        return None
+    return AccumulationFact(backward_per_step=b, synced_backward_per_step=s, steps=n)
+
+
+def fsdp(facts: dict) -> dict:
+    """FSDP settings (run.json `distributed.fsdp`): `wrappers` (FSDP1: `sharding_strategy`, `cpu_offload`,
+    `mixed_precision`, `backward_prefetch`, `forward_prefetch`, `limit_all_gathers`, `use_orig_params`),
+    `fully_shard` (FSDP2 calls: `module`, `reshard_after_forward`, `mesh_dims`, `param_dtype`,
+    `reduce_dtype`, `offload`), `prefetch` (explicit FSDP2 prefetch calls); {} without FSDP."""
+    d = _dict(distributed(facts).get("fsdp"))
+    return {"wrappers": _entries(d, "wrappers"), "fully_shard": _entries(d, "fully_shard"),
+            "prefetch": {k: v for k, v in _dict(d.get("prefetch")).items() if _int(v) is not None}} if d else {}
+
+
+def zero_stage(facts: dict) -> int | None:
+    """DeepSpeed's ZeRO stage when the script called deepspeed.initialize with one."""
+    return _int(_dict(distributed(facts).get("deepspeed")).get("zero_stage"))
+
+
 # -- long runs: the windows after the first and their triggers (run.json `capture.windows`, `capture.triggers`) --
 
 @dataclass(frozen=True)

@@ -62,6 +62,7 @@ class TraceMeta:
     rank: int | None = None
     world_size: int | None = None
     devices: list[Device] = field(default_factory=list)
+    backend: str | None = None  # the job's distributed backend (distributedInfo): "nccl", "gloo", …
     platform: str = "unknown"  # "cuda", "rocm" or "unknown"
     versions: dict[str, Any] = field(default_factory=dict)
     flags: dict[str, Any] = field(default_factory=dict)  # record_shapes, with_stack, profile_memory
@@ -92,6 +93,10 @@ class TraceModel:
     - `memory`: `[memory]` instant events (`bytes`, `total_allocated`, `total_reserved`, `device`).
     - `syncs`: Kineto `cuda_sync` events.
     - `gpu_annotations`: GPU-projected user annotations.
+    - `comms`: every event that is a collective on any backend (model/collectives.py): its `role`
+      ("kernel", "host" or "call"), where it ran (`pid`/`tid`: device/stream for kernels), and the
+      metadata newer torch records (`collective`, `pg`, `group_size`, `in_nelems`, `out_nelems`,
+      `dtype`, `seq`).
     """
 
     meta: TraceMeta
@@ -102,6 +107,7 @@ class TraceModel:
     memory: pd.DataFrame
     syncs: pd.DataFrame
     gpu_annotations: pd.DataFrame
+    comms: pd.DataFrame
 
     @property
     def kernels(self) -> pd.DataFrame:

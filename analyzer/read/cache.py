@@ -22,9 +22,9 @@ import pandas as pd
 from gpuadvise.analyzer.filemode import publish
 from gpuadvise.analyzer.model.trace import Device, TraceMeta, TraceModel
 
-FORMAT = 2  # 2: cpu ops keep their autograd sequence number (`seq`)
+FORMAT = 3  # 2: cpu ops keep their autograd sequence number (`seq`); 3: the `comms` table
 MIN_BYTES = 16 << 20  # smaller traces parse in well under a second: not worth a file
-TABLES = ("gpu", "runtime", "cpu", "python", "memory", "syncs", "gpu_annotations")
+TABLES = ("gpu", "runtime", "cpu", "python", "memory", "syncs", "gpu_annotations", "comms")
 
 
 def enabled() -> bool:

@@ -18,12 +18,14 @@ import numpy as np
 import pandas as pd
 
 from . import events as ev
+from gpuadvise.analyzer.model import collectives
 from gpuadvise.analyzer.model.trace import TraceMeta
 
 # Ops whose input shapes/dtypes the rules read (Tensor Core eligibility, fp16 alignment).
 MATMUL_OPS = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|conv|convolution|cudnn_conv|_convolution)")
 
 _EMPTY_ARGS = ev.Args()
+ROLES = (collectives.KERNEL, collectives.HOST, collectives.CALL)  # the comms table's `role` codes
 _TS, _DUR = operator.attrgetter("ts"), operator.attrgetter("dur")
 _ANY = msgspec.json.Decoder()
 
@@ -105,7 +107,9 @@ class Builder:
         self.types[""]
         self.thread_codes = Interner()  # non-numeric pid/tid strings → negative ids
         self.ident_cache: dict = {}
-        self.tables = {k: _Columns() for k in ("gpu", "runtime", "cpu", "python", "memory", "syncs", "gpu_annotations")}
+        self.tables = {k: _Columns() for k in ("gpu", "runtime", "cpu", "python", "memory", "syncs", "gpu_annotations",
+                                                "comms")}
+        self.comm_roles: dict = {}  # (is_kernel, name code) → role code in ROLES, -1: not a collective
         self.cat_cache: dict = {}
         self.unknown = Counter()
         self.total = 0
@@ -253,12 +257,51 @@ class Builder:
     def _gpu(self, evs, ts, dur, code) -> None:
         t = self.tables["gpu"]
         args = self._base(t, evs, ts, dur)
+        device = self._arg_or([a.device for a in args], [e.pid for e in evs])
+        stream = self._arg_or([a.stream for a in args], [e.tid for e in evs])
+        correlation = _i([a.correlation for a in args])
         t.add("kind", np.full(len(evs), code, np.int8), np.int8)
-        t.add("device", self._arg_or([a.device for a in args], [e.pid for e in evs]), np.int64)
-        t.add("stream", self._arg_or([a.stream for a in args], [e.tid for e in evs]), np.int64)
-        t.add("correlation", _i([a.correlation for a in args]), np.int64)
+        t.add("device", device, np.int64)
+        t.add("stream", stream, np.int64)
+        t.add("correlation", correlation, np.int64)
         t.add("external_id", _external(args), np.int64)
         t.add("bytes", _f([a.nbytes for a in args]), np.float64)
+        if code == ev.KERNEL:
+            self._comms(t.parts["name"][-1], True, evs, args, ts, dur, device, stream, correlation)
+
+    def _comms(self, names: np.ndarray, is_kernel: bool, evs, args, ts, dur, pid, tid, correlation) -> None:
+        """The rows that are collectives (model/collectives.py), with their metadata, into `comms`."""
+        roles = np.fromiter((self._role(is_kernel, int(c)) for c in names), dtype=np.int8, count=len(names))
+        rows = np.flatnonzero(roles >= 0)
+        if not len(rows):
+            return
+        pick = rows.tolist()
+        a = [args[i] for i in pick]
+        t, types = self.tables["comms"], self.types
+        t.add("name", names[rows], np.int32)
+        t.add("ts", ts[rows], np.float64)
+        t.add("dur", dur[rows], np.float64)
+        t.add("role", roles[rows], np.int8)
+        t.add("pid", np.asarray(pid)[rows], np.int64)
+        t.add("tid", np.asarray(tid)[rows], np.int64)
+        t.add("external_id", _external(a), np.int64)
+        t.add("correlation", np.asarray(correlation)[rows], np.int64)
+        t.add("collective", [types[_text(x.collective_name)] for x in a], np.int32)
+        t.add("pg", [types[_text(x.pg_name)] for x in a], np.int32)
+        t.add("group_size", _i([x.group_size for x in a]), np.int64)
+        t.add("in_nelems", _f([x.in_nelems for x in a]), np.float64)
+        t.add("out_nelems", _f([x.out_nelems for x in a]), np.float64)
+        t.add("dtype", [types[_text(x.dtype)] for x in a], np.int32)
+        t.add("seq", _i([x.comm_seq for x in a]), np.int64)
+
+    def _role(self, is_kernel: bool, code: int) -> int:
+        key = (is_kernel, code)
+        role = self.comm_roles.get(key)
+        if role is None:
+            name = self.names.cats[code]
+            r = collectives.role(name if isinstance(name, str) else str(name), is_kernel)
+            role = self.comm_roles[key] = ROLES.index(r) if r is not None else -1
+        return role
 
     def _arg_or(self, values: list, fallback: list) -> np.ndarray:
         """An id from args (device, stream), else from pid/tid (old traces: pid 0, tid "stream 7")."""
@@ -304,6 +347,8 @@ class Builder:
                 dims[i] = self.types[bytes(a.input_dims).decode("utf-8", "replace")]
         t.add("input_type", typ, np.int32)
         t.add("input_dims", dims, np.int32)
+        self._comms(names, False, evs, args, ts, dur, t.parts["pid"][-1], t.parts["tid"][-1],
+                    np.full(len(evs), -1, np.int64))
 
     def _python(self, evs, ts, dur) -> None:
         t = self.tables["python"]
@@ -346,7 +391,8 @@ class Builder:
         stacks = np.array([self.stacks[x] for x in other["stacks"]], dtype=np.int32)
         types = np.array([self.types[x] for x in other["types"]], dtype=np.int32)
         threads = np.array([-2 - self.thread_codes[x] for x in other["threads"]], dtype=np.int64)
-        recode = {"name": names, "call_stack": stacks, "input_type": types, "input_dims": types}
+        recode = {"name": names, "call_stack": stacks, "input_type": types, "input_dims": types, "collective": types,
+                  "pg": types, "dtype": types}
         for table, cols in other["tables"].items():
             t = self.tables[table]
             for col, values in cols.items():
@@ -387,6 +433,9 @@ class Builder:
                            device_type=np.int64, device=np.int64, addr=np.float64),
             "syncs": dict(name=np.int32, ts=np.float64, dur=np.float64, device=np.int64, stream=np.int64, correlation=np.int64),
             "gpu_annotations": dict(name=np.int32, ts=np.float64, dur=np.float64, device=np.int64, stream=np.int64, correlation=np.int64),
+            "comms": dict(name=np.int32, ts=np.float64, dur=np.float64, role=np.int8, pid=np.int64, tid=np.int64,
+                          external_id=np.int64, correlation=np.int64, collective=np.int32, pg=np.int32,
+                          group_size=np.int64, in_nelems=np.float64, out_nelems=np.float64, dtype=np.int32, seq=np.int64),
         }
         kinds = np.array(["kernel", "memcpy", "memset"], dtype=object)
         out = {}
@@ -404,6 +453,10 @@ class Builder:
                 cols["call_stack"] = _decode_codes(cols["call_stack"], self.stacks)
                 cols["input_type"] = _decode_codes(cols["input_type"], self.types)
                 cols["input_dims"] = _decode_codes(cols["input_dims"], self.types)
+            if table == "comms":
+                cols["role"] = pd.Categorical.from_codes(cols["role"].astype(np.int64), categories=list(ROLES))
+                for col in ("collective", "pg", "dtype"):
+                    cols[col] = _decode_codes(cols[col], self.types)
             df = pd.DataFrame(cols)
             if "name" in df:
                 df["name"] = df["name"].cat.remove_unused_categories()
@@ -417,6 +470,11 @@ def _raw_json(raw):
         return _ANY.decode(raw)
     except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError, TypeError):
         return None
+
+
+def _text(value) -> str:
+    """A metadata arg as text ("" when absent): process group names are "0" in one trace and 0 in another."""
+    return "" if value is None else value if isinstance(value, str) else str(value)
 
 
 def _external(args) -> np.ndarray:

@@ -36,6 +36,14 @@ class Args(msgspec.Struct, omit_defaults=True, gc=False):
     input_type: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw(b"null"))  # decoded for matmuls only
     input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw(b"null"))
     call_stack: Any = msgspec.field(name="Call stack", default=None)
+    # collectives (NCCL kernels and record_param_comms in newer torch): what, in which process group, how big
+    collective_name: Any = msgspec.field(name="Collective name", default=None)
+    pg_name: Any = msgspec.field(name="Process Group Name", default=None)
+    group_size: Num = msgspec.field(name="Group size", default=None)
+    in_nelems: Num = msgspec.field(name="In msg nelems", default=None)
+    out_nelems: Num = msgspec.field(name="Out msg nelems", default=None)
+    dtype: Any = None
+    comm_seq: Num = msgspec.field(name="Seq", default=None)
     # metadata (ph M) payload
     name: Any = None
     labels: Any = None

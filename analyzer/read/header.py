@@ -33,6 +33,8 @@ def meta_from_header(h: ev.Header, path: Path) -> TraceMeta:
     if isinstance(h.distributedInfo, dict):
         meta.rank = _int(h.distributedInfo.get("rank"), None)
         meta.world_size = _int(h.distributedInfo.get("world_size"), None)
+        backend = h.distributedInfo.get("backend")
+        meta.backend = backend if isinstance(backend, str) and backend else None
     for key in ("schemaVersion", "cupti_version", "cuda_runtime_version", "cuda_driver_version",
                 "hip_runtime_version", "roctracer_version"):
         value = getattr(h, key)

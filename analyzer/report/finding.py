@@ -44,10 +44,12 @@ def finding_lines(f: Finding, prefix: str = "", *, level: int = 3, pane: bool = 
             out.append(f"\n*…and {len(e.items) - limit} more.*")
         out.append("")
     basis = md_text(f.impact.basis) or "—"
+    job = (f"On every rank that shows it: **{f.impact.job_pct:.1f} %** of the job's step "
+           f"({md_text(f.impact.job_basis or '')})") if f.impact.job_pct is not None else None
     if pane:
-        out += [_section("Impact", level, pane), "", basis, ""]
+        out += [_section("Impact", level, pane), "", basis, ""] + ([job, ""] if job else [])
     else:
-        out += [f"**Impact:** {basis}", ""]
+        out += [f"**Impact:** {basis}", ""] + ([job, ""] if job else [])
     out += [_section("Fix", level, pane), "", fix_markdown(f), ""]
     return out
 

@@ -63,26 +63,41 @@ def render(reports: list[TraceReport], charts: dict | None = None) -> str:
 
 
 def _job_section(job) -> list[str]:
-    """Two or more ranks: each rank's step time, work, wait and communication, and the slowest rank per step."""
+    """Two or more ranks: each rank's step time, work, wait and communication, the rank the job waited for
+    per step, and the waits per collective."""
     v = job.view
     steps = (f", {len(v.steps)} step{'s' if len(v.steps) != 1 else ''} compared (ProfilerStep#{v.steps[0]}"
              + (f"–#{v.steps[-1]})" if len(v.steps) > 1 else ")") if v.steps else ", no common steps")
     world = f" of {v.world_size}" if v.world_size and v.world_size != len(v.ranks) else ""
     out = ["## Job", "", f"{len(v.ranks)}{world} ranks{steps}.", "",
-           "| Rank | Median step (ms) | Work (ms) | Wait (ms) | GPU busy | Comm (ms) | Exposed comm (ms) | Comm/compute overlap |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| Rank | Median step (ms) | Work (ms) | Wait (ms) | Others waited for it (ms) | GPU busy | Comm (ms) | "
+           "Exposed comm (ms) | Comm/compute overlap |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in v.per_rank():
         out.append(f"| {row['rank']} | {row['median_step_ms']:.2f} | {_opt(row.get('work_ms'), '.2f')} | "
-                   f"{_opt(row.get('wait_ms'), '.2f')} | {_opt(row['gpu_busy_pct'], '.1f', ' %')} | {row['comm_ms']:.2f} | "
+                   f"{_opt(row.get('wait_ms'), '.2f')} | {_opt(row.get('caused_wait_ms'), '.2f')} | "
+                   f"{_opt(row['gpu_busy_pct'], '.1f', ' %')} | {row['comm_ms']:.2f} | "
                    f"{row['exposed_comm_ms']:.2f} | {_opt(row['comm_overlap_pct'], '.1f', ' %')} |")
-    out += ["", "Per step medians. Work is the step time minus the time spent waiting inside collectives for slower "
-                "ranks; comm/compute overlap is HTA's (communication-kernel time that overlaps compute kernels, over "
-                "the whole trace).", ""]
+    out += ["", "Per step medians. Wait is the time a rank spent inside collectives waiting for the last rank to arrive "
+                "(collectives lined up across the ranks, clocks aligned by them) with nothing else to do; work is the "
+                "step time minus that wait; others waited for it is the wait it caused by arriving last. "
+                "Comm/compute overlap is HTA's (communication-kernel time that overlaps compute kernels, over the "
+                "whole trace).", ""]
     if v.stragglers:
-        out += ["**Slowest rank per step**", "", "| Step | Rank | Work (ms) | Median of the other ranks (ms) | Slower by |",
-                "|---:|---:|---:|---:|---:|"]
-        out += [f"| #{s.step} | {s.rank} | {s.work_us / 1e3:.2f} | {s.others_median_us / 1e3:.2f} | {s.slower_pct:.1f} % |"
-                for s in v.stragglers]
+        out += ["**The rank the job waited for, per step**", "",
+                "| Step | Rank | Others waited for it (ms) | Work (ms) | Median of the other ranks (ms) | Slower by |",
+                "|---:|---:|---:|---:|---:|---:|"]
+        out += [f"| #{s.step} | {s.rank} | {s.caused_us / 1e3:.2f} | {s.work_us / 1e3:.2f} | "
+                f"{s.others_median_us / 1e3:.2f} | {s.slower_pct:.1f} % |" for s in v.stragglers]
+        out.append("")
+    if v.collectives:
+        ids = [r["rank"] for r in v.collectives[0]["ranks"]]
+        out += ["**Waits per collective** (ms per step: wait / transfer)", "",
+                "| Collective | Group | Per step | " + " | ".join(f"Rank {r}" for r in ids[:16]) + " |",
+                "|---|---|---:|" + "---:|" * len(ids[:16])]
+        for c in v.collectives:
+            cells = " | ".join(f"{x['wait_ms']:.2f} / {x['transfer_ms']:.2f}" for x in c["ranks"][:16])
+            out.append(f"| {c['collective']} | {c['group'] or '–'} | {c['per_step']:g} | {cells} |")
         out.append("")
     return out
 

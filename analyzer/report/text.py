@@ -42,13 +42,16 @@ def render(reports, top: int = 5, prefix: str = "") -> str:
     for run in summary.long_runs:
         if shown(run):
             out += run_lines(run, len(summary.long_runs) > 1)
-    findings = summary.findings
+    findings, ranks_of = _one_per_rule(list(summary.findings)) if job is not None else (list(summary.findings), {})
     if not findings:
         out.append("\nNo findings.")
     else:
-        out.append(f"\n{len(findings)} finding{'s' if len(findings) != 1 else ''} (by severity, then predicted saving):")
+        same = "; a finding on several ranks is shown once" if any(len(v) > 1 for v in ranks_of.values()) else ""
+        out.append(f"\n{len(findings)} finding{'s' if len(findings) != 1 else ''} (by severity, then predicted saving{same}):")
         for i, f in enumerate(findings[:top], 1):
-            rank = f" [rank {f.rank}]" if f.rank is not None and len(summary.traces) > 1 else ""
+            on = ranks_of.get(id(f), [f.rank])
+            rank = (f" [rank {f.rank}]" if len(on) == 1 else f" [ranks {_rank_list(on)}]") \
+                if f.rank is not None and len(summary.traces) > 1 else ""
             pct = f.impact.est_step_saving_pct
             est = f"up to {pct:.1f}%" if f.impact.upper_bound else f"~{pct:.1f}%"
             if f.impact.range_pct and f.impact.range_pct[1] - f.impact.range_pct[0] >= 1:
@@ -60,6 +63,8 @@ def render(reports, top: int = 5, prefix: str = "") -> str:
                 out.append(f"   {line}")
             if f.evidence.sources:
                 out.append(f"   at {terminal(short(', '.join(map(str, f.evidence.sources[:3])), 90))}")
+            if f.impact.job_pct is not None:
+                out.append(f"   on every rank that shows it: ~{f.impact.job_pct:.1f}% of the job's step")
             first = terminal(f.recommendation.split("\n", 1)[0])
             out.append(f"   → {first}")
         if len(findings) > top:
@@ -75,28 +80,66 @@ def render(reports, top: int = 5, prefix: str = "") -> str:
     return text
 
 
+def _one_per_rule(findings: list) -> tuple[list, dict]:
+    """A job's findings with one entry per rule for the per-rank ones (the rank where it saves most: the
+    findings come ordered), and the ranks each entry stands for (by id of the finding kept)."""
+    kept, ranks_of, first = [], {}, {}
+    for f in findings:
+        if f.rank is None or f.rule not in first:
+            kept.append(f)
+            ranks_of[id(f)] = [f.rank]
+            if f.rank is not None:
+                first[f.rule] = f
+        else:
+            ranks_of[id(first[f.rule])].append(f.rank)
+    return kept, {k: sorted(v) for k, v in ranks_of.items()}
+
+
+def _rank_list(ranks: list[int]) -> str:
+    """0, 1, 2, 5 → "0–2, 5"."""
+    runs, out = [], []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    for a, b in runs:
+        out.append(str(a) if a == b else f"{a}–{b}")
+    return ", ".join(out)
+
+
 def _job_lines(job, max_ranks: int = 16) -> list[str]:
     v = job.view
     steps = f", {len(v.steps)} step{'s' if len(v.steps) != 1 else ''} compared" if v.steps else ", no common steps"
     out = [f"\njob: {len(v.ranks)} ranks{steps}",
-           "  rank  step ms  work ms  wait ms  GPU busy  comm ms  overlap"]
+           "  rank  step ms  work ms  wait ms  others waited  GPU busy  comm ms  overlap"]
     rows = v.per_rank()
     for row in rows[:max_ranks]:
         busy = f"{row['gpu_busy_pct']:.1f}%" if row["gpu_busy_pct"] is not None else "–"
         overlap = f"{row['comm_overlap_pct']:.1f}%" if row["comm_overlap_pct"] is not None else "–"
         work = f"{row['work_ms']:.2f}" if "work_ms" in row else "–"
         wait = f"{row['wait_ms']:.2f}" if "wait_ms" in row else "–"
-        out.append(f"  {row['rank']:>4}  {row['median_step_ms']:>7.2f}  {work:>7}  {wait:>7}  {busy:>8}  "
+        caused = f"{row['caused_wait_ms']:.2f}" if "caused_wait_ms" in row else "–"
+        out.append(f"  {row['rank']:>4}  {row['median_step_ms']:>7.2f}  {work:>7}  {wait:>7}  {caused:>13}  {busy:>8}  "
                    f"{row['comm_ms']:>7.2f}  {overlap:>7}")
     if len(rows) > max_ranks:
         out.append(f"  … and {len(rows) - max_ranks} more ranks (--format md lists them all)")
-    if v.stragglers and max(s.slower_pct for s in v.stragglers) < 1.0:
+    if v.stragglers and max(s.slower_pct for s in v.stragglers) < 1.0 and max(s.caused_us for s in v.stragglers) <= 0:
         out.append("  balanced: in every step the slowest rank is less than 1% slower than the others")
     elif v.stragglers:
-        per_step = ", ".join(f"#{s.step} rank {s.rank} (+{s.slower_pct:.0f}%)" for s in v.stragglers[:8])
+        per_step = ", ".join(f"#{s.step} rank {s.rank} ({_waited(s)})" for s in v.stragglers[:8])
         more = " …" if len(v.stragglers) > 8 else ""
-        out.append(f"  slowest rank per step: {per_step}{more}")
+        out.append(f"  the rank the job waited for, per step: {per_step}{more}")
+    for c in v.collectives[:4]:
+        waits = ", ".join(f"rank {x['rank']} {x['wait_ms']:.2f}" for x in c["ranks"][:8])
+        out.append(f"  {c['collective']}{' (group ' + c['group'] + ')' if c['group'] else ''}, "
+                   f"{c['per_step']:g} per step: wait ms per step {waits}")
     return out
+
+
+def _waited(s) -> str:
+    """How much the others waited for the straggler of a step, else how much more work it had."""
+    return f"others waited {s.caused_us / 1e3:.2f} ms" if s.caused_us > 0 else f"+{s.slower_pct:.0f}% work"
 
 
 def _memory_line(t: TraceSummary) -> list[str]:

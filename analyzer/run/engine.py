@@ -9,6 +9,7 @@ analysis of a long run (run/longrun), whose rules (`requires = ("run",)`) run on
 from __future__ import annotations
 
 from gpuadvise.analyzer.measure.job import JobAnalysis, JobReport, build_view, rank_stats
+from gpuadvise.analyzer.measure.jobmodel import job_saving_pct
 from gpuadvise.analyzer.model.report import Reports, TraceReport
 from gpuadvise.analyzer.read.sources import Sources, resolve
 
@@ -80,4 +81,35 @@ def analyze_job(reports: list[TraceReport], rules=None):
     notes = list(view.notes)
     analysis = JobAnalysis(view, by_rank)
     findings = run_rules(analysis, rules, source=None, rank=None, notes=notes, keep_rank=True)
+    fix_on_every_rank(view, reports)
     return JobReport(view=view, findings=findings, notes=notes)
+
+
+def fix_on_every_rank(view, reports: list[TraceReport]) -> None:
+    """Each rank's finding also says what its fix saves the job: the ranks replayed side by side with the
+    fix on every rank that shows the same finding, each collective ending when its last rank arrives
+    (measure/jobmodel.py). A rank's own work saved per step is its SPMD figure (run/single.py)."""
+    stats = {s.rank: s for s in view.ranks}
+    by_rule: dict = {}
+    for r in reports:
+        for f in r.findings:
+            if r.rank in stats and not f.impact.upper_bound and f.impact.est_step_saving_pct > 0:
+                by_rule.setdefault(f.rule, []).append((r.rank, f))
+    for rule, found in by_rule.items():
+        saved, dropped = {}, set()
+        for rank, f in found:
+            if f.impact.removes:  # the fix takes collectives away: they stop holding the ranks together
+                dropped.update(map(tuple, f.impact.removes))
+                saved.setdefault(rank, 0.0)
+                continue
+            own = f.impact.job_pct if f.impact.job_pct is not None else f.impact.est_step_saving_pct
+            saved[rank] = saved.get(rank, 0.0) + own / 100.0 * stats[rank].median_step_us
+        pct = job_saving_pct(view, saved, dropped)
+        if pct is None:
+            continue
+        ranks = sorted(saved)
+        which = "every rank" if len(ranks) == len(stats) else f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+        basis = (f"the {len(stats)} traced ranks replayed side by side with the fix on {which} (where the finding is), "
+                 "each collective ending when its last rank arrives")
+        for _, f in found:
+            f.impact.job_pct, f.impact.job_basis = round(pct, 1), basis

@@ -75,8 +75,31 @@ def run_rules(analysis, rules, source: str | None, rank: int | None, notes: list
             for f in found:
                 f.rank = rank
                 f.trace = source
+            _for_every_rank(analysis, found)
         findings.extend(found)
     return order(findings)
+
+
+def _for_every_rank(analysis, found: list[Finding]) -> None:
+    """On one rank of a multi-rank job, what the fix saves when every rank makes it: every rank of an SPMD
+    job runs the same steps, so each saves the same own work and the collectives end that much earlier.
+    The saving of the rank's own work comes from the same replay as the finding's, with its collectives
+    taking only their transfer time (Analysis.predictions); a finding measured otherwise keeps its share.
+    measure/jobmodel.py replaces this where the other ranks' traces are there too."""
+    model = getattr(analysis, "model", None)
+    world = model.meta.world_size if model is not None else None
+    if not world or world < 2:
+        return
+    who = f"rank {model.meta.rank}" if model.meta.rank is not None else "this rank"
+    for f in found:
+        if f.impact.upper_bound or f.impact.est_step_saving_pct <= 0:
+            continue
+        own = analysis.own_work_saved(f.impact.basis)
+        f.impact.job_pct = round(own if own is not None else f.impact.est_step_saving_pct, 1)
+        f.impact.job_basis = (f"if every rank of the {world}-rank job has this cause and gets the fix: only {who}'s "
+                              "trace was analysed, so this assumes every rank runs the same steps and saves the same "
+                              "time of its own work, and the collectives end that much earlier (their waits for "
+                              "slower ranks stay as they are)")
 
 
 def analyze_source(src: Source, rules=None, progress=None, cache: bool | None = None) -> TraceReport:

@@ -113,11 +113,12 @@ def _hook_points():
 
     points = [(dl._BaseDataLoaderIter, "__next__"), (dl.DataLoader, "__init__"), (dl._MultiProcessingDataLoaderIter, "__init__"), (torch.autograd, "backward"),
               (torch, "compile"), (torch.nn.DataParallel, "__init__"), (torch.autocast, "__init__"),
-              (fetch._MapDatasetFetcher, "fetch"), (fetch._IterableDatasetFetcher, "fetch")]
+              (fetch._MapDatasetFetcher, "fetch"), (fetch._IterableDatasetFetcher, "fetch"),
+              (torch.optim.Optimizer, "__init__")]
     try:
         from torch.nn.parallel import DistributedDataParallel
 
-        points.append((DistributedDataParallel, "__init__"))
+        points += [(DistributedDataParallel, name) for name in ("__init__", "register_comm_hook", "no_sync")]
     except ImportError:  # pragma: no cover - distributed not built
         pass
     graph = getattr(torch.cuda, "CUDAGraph", None)
@@ -151,11 +152,12 @@ def _restore_torch_hooks(saved: list) -> None:
 
 
 def _reset_facts() -> None:
-    from gpuadvise.harness import facts, frameworks, importwatch
+    from gpuadvise.harness import distfacts, facts, frameworks, importwatch
 
     for v in facts._FACTS.values():
         v.clear()
     facts._WINDOW.clear()
+    distfacts.reset()
     frameworks.reset()
     importwatch.ERRORS.clear()
 

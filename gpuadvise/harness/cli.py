@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import runfolder
+from . import distributed, runfolder
 from .triggers import signal_number
 
 PREFIX = "gpuadvise> "
@@ -148,8 +148,15 @@ def main(argv: list[str]) -> int:
             print(f"gpuadvise: error: {script}: no such script", file=sys.stderr)
             return 2
     report_fmt = _check_outputs(args)  # a bad --report/--perfetto path fails before the script runs
-    out = Path(args.output) if args.output else runfolder.new_run_dir(args.module or target[0])
+    job = distributed.job_env()  # under torchrun: one folder and one report for the job (distributed.py)
+    if args.output:
+        out = Path(args.output)
+    elif job is not None:
+        out = distributed.job_run_dir(args.module or target[0])
+    else:
+        out = runfolder.new_run_dir(args.module or target[0])
     r = runfolder.rank()
+    speaks = not args.quiet and (job is None or job.reports)  # a job's other ranks print nothing of ours
     mine = [out / runfolder.trace_name(r), out / runfolder.old_trace_name(r), out / runfolder.run_json_name(r)]
     if any(p.exists() for p in mine) and not args.force:
         print(f"gpuadvise: error: {out}: run folder already holds a capture; use --force to replace it or -o for another",
@@ -159,7 +166,7 @@ def main(argv: list[str]) -> int:
         for p in mine + runfolder.later_traces(out, r) + [out / runfolder.snapshot_name(r), out / runfolder.log_name(r), out / runfolder.steps_name(r)]:
             if p.exists():
                 p.unlink()
-    made = not out.exists()
+    made = not out.exists() or (job is not None and not args.output and _only_mark(out))
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -185,8 +192,9 @@ def main(argv: list[str]) -> int:
     fd, config_path = tempfile.mkstemp(prefix="gpuadvise-profile-", suffix=".json")
     with os.fdopen(fd, "w") as fh:
         json.dump(config, fh)
-    if not args.quiet:
-        print(f"{PREFIX}profiling {shlex.join(target)} (steps: wait {args.wait}, warm-up {args.warmup}, "
+    if speaks:
+        ranks = f" on {job.world_size} ranks" if job is not None and job.world_size > 1 else ""
+        print(f"{PREFIX}profiling {shlex.join(target)}{ranks} (steps: wait {args.wait}, warm-up {args.warmup}, "
               f"record {args.active}) → {out}", file=sys.stderr, flush=True)
     forward = [signal_number(args.signal)] if args.on_signal else []
     code = _run_child([sys.executable, "-m", "gpuadvise.harness.bootstrap", config_path] + target, forward)
@@ -194,17 +202,59 @@ def main(argv: list[str]) -> int:
         # the script never started (python -m found no module): leave nothing behind
         if made:
             _remove_empty(out)
-        if not args.quiet:
+        if speaks:
             print(f"{PREFIX}the script did not start (exit code {code}); no run folder written", file=sys.stderr)
         return code
     _finish_run_json(out, r, code, started)
+    if job is not None:
+        return _finish_job(out, job, args, report_fmt, code)
     reports = None if args.quiet else _summary(out, r)
     if (args.report or args.perfetto) and (out / runfolder.trace_name(r)).exists():
         _write_extras(out, args, report_fmt, reports)
-    if code < 0:  # the script died by a signal: die the same way, as the unwrapped script would
+    return _exit_as(code)  # a script that died by a signal: die the same way, as the unwrapped script would
+
+
+def _finish_job(out: Path, job, args, report_fmt, code: int) -> int:
+    """Under a launcher: the reporting rank waits for the others and prints the one report of the job;
+    the other ranks print nothing (one line per other node naming its folder) and exit as their script
+    did (distributed.py)."""
+    if not job.reports:
+        if job.names_its_folder and not args.quiet:
+            print(f"{PREFIX}ranks {min(job.node_ranks())}–{max(job.node_ranks())} wrote to {out} (rank 0 prints "
+                  f"the report; a job on several nodes: gpuadvise analyze FOLDER FOLDER …)", file=sys.stderr)
+        return _exit_as(code)
+    waited = time.monotonic()
+    statuses, pending = distributed.wait_for_ranks(out, job, code)
+    waited = time.monotonic() - waited
+    if not args.quiet:
+        for line in distributed.status_lines(statuses, pending, waited if pending else None):
+            print(f"{PREFIX}{line}", file=sys.stderr)
+    captured = [s.rank for s in statuses if s.trace]
+    if code < 0:  # stopped by a signal (the launcher ends every rank once one fails): no analysis under its deadline
+        if not args.quiet:
+            print(f"{PREFIX}" + (f"the traces of rank{'s' if len(captured) > 1 else ''} {', '.join(map(str, captured))} "
+                                 f"are complete: gpuadvise analyze {shlex.quote(str(out))}" if captured
+                                 else "no rank's trace is complete"), file=sys.stderr)
+        return _exit_as(code)
+    reports = None if args.quiet else _summary(out, job.rank, job=True)
+    if (args.report or args.perfetto) and captured:
+        _write_extras(out, args, report_fmt, reports)
+    return _exit_as(code)
+
+
+def _exit_as(code: int) -> int:
+    """The script's own exit: its code, or the signal that killed it (as the unwrapped script would die)."""
+    if code < 0:
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return code
+
+
+def _only_mark(folder: Path) -> bool:
+    try:
+        return [p.name for p in folder.iterdir()] == [distributed.JOB_MARK]
+    except OSError:
+        return False
 
 
 def rank_argv(args, out: Path) -> list[str]:
@@ -309,6 +359,8 @@ def _write_extras(out: Path, args, fmt: str | None, reports=None) -> None:
 
 def _remove_empty(folder: Path) -> None:
     try:
+        if _only_mark(folder):  # the job's claim on the folder (distributed.py): nothing of the user's
+            (folder / distributed.JOB_MARK).unlink()
         folder.rmdir()  # only if empty: never delete anything the user put there
         if folder.parent.name == runfolder.RUNS_DIR:
             folder.parent.rmdir()
@@ -359,12 +411,13 @@ def _finish_run_json(out: Path, r, code: int, started: float) -> None:
         print(f"{PREFIX}could not write {path}: {exc}", file=sys.stderr)
 
 
-def _summary(out: Path, r):
-    """Print the top findings; returns the analysis (None when there was none)."""
+def _summary(out: Path, r, job: bool = False):
+    """Print the top findings (of every rank's trace in the folder for a job); returns the analysis (None
+    when there was none)."""
     trace = out / runfolder.trace_name(r)
     run = runfolder.read_json(out / runfolder.run_json_name(r))
     status = run.get("capture", {})
-    if not trace.exists():
+    if not trace.exists() and not (job and runfolder.rank_traces(out)):
         _step_times_line(run.get("steps") or {})
         print(f"{PREFIX}no trace captured: {status.get('reason') or status.get('state', 'unknown')}", file=sys.stderr)
         return None

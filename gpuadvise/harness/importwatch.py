@@ -1,4 +1,5 @@
-"""Attach to a training framework when the user's script imports it, and never import one ourselves.
+"""Attach to a training framework (or FSDP, DeepSpeed) when the user's script imports it, and never import
+one ourselves.
 
 A finder first on `sys.meta_path` waits for the module that defines each framework's loop
 (`transformers.trainer`, `lightning.pytorch.trainer.trainer`, `pytorch_lightning.trainer.trainer`,
@@ -31,11 +32,26 @@ def _accelerate(module) -> None:
     accelerate_steps.attach(module)
 
 
+def _fsdp(module) -> None:
+    from . import distfacts
+
+    distfacts.patch_fsdp(module)
+
+
+def _deepspeed(module) -> None:
+    from . import distfacts
+
+    distfacts.patch_deepspeed(module)
+
+
 WATCHED = {
     "transformers.trainer": _transformers,
     "lightning.pytorch.trainer.trainer": _lightning,
     "pytorch_lightning.trainer.trainer": _lightning,
     "accelerate.accelerator": _accelerate,
+    # FSDP's and DeepSpeed's settings (distfacts.py): importing FSDP ourselves would cost every script a second
+    "torch.distributed.fsdp": _fsdp,
+    "deepspeed": _deepspeed,
 }
 ERRORS: list[str] = []  # attach failures (run.json `capture.framework_errors`); the script runs on
 

@@ -13,7 +13,8 @@ run.json, the keys the capture writes:
   `exit_signal` (if killed by one), `script_exit_code` (as the child saw it), `rank`, `pid` (the training
   process), `hostname`, `launcher_pid` (the `gpuadvise profile` process that runs it);
 - `environment` (torch/CUDA/cuDNN/Python versions, device), `settings` (TF32, cudnn.benchmark),
-  `dataloaders`, `optimizers`, `autocast`, `compile`, `wrappers` (facts.py);
+  `dataloaders`, `optimizers`, `autocast`, `compile`, `wrappers` (facts.py); `distributed` (the job's
+  process group, DDP/FSDP/DeepSpeed settings, backward passes per optimizer step: distfacts.py);
 - `framework` (frameworks.py; only when transformers' Trainer, Lightning or Accelerate ran the loop):
   `name`, `version`, `entry`, `called_at`, `call`, `settings` (as the framework reports them),
   `accelerate` (under the Trainer), `phases` (evaluation and checkpoints: `kind`, `step`, `window`, `ms`);
@@ -110,6 +111,11 @@ def later_traces(folder: Path, r: int | None) -> list[Path]:
 def steps_name(r: int | None) -> str:
     """The whole run's step record (steprecord.py)."""
     return f"steps{suffix(r)}.jsonl"
+
+
+def rank_traces(out: Path) -> list[Path]:
+    """The traces the ranks of a job wrote into `out`."""
+    return sorted(out.glob(trace_name(None).replace("trace.", "trace.rank*.", 1)))
 
 
 def old_trace_name(r: int | None) -> str:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from . import compiled  # torch.compile recording
 from . import facts as facts_mod
-from . import importwatch, laterwindows, loaderprobe, quiet, runfolder, writers
+from . import distfacts, distributed, importwatch, laterwindows, loaderprobe, quiet, runfolder, writers
 from .active import active, set_active  # noqa: F401 - where gpuadvise.step() and the bootstrap find them
 from .requests import REQUESTS
 from .steprecord import StepRecord
@@ -95,6 +95,7 @@ class Session:
         quiet.set_log(self.out / runfolder.log_name(self.rank), errors_to_stderr=cuda(torch))
         try:
             facts_mod.install(torch)
+            distfacts.install(torch)  # DDP/FSDP/DeepSpeed settings and the job's process group
             compiled.install(torch, lambda: (self.steps, self._phase(self.steps)))  # compile facts
             schedule = self.later.plan.schedule if self.later is not None else None
             self.prof = self.window.profiler(torch, self.config, self._on_trace_ready, schedule=schedule)
@@ -262,6 +263,7 @@ class Session:
             self.later.trace_ready(prof, later)
             return
         facts_mod.end_of_window(self.torch)  # the settings the traced steps ran with, not those at exit
+        distfacts.end_of_window(self.torch)
         try:
             final = writers.write_trace(prof, self.out, self.rank, self.probe.events, self.window.a, self.status)
             self.status["files"]["trace"] = final.name
@@ -273,7 +275,9 @@ class Session:
             self.status["captured_at"] = time.time()
             self.hooks.stop(self, self.steps, captured=True)
             self._write_status()
-            print(f"{PREFIX}captured {self.window.a} steps → {final}{self.sources.note()}", file=sys.stderr, flush=True)
+            job = distributed.job_env()
+            if job is None or job.reports:  # a job's report is the reporting rank's to print
+                print(f"{PREFIX}captured {self.window.a} steps → {final}{self.sources.note()}", file=sys.stderr, flush=True)
         except Exception as exc:  # the window is lost, the training is not
             self._fail("writing the trace failed", exc)
 

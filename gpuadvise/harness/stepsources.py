@@ -10,7 +10,8 @@ In order of precedence:
 - the DataLoader iterator (each batch), until the first optimizer step is seen;
 - fallbacks for loops none of those see: CUDA graph replays (`CUDAGraph.replay()`) and autograd
   backward calls (`loss.backward()`). A fallback takes over once it fires twice with no step from
-  the sources above ever seen, or, after they were seen, once they have been silent for three of
+  the sources above ever seen (backward() 64 times once an optimizer exists: gradient accumulation runs
+  several backward passes before the first optimizer step, and that step will come), or, after they were seen, once they have been silent for three of
   their usual steps while the fallback kept firing more than twice as often as it ever did inside one
   of their steps (a loop that ends in graph replays after a few eager warm-up steps; gradient
   accumulation's several backward() per optimizer step never takes over, however slow one step is). Any of the sources above takes back over when it fires again.
@@ -42,6 +43,7 @@ SOURCES = {
     "accelerate": "Accelerate optimizer step",
 }
 FALLBACKS = ("cuda_graph", "backward")
+BACKWARD_BEFORE_OPTIMIZER = 64  # backward() calls before an existing optimizer's first step that make them the steps
 
 
 class StepSources:
@@ -61,12 +63,14 @@ class StepSources:
         # the most fallback calls seen inside one main-source step (gradient accumulation: several
         # backward() per optimizer step); a fallback needs well over that before it may take over
         self._fallback_per_step = dict.fromkeys(FALLBACKS, 0)
+        self.optimizer_built = False  # an optimizer exists: its step will mark the steps
 
     def install(self, torch) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self.torch = torch
         register_optimizer_step_post_hook(self._after_optimizer_step)
+        self._hook_optimizer_init(torch)
         self._hook_dataloader()
         self._hook_fallbacks(torch)
 
@@ -103,6 +107,17 @@ class StepSources:
         self.optimizer_steps += 1
         if self.mode == "auto":
             self._primary("optimizer")
+
+    def _hook_optimizer_init(self, torch) -> None:
+        sources = self
+        original = torch.optim.Optimizer.__init__
+
+        @functools.wraps(original)
+        def __init__(opt, *args, **kwargs):
+            sources.optimizer_built = True
+            return original(opt, *args, **kwargs)
+
+        torch.optim.Optimizer.__init__ = __init__
 
     def _hook_dataloader(self) -> None:
         from torch.utils.data import dataloader as dl
@@ -179,7 +194,7 @@ class StepSources:
     def _fallback_takes_over(self, source: str) -> bool:
         n = self._fallback_count[source]
         if self._primary_resumed is None:  # no optimizer step or batch ever: the fallback is all there is
-            return n >= 2
+            return n >= (BACKWARD_BEFORE_OPTIMIZER if source == "backward" and self.optimizer_built else 2)
         if n < max(3, 2 * self._fallback_per_step[source] + 1) or not self._primary_steps_ns:
             return False  # a count, not only a time: a slow step on a loaded machine is no silence
         usual = statistics.median(self._primary_steps_ns)

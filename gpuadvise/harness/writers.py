@@ -14,7 +14,7 @@ import socket
 import tempfile
 from pathlib import Path
 
-from . import compiled
+from . import compiled, distfacts
 from . import facts as facts_mod
 from . import frameworks
 from . import runfolder, shapes
@@ -95,6 +95,13 @@ def write_run_json(out: Path, rank, config: dict, capture: dict, steps: dict, to
             pass
     f = facts_mod.facts()
     data.update({k: [dict((kk, vv) for kk, vv in d.items() if kk != "id") for d in v] for k, v in f.items()})
+    if torch is not None:
+        try:
+            job = distfacts.summary(torch)  # None outside a job without DDP/FSDP/DeepSpeed
+        except Exception:
+            job = None
+        if job:
+            data["distributed"] = job
     framework = frameworks.summary()  # None unless a training framework ran the loop
     if framework is not None:
         data["framework"] = framework

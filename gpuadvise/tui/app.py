@@ -1,5 +1,5 @@
 """The `gpuadvise view` application: a loading screen first, then one Textual *mode* per screen
-(Overview, Findings, Timeline, Kernels & ops, Copies & syncs, Memory), all reading one `ViewData`.
+(Overview, Findings, Timeline, Kernels & ops, Copies & syncs, Memory, Job), all reading one `ViewData`.
 
 It is built either from paths (read and analysed in a thread worker, with progress) or from ready
 reports (tests, benchmarks), so its tests need neither torch nor a GPU.
@@ -35,13 +35,14 @@ if TYPE_CHECKING:
 
 def screen_classes() -> dict:
     from .screens.findings import FindingsScreen
+    from .screens.job import JobScreen
     from .screens.memory import MemoryScreen
     from .screens.overview import OverviewScreen
     from .screens.tables import CopiesScreen, KernelsScreen
     from .screens.timeline import TimelineScreen
 
     return {"overview": OverviewScreen, "findings": FindingsScreen, "timeline": TimelineScreen,
-            "kernels": KernelsScreen, "copies": CopiesScreen, "memory": MemoryScreen}
+            "kernels": KernelsScreen, "copies": CopiesScreen, "memory": MemoryScreen, "job": JobScreen}
 
 
 FIRST_SCREEN = "findings"  # the answer first; the overview is one key away

@@ -60,6 +60,7 @@ selected finding: its numbers, the evidence, the fix with code, and the rule's d
         super().__init__()
         self.shown: list[int] = []  # positions in data.findings currently listed
         self.query_text = ""
+        self.rank_only: int | None = None  # the job screen opened one rank's findings
         self.detail_of: int | None = None  # the finding the detail pane shows
         self._detail_timer = None
 
@@ -101,10 +102,12 @@ selected finding: its numbers, the evidence, the fix with code, and the rule's d
         q = self.query_text.lower()
         multi = len(self.data.reports) > 1
         self.shown = [i for i, f in enumerate(self.data.findings)
-                      if not q or q in f"{f.title} {f.rule} {f.topic} {f.severity}".lower()]
+                      if (not q or q in f"{f.title} {f.rule} {f.topic} {f.severity}".lower())
+                      and (self.rank_only is None or f.rank == self.rank_only)]
         ol.clear_options()
         ol.add_options([Option(self._prompt(self.data.findings[i], multi), id=str(i)) for i in self.shown])
-        ol.border_title = (f"{len(self.shown)} of {len(self.data.findings)} findings" if q
+        of_rank = f" of rank {self.rank_only} (/ and enter: all)" if self.rank_only is not None else ""
+        ol.border_title = (f"{len(self.shown)} of {len(self.data.findings)} findings{of_rank}" if q or of_rank
                            else f"{len(self.data.findings)} findings · by est. saving")
         if self.shown:
             target = self.shown.index(keep) if keep in self.shown else 0
@@ -181,7 +184,13 @@ selected finding: its numbers, the evidence, the fix with code, and the rule's d
 
     def apply_filter(self, text: str) -> None:
         self.query_text = text.strip()
+        self.rank_only = None
         self._fill(keep=self.selected)
+
+    def show_rank(self, rank: int | None) -> None:
+        """List only the findings on `rank` (the job screen's enter on a rank); None: all of them."""
+        self.rank_only = rank
+        self._fill()
 
 
 def _escape(text: str) -> str:

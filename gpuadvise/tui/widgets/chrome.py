@@ -17,6 +17,7 @@ SCREENS = (
     ("kernels", "Kernels & ops", "4"),
     ("copies", "Copies & syncs", "5"),
     ("memory", "Memory", "6"),
+    ("job", "Job", "7"),
 )
 
 
