@@ -1,12 +1,26 @@
-"""Shared helpers: turn a TraceBuilder (or a hand-written trace) into a loaded model through the real loader."""
+"""Shared helpers: turn a TraceBuilder (or a hand-written trace) into a loaded model through the real loader;
+one-thread ops in every test's subprocesses; the `thorough` Hypothesis profile."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
+from hypothesis import settings
 
-from gpuadvise.analyzer.read.loader import load_trace
+# Every test's subprocesses (a profiled training script, a spawned DataLoader worker) run single-threaded
+# ops: pytest-xdist already keeps every core busy with a test each, and a pool of OpenMP threads per child
+# only spins on the cores the other tests need (examples/train_small_ops.py, 30 steps: 13.7 s of CPU with
+# 2 threads, 3.6 s with 1, on the two-core machine under load). Set when pytest loads this file, before a test
+# imports torch; a value set outside stays.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+# `--hypothesis-profile=thorough`: ten times the examples of every property test (tests/_hypothesis_support.py).
+settings.register_profile("thorough", max_examples=10 * settings.get_profile("default").max_examples)
+
+from gpuadvise.analyzer.read.loader import load_trace  # noqa: E402
 
 
 @pytest.fixture
