@@ -48,3 +48,18 @@ def load_built(tmp_path):
 def _no_model_cache(monkeypatch):
     """Tests parse every trace for real (subprocesses inherit this); tests/test_cache.py opts back in."""
     monkeypatch.setenv("GPUADVISE_NO_CACHE", "1")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`-n`, with `--dist loadgroup` from pyproject.toml), the tests of a module that
+    share a module-scoped fixture (a profiled run, analysed traces) run on one worker, so that the fixture
+    runs once rather than once per worker; every other test goes wherever a worker is free. A test that
+    names its own xdist_group keeps it."""
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        info = getattr(item, "_fixtureinfo", None)  # pytest's own record of the fixtures a test uses
+        defs = info.name2fixturedefs.values() if info else ()
+        if any(d and d[-1].scope in ("module", "package", "session") for d in defs):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
