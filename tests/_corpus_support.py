@@ -1,8 +1,9 @@
 """The shared trace corpus (`../shared/traces`, or $GPUADVISE_TRACES) and its analyses, once per test process.
 
 test_corpus.py and test_consistency.py check different things of the same analyses: `analysed` runs each
-file through the engine once, and both modules sit in the "corpus" xdist group, so that under `-n` one
-worker analyses each file once for both (the analysis is ~95 % of their cost; rendering is milliseconds).
+file through the engine once, and both modules sit in the "corpus" xdist group, so that under
+`-n N --dist loadgroup` one worker analyses each file once for both (the analysis is ~95 % of their cost;
+rendering is milliseconds).
 """
 
 from __future__ import annotations

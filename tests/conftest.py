@@ -52,7 +52,7 @@ def _no_model_cache(monkeypatch):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`-n`, with `--dist loadgroup` from pyproject.toml), the tests of a module that
+    """Under pytest-xdist with `--dist loadgroup` (the README's test command), the tests of a module that
     share a module-scoped fixture (a profiled run, analysed traces) run on one worker, so that the fixture
     runs once rather than once per worker; every other test goes wherever a worker is free. A test that
     names its own xdist_group keeps it."""
@@ -61,5 +61,5 @@ def pytest_collection_modifyitems(config, items):
             continue
         info = getattr(item, "_fixtureinfo", None)  # pytest's own record of the fixtures a test uses
         defs = info.name2fixturedefs.values() if info else ()
-        if any(d and d[-1].scope in ("module", "package", "session") for d in defs):
+        if any(d and d[-1].scope == "module" for d in defs):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
