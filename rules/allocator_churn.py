@@ -158,8 +158,11 @@ class AllocatorChurn(Rule):
         high = max(0.0, 100.0 * (1 - after / before)) if before > 0 else 0.0
         if high <= replayed:
             return replayed, basis, None
-        calibrated = a.calibration is not None and a.calibration.applied
-        speed = "on the calibrated replay" if calibrated else "at the traced CPU speed"
+        cal = a.calibration
+        calibrated = cal is not None and cal.applied and cal.source == "run.json"  # fitted to this run's step
+        typical = cal is not None and cal.applied and cal.source == "typical"
+        speed = ("on the calibrated replay" if calibrated else "with the typical profiler cost taken off" if typical
+                 else "at the traced CPU speed")
         # the calibration fits one unprofiled step time, so churn cost the replay does not model reads to it as
         # less profiler overhead (module docstring): the calibrated figure is the low end, not the estimate
         unknown = ("The calibration to the unprofiled step can take part of the calls' cost for profiler "

@@ -35,7 +35,7 @@ upper bound, since the ops in the islands still run once compiled. A trace witho
 from __future__ import annotations
 
 from gpuadvise.analyzer.measure.analysis import Analysis
-from gpuadvise.analyzer.model import runfacts
+from gpuadvise.analyzer.model import frames, runfacts
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.fixtures.compiled import TRAIN, compiled_facts, compiled_loop
@@ -50,7 +50,10 @@ class CompileGraphBreaks(Rule):
     thresholds = {}
 
     def check(self, a: Analysis):
-        breaks = [b for b in runfacts.graph_break_sites(a.facts) if b.get("where")]
+        # a break dynamo located only in library code (a run.json from before frames were judged) is named
+        # by its library, never by the library's file
+        breaks = [dict(b, where=b.get("where") or f"code inside {frames.package(str(b['library_where']))}")
+                  for b in runfacts.graph_break_sites(a.facts) if b.get("where") or b.get("library_where")]
         if not breaks:
             return []
         breaks.sort(key=lambda b: -(b.get("count") if isinstance(b.get("count"), int) else 0))
@@ -71,7 +74,8 @@ class CompileGraphBreaks(Rule):
                   "steps": b.get("steps")} for b in breaks[:10]]
         return [self.finding(message=message, saving=saving, basis=basis, advice=advice,
                              evidence=Evidence(steps=[s.number for s in a.metrics.steps], items=items,
-                                               sources=[str(b.get("where")) for b in breaks[:10]], numbers=numbers))]
+                                               sources=[s for s in (runfacts.site(b["where"]) for b in breaks[:10]) if s],
+                                               numbers=numbers))]
 
     @staticmethod
     def _saving(a: Analysis) -> tuple[float, str, dict]:

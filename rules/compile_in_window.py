@@ -73,7 +73,7 @@ class CompileInWindow(Rule):
                   "compiled." if not recompiles else
                   "Compiles keep landing in the window: fix the recompiles first (compile-recompiles), then capture again.")
         evidence = Evidence(steps=steps, sources=where[:5],
-                            items=[{"name": str(c.get("function")), "where": c.get("where"), "step": c.get("step"),
+                            items=[{"name": str(c.get("module") or c.get("function")), "where": c.get("where"), "step": c.get("step"),
                                     "seconds": c.get("seconds")} for c in inside[:10]],
                             numbers={"compiles_in_window": len(inside), "compile_seconds": round(seconds, 3),
                                      "share_of_recorded_pct": round(share, 1) if share is not None else None})

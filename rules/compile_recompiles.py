@@ -5,7 +5,10 @@ Recompilations that `gpuadvise profile` recorded (run.json `compiled.recompiles`
 failures) from the third step on, when the first steps' compiles are over, and frames that hit dynamo's
 recompile limit and run eagerly from then on (`compiled.limit_hit`). Each is reported with the guard
 that failed ("tensor 'x' size mismatch at index 0. expected 8, actual 10"), the compiled function's
-file:line, the steps it happened in, and how long compiling took.
+file:line in the user's code, the steps it happened in, and how long compiling took. A module whose
+frame dynamo compiles inside torch or a framework (`torch.compile(nn.Sequential(...))` goes through
+torch's own wrapper; a Hugging Face model's forward lives in `transformers`) is named by its class and
+its `torch.compile(...)` call, never by the library file.
 
 ## Why it matters
 A guard failure throws the compiled code away for that input: dynamo traces the frame again and the
@@ -61,24 +64,26 @@ class CompileRecompiles(Rule):
 
     def check(self, a: Analysis):
         late = runfacts.recompiles_after_warmup(a.facts)
-        limit = [h for h in runfacts.compiled(a.facts).get("limit_hit") or [] if isinstance(h, dict)]
+        limit = runfacts.recompile_limit_hits(a.facts)
         if len(late) < MIN_RECOMPILES and not limit:
             return []
         reasons = Counter(_pattern(str(r.get("reason") or "?")) for r in late)
-        sites = Counter(str(r["where"]) for r in late if r.get("where"))
+        # the compiled function by its user-side name: its file:line, or the module and its torch.compile call
+        named = Counter(runfacts.compiled_module(r) for r in late)
+        sources = Counter(s for r in late + limit for s in (r.get("where"), runfacts.site(r.get("compiled_at"))) if s)
         steps = sorted({int(r["step"]) for r in late if isinstance(r.get("step"), int)})
         seconds = sum(r["seconds"] for r in late)
         saving, basis = self._saving(a.facts, steps, seconds)
         example = str(late[0].get("reason")) if late else str(limit[0].get("reason"))
-        where = sites.most_common(1)[0][0] if sites else str(limit[0].get("where") or "?")
+        where = named.most_common(1)[0][0] if named else runfacts.compiled_module(limit[0])
         message = (f"torch.compile recompiled {len(late)} time(s) after warm-up (steps {_span(steps)}), "
-                   f"{seconds:.2f} s of compiling; most at {where}: \"{example}\".") if late else ""
+                   f"{seconds:.2f} s of compiling, most in {where}: \"{example}\".") if late else ""
         if limit:
             message += (f" {len(limit)} frame(s) hit dynamo's recompile limit at step "
                         f"{limit[0].get('step')} and run eagerly from then on.")
         items = [{"name": p, "count": n} for p, n in reasons.most_common(8)]
         items += [{"name": f"recompile limit: {h.get('reason')}", "count": 1, "where": h.get("where")} for h in limit[:3]]
-        evidence = Evidence(steps=steps, items=items, sources=[s for s, _ in sites.most_common(5)],
+        evidence = Evidence(steps=steps, items=items, sources=[s for s, _ in sources.most_common(5)],
                             numbers={"recompiles_after_warmup": len(late), "compile_seconds": round(seconds, 3),
                                      "limit_hit": len(limit), "first_reason": example})
         return [self.finding(message=message.strip(), evidence=evidence, saving=saving, basis=basis,
@@ -124,17 +129,17 @@ def _pattern(reason: str) -> str:
 
 def _advice(reason: str, where: str, limit: bool) -> str:
     if _SIZE.search(reason):
-        advice = (f"A tensor's size changes between calls of the function at {where} and the graph was compiled for "
+        advice = (f"A tensor's size changes between calls of {where} and the graph was compiled for "
                   "fixed sizes: mark that dimension dynamic (`torch._dynamo.mark_dynamic(x, 0)`), compile with "
                   "`dynamic=True`, or pad/bucket the sizes to a few values.")
     elif _GLOBAL.search(reason):
-        advice = (f"The function at {where} reads a global or an object that changes identity between calls: pass "
+        advice = (f"{where[0].upper()}{where[1:]} reads a global or an object that changes identity between calls: pass "
                   "it as an argument, or keep it constant.")
     elif _VALUE.search(reason):
-        advice = (f"A Python number the function at {where} reads changes every call (a guard on its value): pass "
+        advice = (f"A Python number {where} reads changes every call (a guard on its value): pass "
                   "it as a tensor, or keep it out of the compiled code.")
     else:
-        advice = f"Find what the failing guard checks at {where} and keep it constant between calls."
+        advice = f"Find what the failing guard of {where} checks and keep it constant between calls."
     if limit:
         advice += (" Past the recompile limit dynamo runs the frame eagerly: raising "
                    "`torch._dynamo.config.recompile_limit` only hides the cause.")

@@ -145,10 +145,11 @@ class DataloaderStall(Rule):
         for d in loaders:
             if d.num_workers == 0 or not d.pin_memory:
                 where = d.created_at
-                advice += (f"\nThe DataLoader created at {where} has num_workers={d.num_workers}, "
+                advice += (f"\nThe DataLoader created at {d.where} has num_workers={d.num_workers}, "
                            f"pin_memory={d.pin_memory}, prefetch_factor={d.prefetch_factor}, "
                            f"persistent_workers={d.persistent_workers}.")
-                sources.append(where)
+                if where != "?":
+                    sources.append(where)
         if floor > 0:  # what shortens the hand-over itself (not more workers)
             pinned = any(d.pin_memory for d in loaders)
             advice += (f"\nAbout {floor / 1e3:.1f} ms of each wait is the hand-over of a ready batch, which more workers "

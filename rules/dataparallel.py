@@ -78,7 +78,7 @@ class DataParallelRule(Rule):
             steps=[s.number for s in m.steps],
             items=[{"name": n, "count": int(len(g)), "total_ms": round(g["dur"].sum() / 1e3, 2)}
                    for n, g in work.assign(name=work["name"].astype(str)).groupby("name")][:8],
-            sources=[w.created_at for w in wrappers],
+            sources=[w.created_at for w in wrappers if w.created_at != "?"],
             numbers={"devices_with_gpu_work": devices, "cpu_ms_per_step": round(cpu_ms, 3), "statistic": "median step"},
         )
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis,

@@ -39,7 +39,6 @@ import pandas as pd
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.measure.gemm import gemm_ops, kernels_by_op
-from gpuadvise.analyzer.model.kernels import half_peak_tflops
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
@@ -130,7 +129,7 @@ class MatmulAlignment(Rule):
         if len(ref) >= t["min_reference_ops"]:
             rate = float(ref["flops"].sum() / ref["kernel_us"].sum())
             return rate, f"of a similar size reach {rate / 1e6:.0f} TFLOP/s in this trace ({len(ref)} ops)", None
-        peak = half_peak_tflops(a.device)
+        peak = a.device_spec.half_peak
         if peak is None:
             return None, "", None
         lo, hi = t["peak_fraction_range"]

@@ -61,7 +61,7 @@ from __future__ import annotations
 
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
-from gpuadvise.analyzer.measure.memory import NO_SITE, devices_sentence
+from gpuadvise.analyzer.measure.memory import devices_sentence, user_sites
 from gpuadvise.fixtures.snapshot import GiB, MiB, SnapshotBuilder, free, live
 
 from .base import Rule
@@ -137,7 +137,7 @@ class MemoryFragmentation(Rule):
             numbers.update(peak_allocated_gib=_g(h.peak_allocated), reserved_at_peak_gib=_g(h.reserved_at_peak),
                            unused_at_peak_pct=round(unused_peak, 1))
         evidence = Evidence(items=s.largest_segments, numbers=numbers,
-                            sources=[x["name"] for x in (h.top_sites if h else s.top_sites) if x["name"] != NO_SITE][:3])
+                            sources=user_sites(h.top_sites if h else s.top_sites))
         numbers["peak_pct_of_capacity"] = _pct(mem)
         return [self.finding(
             message=message, evidence=evidence, saving=0.0, severity=severity,

@@ -65,7 +65,7 @@ import re
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
-from gpuadvise.analyzer.measure.memory import NO_SITE, devices_sentence
+from gpuadvise.analyzer.measure.memory import devices_sentence, user_sites
 from gpuadvise.fixtures.snapshot import GiB, MiB, SnapshotBuilder, free, live
 
 from .base import Rule
@@ -133,7 +133,7 @@ class MemoryPressure(Rule):
                                          "allocated_gib": _g(d["allocated"]), "ooms": d["ooms"]} for d in mem.other_devices]
         numbers.update(rnumbers, remedies=ranked)
         return [self.finding(
-            message=" ".join(parts), evidence=Evidence(items=sites, numbers=numbers, sources=_sources(sites)),
+            message=" ".join(parts), evidence=Evidence(items=sites, numbers=numbers, sources=user_sites(sites)),
             saving=0.0, severity="high" if mem.ooms else "medium", advice=" ".join(advice),
             basis="memory, not step time: this is about what fits (and out-of-memory retries); no step-time "
                   "saving is predicted")]
@@ -236,8 +236,6 @@ def _half_precision(a: Analysis) -> bool | None:
     return float(mm.loc[half, "total_us"].sum()) >= 0.5 * float(mm["total_us"].sum())
 
 
-def _sources(sites: list[dict]) -> list[str]:
-    return [x["name"] for x in sites if x["name"] != NO_SITE][:3]
 
 
 def _g(n) -> float | None:

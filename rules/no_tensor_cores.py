@@ -5,20 +5,24 @@ GEMM and convolution kernels whose names show plain fp32 arithmetic (`sgemm`, `s
 `simt`, cuDNN `<float>` engines, Tensile `_SB_`) on a GPU that has Tensor Cores (NVIDIA compute
 capability 7.0+) or matrix cores (AMD Instinct). Kernels with TF32 (`tensorop`, `s1688`, `xmma`,
 `tf32`), fp16/bf16 (`hmma`, `16816`, `bf16`), `nvjet`, `wgmma`/`gmma`, FP8 or MFMA in their names use
-them. The architecture decides the advice: TF32 exists from Ampere (8.0) on; Volta and Turing need
-fp16. GPUs without matrix units (Pascal and older) are never told to use them.
+them. The device table (analyzer/model/devices.py) decides which fixes exist: TF32 from Ampere on (never
+on Volta or Turing, which get fp16), bf16 from Ampere and CDNA 2, fp8 on Ada, Hopper, Blackwell and
+CDNA 3 when an fp8 library (Transformer Engine, torchao float8) is in use. GPUs without matrix units
+(Pascal and older) are never told to use them.
 
 ## Why it matters
 Tensor Cores run matrix math many times faster than the fp32 SIMT pipeline: dense bf16 on an H100 is
-989 TFLOP/s against 67 TFLOP/s of fp32 (14.8×), TF32 495 (7.4×); on an A100 16× and 8×. When matmuls
-and convolutions dominate GPU time, leaving them on SIMT leaves most of the GPU unused.
+989 TFLOP/s against 67 TFLOP/s of fp32 (14.8×), TF32 495 (7.4×); on an A100 16× and 8×; on a GeForce
+RTX 4090 bf16 is 2×, TF32 1×. Under autocast the memory-bound kernels around the matmuls (activations,
+their gradients) also move half the bytes. When matmuls and convolutions dominate GPU time, leaving them
+on SIMT leaves most of the GPU unused.
 
 ## Fix
 ```python
 # Any Tensor Core GPU: automatic mixed precision (bf16 from Ampere on; fp16 + GradScaler on V100/T4)
 with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
     loss = model(x).loss
-# Ampere and newer, one line, no other change: TF32 for fp32 matmuls/convs (about half of AMP's gain)
+# Ampere and newer, one line, no other change: TF32 for fp32 matmuls/convs (the matmuls only)
 torch.set_float32_matmul_precision("high")
 torch.backends.cudnn.allow_tf32 = True
 ```
@@ -26,26 +30,24 @@ With fp16 use `torch.amp.GradScaler("cuda")` and keep matrix dimensions multiple
 
 ## Thresholds
 Fires when fp32 SIMT kernels take at least 50 % of GEMM/conv time and GEMM/conv kernels take at least
-10 % of kernel time. The saving is predicted by replaying the steps with each of those kernels as fast
-as the device's matrix units run it: its time divided by the dense peak ratio of the precision the fix
-uses (bf16/fp16 or TF32 Tensor Cores vs fp32 CUDA cores, from the device's compute capability: see
-`kernels.matrix_speedup`), never below 5 µs (a short kernel is bound by its launch and memory, not its
-math). Large GEMMs reach the same fraction of either peak, so the ratio is their speedup; the replay
-caps the step's gain by whatever else is on its critical path. The headline is AMP (the recommended
-fix); the range spans TF32 to AMP. Without the device's compute capability, the kernels are taken as
-2× faster (a floor any Tensor Core GPU clears) and the finding says so. Under 1 % predicted (the
-matmuls hide behind CPU work) the finding is informational.
+10 % of kernel time. Each fix the GPU offers is predicted separately by replaying the steps with the
+kernels it changes (analyzer/measure/precision.py, constants calibrated on the open H100 pairs): the
+matmuls at the fix's dense peak times the efficiency large GEMMs reach (FLOPs from recorded shapes
+where there are some, with the kernel's achieved fp32 throughput and a bytes/bandwidth floor; else the
+peak ratio), never below 5 µs; under autocast also the memory-bound kernels outside the optimizer at
+0.6× and the weight casts added. Where under 90 % of the SIMT matmul time has known FLOPs, a small
+GEMM may reach less of the matrix peak: the range reaches down to 40 % of it. The headline is autocast (the recommended fix); the range spans
+every fix's low to high end; `saving_by_fix_pct` has each. Without the device in the table, the kernels
+are taken as 2× faster (a floor any Tensor Core GPU clears) and the finding says so. Under 1 %
+predicted (the matmuls hide behind CPU work) the finding is informational.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
+from gpuadvise.analyzer.measure import precision
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.findings import Evidence
-from gpuadvise.analyzer.model.kernels import matrix_speedup
-from gpuadvise.analyzer.model.trace import names_in
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
@@ -57,7 +59,8 @@ class NoTensorCores(Rule):
     name = "no-tensor-cores"
     title = "Matmuls and convolutions run without Tensor Cores"
     thresholds = {"min_simt_share_pct": 50.0, "min_matmul_share_pct": 10.0, "fallback_speedup": 2.0,
-                  "min_kernel_us": 5.0, "min_saving_pct": 1.0}
+                  "min_kernel_us": precision.MIN_KERNEL_US, "min_saving_pct": 1.0,
+                  "known_flops_share": 0.9}
 
     def check(self, a: Analysis):
         m, t = a.metrics, self.thresholds
@@ -71,66 +74,46 @@ class NoTensorCores(Rule):
         simt_us = float(simt["total_us"].sum())
         if mm_us <= 0 or 100 * simt_us / mm_us < t["min_simt_share_pct"] or 100 * mm_us / all_us < t["min_matmul_share_pct"]:
             return []
-        names = set(simt["name"])
-        dev = a.device
-        cc = (dev.compute_major, dev.compute_minor) if dev and dev.compute_major is not None else None
-        dev_name = dev.name if dev and dev.name else "this GPU"
-        ratios = matrix_speedup(dev)
-        # the recommended fix (AMP in the 16-bit type the GPU has) and the one-line alternative (TF32)
-        amp = "bf16" if "bf16" in ratios else "fp16" if "fp16" in ratios else None
-        options = [(k, ratios[k]) for k in (amp, "tf32") if k in ratios]
-        if not options:
-            options = [("assumed", t["fallback_speedup"])]
-        floor = t["min_kernel_us"]
-        savings = {}
-        for key, ratio in options:
-            def faster(ops, ratio=ratio):
-                on = names_in(ops["name"], names)
-                dur = ops["dur"].to_numpy(dtype=float)
-                return np.where(on, np.maximum(dur / ratio, np.minimum(dur, floor)), np.nan)
-            savings[key] = a.predicted_saving(Scenario(f"fp32 SIMT matmul/conv kernels {ratio:g}× faster", gpu_time=faster))
-        head_key = options[0][0]
-        saving, basis = savings[head_key]
+        spec = a.device_spec
+        dev_name = a.device.name if a.device and a.device.name else "this GPU"
+        work = precision.work(a.model, m.launches, set(simt["name"]), a.trains)
+        fixes = _fixes(spec, a)
+        savings: dict[str, tuple[float | None, float | None]] = {}  # fix → (headline, low end)
+        basis = ""
+        for key in fixes or ["assumed"]:
+            high, basis_high = self._replay(a, work, spec, key, "large")
+            low = high
+            if key != "assumed" and work.known_share < t["known_flops_share"]:
+                low = self._replay(a, work, spec, key, "low")[0]
+            savings[key] = (high, low)
+            basis = basis or basis_high  # the replay's own words, from the headline fix
+        head_key = (fixes or ["assumed"])[0]
+        saving = savings[head_key][0]
         if saving is None:
             saving, basis = 0.0, "no replay possible"
-        arch = f"sm {cc[0]}.{cc[1]}" if cc else "unknown architecture"
-        label = {"bf16": "bf16 autocast", "fp16": "fp16 autocast", "tf32": "TF32", "assumed": "Tensor Cores"}
-        parts = [f"{label[k]}: {r:g}× ({savings[k][0]:.1f} %)" for k, r in options if savings[k][0] is not None]
-        if head_key == "assumed":
-            basis += (f"; {dev_name}'s compute capability is not in the trace, so the Tensor Core speedup is "
-                      f"assumed {t['fallback_speedup']:g}× (real ones are larger)")
-        else:
-            basis += (f"; speedups from {dev_name} ({arch}) dense matrix-unit vs fp32 peak throughput, each kernel "
-                      f"no faster than {floor:g} µs: " + ", ".join(parts))
-        values = [v for v, _ in savings.values() if v is not None]
-        span = (min(values), max(values)) if len(values) > 1 else None
-        if dev and dev.vendor == "amd":
-            advice = f"{dev_name} has matrix cores: run matmuls in bf16 with `torch.autocast`."
-        elif amp == "bf16":
-            tf32 = savings.get("tf32", (None, ""))[0]
-            advice = (f"Run the forward pass under `torch.autocast('cuda', dtype=torch.bfloat16)` ({saving:.0f} % of the step)."
-                      + (f" If you cannot change precision that far, TF32 is one line, "
-                         f"`torch.set_float32_matmul_precision('high')`, and saves about {tf32:.0f} %."
-                         if tf32 is not None and round(tf32) > 0 else
-                         " TF32 alone would not shorten the step measurably: bf16 halves the bytes as well."
-                         if tf32 is not None else ""))
-        else:
-            advice = (f"{dev_name}{f' ({arch})' if cc else ''} has fp16 Tensor Cores but no TF32: "
-                      "use AMP with fp16 (`torch.autocast('cuda', dtype=torch.float16)` and a GradScaler).")
+        basis += "; " + _how(spec, work, fixes, savings, t)
+        values = [v for pair in savings.values() for v in pair if v is not None]
+        span = (min(values), max(values)) if values and max(values) - min(values) > 0.05 else None
         recorded = runfacts.settings(a.facts)
-        if runfacts.flag(a.facts, "matmul_allow_tf32") is False and "tf32" in ratios:
+        advice = _advice(spec, dev_name, fixes, savings, saving)
+        if runfacts.flag(a.facts, "matmul_allow_tf32") is False and "tf32" in fixes:
             advice += " The run had TF32 off (`torch.backends.cuda.matmul.allow_tf32 = False`)."
         message = (f"{100 * simt_us / mm_us:.0f}% of matmul/convolution time ({simt_us / 1e3:.1f} ms, "
                    f"{100 * simt_us / all_us:.0f}% of all kernel time) runs in fp32 SIMT kernels that do not use "
                    f"the Tensor Cores {dev_name} has.")
+        achieved = work.achieved_tflops()
         evidence = Evidence(
             items=[{"name": r.name, "count": int(r.count), "total_ms": a.ms(r.total_us), "share_pct": round(r.share_pct, 1)}
                    for r in simt.head(8).itertuples()],
             numbers={"simt_share_of_matmul_pct": round(100 * simt_us / mm_us, 1),
                      "matmul_share_of_kernels_pct": round(100 * mm_us / all_us, 1),
                      "tensor_core_matmul_ms": a.ms(mm_us - simt_us), "simt_matmul_ms": a.ms(simt_us),
-                     "speedups": {k: r for k, r in options},
+                     "device_row": spec.describe(), "speedups": {k: spec.speedup(k) or t["fallback_speedup"] for k in savings},
                      "saving_by_fix_pct": {k: round(v, 1) for k, (v, _) in savings.items() if v is not None},
+                     "saving_range_by_fix_pct": {k: [round(lo, 1), round(hi, 1)] for k, (hi, lo) in savings.items()
+                                                 if hi is not None and lo is not None},
+                     "flops_known_share_pct": round(100 * work.known_share, 1),
+                     "simt_achieved_tflops": round(achieved, 1) if achieved is not None else None,
                      "recorded_settings": {k: recorded[k] for k in ("matmul_allow_tf32", "cudnn_allow_tf32",
                                                                     "float32_matmul_precision") if k in recorded}},
         )
@@ -145,6 +128,16 @@ class NoTensorCores(Rule):
                       "(`torch.set_float32_matmul_precision('high')`) moves them onto the Tensor Cores.")
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice,
                              range_pct=span, severity=severity)]
+
+    def _replay(self, a: Analysis, work, spec, key: str, efficiency: str) -> tuple[float | None, str]:
+        if key == "assumed":
+            new = precision.assumed(work, self.thresholds["fallback_speedup"])
+            name = f"fp32 SIMT matmul/conv kernels {self.thresholds['fallback_speedup']:g}× faster"
+        else:
+            new = precision.durations(work, spec, key, efficiency)
+            name = f"{LABEL[key]}: matmuls on the matrix units" + (
+                ", memory-bound kernels at half the bytes, weight casts added" if key in precision.AUTOCAST else "")
+        return a.predicted_saving(Scenario(name, gpu_time=lambda ops, new=new: precision.apply(new, ops)))
 
     def positive(self) -> TraceBuilder:
         return _loop("NVIDIA A100-SXM4-80GB", (8, 0), "ampere_sgemm_128x64_nn")
@@ -167,3 +160,63 @@ def _loop(device: str, compute: tuple[int, int], gemm: str) -> TraceBuilder:
 
 
 RULE = NoTensorCores()
+
+
+LABEL = {"bf16": "bf16 autocast", "fp16": "fp16 autocast", "tf32": "TF32", "fp8": "fp8 (your fp8 library)",
+         "assumed": "Tensor Cores"}
+
+
+def _fixes(spec, a: Analysis) -> list[str]:
+    """The precision fixes this GPU offers, the recommended one first: autocast in the 16-bit type it has,
+    TF32 where it exists (never on Volta/Turing), fp8 where it exists and an fp8 library is in use."""
+    out = ["bf16" if spec.bf16 else "fp16"] if (spec.bf16 or spec.fp16) else []
+    if spec.tf32:
+        out.append("tf32")
+    if spec.fp8 and precision.fp8_library(a.model):
+        out.append("fp8")
+    return out
+
+
+def _how(spec, work, fixes: list[str], savings: dict, t: dict) -> str:
+    """The basis after the replay's own words: the device row, what the shapes gave, each fix's figure."""
+    if not fixes:
+        return (f"the GPU is not in the device table (no name or architecture recorded), so the Tensor Core speedup "
+                f"is assumed {t['fallback_speedup']:g}× (real ones are larger)")
+    peaks = ", ".join(f"{k} {spec.peak(k):g}" for k in ("fp32", *fixes))
+    parts = []
+    for k in fixes:
+        hi, lo = savings[k]
+        if hi is None:
+            continue
+        parts.append(f"{LABEL[k]} {hi:.1f} %" + (f" (down to {lo:.1f} % for small GEMMs)" if lo is not None and hi - lo > 0.05 else ""))
+    known = work.known_share
+    achieved = work.achieved_tflops()
+    shapes = (f"FLOPs from recorded shapes for {100 * known:.0f} % of the SIMT matmul time (achieved {achieved:.1f} "
+              f"TFLOP/s fp32, {100 * achieved / spec.fp32:.0f} % of peak)" if achieved is not None and known > 0 else
+              "no matmul shapes recorded, so each kernel runs the peak ratio faster")
+    casts = (f"; autocast's weight casts {work.cast_bytes / 1e9:.2f} GB added" if work.cast_bytes > 0 and
+             any(k in precision.AUTOCAST for k in fixes) else
+             "; autocast's weight casts not counted (no shapes)" if any(k in precision.AUTOCAST for k in fixes) else "")
+    return (f"{spec.describe()} dense peaks (TFLOP/s: {peaks}), {shapes}, the memory-bound kernels at "
+            f"{precision.AUTOCAST_MEMORY_FACTOR:g}× under autocast{casts}: " + ", ".join(parts))
+
+
+def _advice(spec, dev_name: str, fixes: list[str], savings: dict, saving: float) -> str:
+    if not fixes:
+        return f"{dev_name} has Tensor Cores: run matmuls in bf16 with `torch.autocast` (or fp16 with a GradScaler)."
+    amp = fixes[0]
+    if spec.vendor == "amd":
+        return f"{dev_name} has matrix cores: run matmuls in {amp} with `torch.autocast` ({saving:.0f} % of the step)."
+    if "tf32" not in fixes:
+        return (f"{dev_name} ({spec.arch}) has fp16 Tensor Cores but no TF32: use AMP with fp16 "
+                f"(`torch.autocast('cuda', dtype=torch.float16)` and a GradScaler; {saving:.0f} % of the step).")
+    advice = f"Run the forward pass under `torch.autocast('cuda', dtype=torch.{'bfloat16' if amp == 'bf16' else 'float16'})` ({saving:.0f} % of the step)."
+    tf32 = savings["tf32"][0]
+    if tf32 is not None and round(tf32) > 0:
+        advice += (" If you cannot change precision that far, TF32 is one line, "
+                   f"`torch.set_float32_matmul_precision('high')`, and saves about {tf32:.0f} %.")
+    elif tf32 is not None:
+        advice += f" TF32 alone would not shorten the step measurably: {amp} halves the bytes as well."
+    if "fp8" in fixes and savings["fp8"][0] is not None:
+        advice += f" Your fp8 library could take it to about {savings['fp8'][0]:.0f} %."
+    return advice

@@ -32,7 +32,7 @@ replay predicts under 1 % from ending the waits (host-sync's threshold, so host-
 says the GPU side paces the steps. The replay frees the CPU from each copy and
 gives the copy the time a pinned one of its size takes: bytes at the bandwidth of the trace's own
 large (≥ 1 MiB) pinned copies in that direction, or, without any, at what the GPU's PCIe generation
-delivers (`kernels.pinned_copy_gbps`: ~50 GB/s PCIe 5, ~25 PCIe 4, ~12 PCIe 3), plus 5 µs, never
+delivers (`devices.Spec.pinned_copy_gbps`: ~50 GB/s PCIe 5, ~25 PCIe 4, ~12 PCIe 3), plus 5 µs, never
 more than now. With the bandwidth guessed from the generation, the range goes down to half of it.
 """
 
@@ -42,7 +42,6 @@ import numpy as np
 
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
-from gpuadvise.analyzer.model.kernels import pinned_copy_gbps
 from gpuadvise.analyzer.measure import perstep
 from gpuadvise.analyzer.measure.source_lines import attribute
 from gpuadvise.analyzer.measure.whatif import Scenario
@@ -167,7 +166,7 @@ def _pinned_bandwidth(a: Analysis, pageable) -> tuple[float, str]:
     if len(pinned):
         gbps = float(pinned["bytes"].sum()) / max(float(pinned["dur"].sum()), 1e-9) / 1e3
         return gbps, f"{gbps:.0f} GB/s, measured on {len(pinned)} pinned copies of ≥ 1 MiB in this trace"
-    gbps = pinned_copy_gbps(a.device)
+    gbps = a.device_spec.pinned_copy_gbps
     dev = a.device.name if a.device is not None and a.device.name else "an unknown GPU"
     return gbps, f"expected {gbps:.0f} GB/s for {dev}'s PCIe generation (no large pinned copy in the trace)"
 

@@ -1,8 +1,9 @@
-"""Helpers shared by test_cli.py, test_corpus.py and test_golden.py (not a conftest: plain imports).
+"""Helpers shared by test_cli.py, test_corpus.py, test_golden.py and the TUI tests (not a conftest: plain imports).
 
 `run_cli` runs the real command (`python -m gpuadvise`, what the `gpuadvise` console script calls) in a
 subprocess; `call_main` runs it in-process, which is much faster and enough where exit codes and
-captured output are all a test looks at. The `write_*` functions build small deterministic traces.
+captured output are all a test looks at. The `write_*` functions (and `tui_trace`) build small
+deterministic traces.
 """
 
 from __future__ import annotations
@@ -29,6 +30,21 @@ DATALOADER_FACTS = {
          "persistent_workers": False}
     ]
 }
+
+
+# A pointer a user would follow into code they cannot change: an installed package, torch, the stdlib.
+LIBRARY_POINTER = re.compile(r"site-packages|dist-packages|(?:^|[\s/(\"'`])torch/|/lib(?:64)?/python\d")
+CODE_POINTER = re.compile(r"[\w./\\-]+\.py(?::\d+|\(\d+\))")  # file:line or file(line) in a sentence
+
+
+def library_pointers(finding: dict) -> list[str]:
+    """The file:line pointers of a JSON finding (its sources, its items' sites, its message and advice)
+    that lead into library code."""
+    ev = finding["evidence"]
+    pointers = list(ev["sources"])
+    pointers += [str(i[k]) for i in ev["items"] for k in ("where", "source", "file") if i.get(k)]
+    pointers += CODE_POINTER.findall(finding["message"] + "\n" + finding["advice"])
+    return [p for p in pointers if LIBRARY_POINTER.search(p)]
 
 
 # Files of the shared corpus that are JSON but not traces: run records and the H100 pairs' table.
@@ -96,3 +112,28 @@ def write_run_folder(folder: Path) -> Path:
     (folder / "run.json").write_text(json.dumps(DATALOADER_FACTS))
     write_rule_positive("dataloader-stall", folder / "trace.json.gz")
     return folder
+
+
+def tui_trace() -> TraceBuilder:
+    """The trace the TUI's snapshots show: a DataLoader stall, pageable copies, a host sync and memory
+    events. Its GPU is busy 61.552 % of its active span, which the summary holds as 61.55: a share whose
+    printed digit depends on which value is rounded, so every output must print the summary's."""
+    b = TraceBuilder()
+    allocated = 2 << 30
+    for step in range(3):
+        with b.step():
+            b.cpu("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 6_000 + 500 * step)
+            with b.op("aten::to"):
+                b.copy("HtoD", "Pageable", "Device", nbytes=64 << 20, dur=2_500)
+            for k in range(6):
+                allocated += 128 << 20
+                b.memory(128 << 20, allocated, 4 << 30)
+                with b.op("aten::linear"):
+                    b.kernel("ampere_sgemm_128x64_tn", 700)
+                    b.kernel("void at::native::vectorized_elementwise_kernel<4, [relu]>", 90)
+            b.item()
+            for k in range(6):
+                allocated -= 128 << 20
+                b.memory(-(128 << 20), allocated, 4 << 30)
+    b.finish()
+    return b

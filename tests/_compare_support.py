@@ -7,6 +7,8 @@ the reports (markdown tables, SVG texts, HTML structure) to check that they show
 - `fixed`: the same loop with DataLoader workers (the wait gone), `.item()` still there;
 - `clean`: workers, no sync, fast TF32 GEMMs;
 - `slow`: the clean loop with fp32 SIMT GEMMs twice as long (TF32 turned off: a regression).
+
+`with_figures` makes a hand-made side of an analysed one: the same run with other headline figures.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from __future__ import annotations
 import json
 import re
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from html.parser import HTMLParser
 from pathlib import Path
 
+from gpuadvise.analyzer.compare.side import Side
 from gpuadvise.fixtures.builder import GEMM, TraceBuilder
 
 SINGLE = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
@@ -76,6 +80,15 @@ def run_folder(root: Path, variant: str, name: str | None = None, facts: dict | 
     training(**{**trace_kw, **overrides}).write(folder / "trace.json.gz")
     (folder / "run.json").write_text(json.dumps(facts if facts is not None else run_json(**facts_kw)))
     return folder
+
+
+def with_figures(side: Side, **figures) -> Side:
+    """`side` with other figures for the trace that heads it (e.g. an unprofiled step time it never had)."""
+    summary = side.summary
+    traces = list(summary.traces)
+    head = traces[summary.heading]
+    traces[summary.heading] = replace(head, figures=replace(head.figures, **figures))
+    return replace(side, summary=replace(summary, traces=tuple(traces)))
 
 
 # ----------------------------------------------------------------------------------------------------

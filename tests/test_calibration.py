@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from gpuadvise.analyzer.measure.calibration import NOISE, unprofiled_step_ms
+from gpuadvise.analyzer.measure.calibration import NOISE, TYPICAL_PER_EVENT_US, unprofiled_step_ms
 from gpuadvise.analyzer.read.loader import load_trace
 from gpuadvise.analyzer.report import render
 from gpuadvise.analyzer.run.single import analyze_model
@@ -67,18 +67,33 @@ def test_the_calibrated_replay_matches_the_unprofiled_step(launch_bound):
     assert ratio == pytest.approx(0.6 * traced_ms / _figures(a)["median_step_ms"], rel=0.02)
 
 
-def test_within_noise_nothing_is_corrected(launch_bound):
+def test_within_noise_the_typical_profiler_cost_is_taken(launch_bound):
+    # a traced step as long as the unprofiled one says nothing about what the profiler cost the CPU (a
+    # GPU-bound loop hides it): the typical per-event cost is taken, as for a trace without run.json
     plain = analyze_model(launch_bound, facts={})
     traced_ms = _figures(plain)["median_step_ms"]
     same = analyze_model(launch_bound, facts=_facts(traced_ms / (NOISE - 0.01)))
-    assert not same.calibration.applied
+    assert same.calibration.source == plain.calibration.source == "typical"
     assert _saving(same, "launch-bound") == _saving(plain, "launch-bound")
+    assert "the GPU hid the profiler's cost" in next(f.impact.basis for f in same.findings if f.topic == "launch-bound")
 
 
-def test_without_run_json_the_report_says_the_cpu_may_be_inflated(launch_bound):
+def test_without_step_times_the_typical_profiler_cost_is_taken(launch_bound):
     r = analyze_model(launch_bound, facts={})
+    cal = r.calibration
     assert _figures(r)["unprofiled_median_step_ms"] is None and _figures(r)["profiler_overhead_x"] is None
-    assert any("may be inflated by profiling" in n for n in r.notes)
+    assert cal.source == "typical" and cal.per_event_us == TYPICAL_PER_EVENT_US and cal.events_per_step > 0
+    said = f"no unprofiled step time: predicted with the typical profiler cost for {cal.events_per_step:,.0f} recorded events per step"
+    assert any(said in n for n in r.notes)
+    assert said in next(f.impact.basis for f in r.findings if f.topic == "launch-bound")
+    # the typical cost shortens the CPU side the launches wait on: less to gain than the raw trace shows
+    from gpuadvise.analyzer.measure.analysis import Analysis
+    from gpuadvise.analyzer.measure.calibration import scenario_on
+    from gpuadvise.analyzer.measure.metrics import compute
+    from gpuadvise.analyzer.measure.whatif import Scenario
+
+    analysis = Analysis(launch_bound, compute(launch_bound), {})
+    assert analysis.replay.simulate(scenario_on(analysis.calibration, Scenario(name="x"))) < analysis.replay.baseline_us
 
 
 def test_every_format_reports_the_overhead(launch_bound):

@@ -6,7 +6,6 @@ beside it, and the self-contained HTML page, whose charts and tables must show t
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from pathlib import Path
@@ -15,8 +14,10 @@ import pytest
 
 from _cli_support import call_main
 from _compare_support import (A100, Page, md_table, run_folder, run_json, sections_with_tables, self_contained,
-                              svg_texts, unescape_md)
+                              svg_texts, unescape_md, with_figures)
 from gpuadvise.analyzer.compare import diff as cm
+from gpuadvise.analyzer.compare.side import Side, load_side
+from gpuadvise.analyzer.model.findings import Finding
 from gpuadvise.analyzer.report import compare as rc
 
 # ----------------------------------------------------------------------------------------------------
@@ -30,8 +31,8 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def sides(runs) -> dict[str, dict]:
-    return {name: cm.load_side(str(path)) for name, path in runs.items()}
+def sides(runs) -> dict[str, Side]:
+    return {name: load_side(str(path)) for name, path in runs.items()}
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +47,13 @@ def regress(sides) -> dict:
     return cm.compare(sides["clean"], sides["slow"])
 
 
-def rules(side: dict) -> set[str]:
-    return {f["rule"] for f in side["report"]["findings"]}
+def rules(side: Side) -> set[str]:
+    return {f.rule for f in side.summary.findings}
 
 
-def lead(side: dict, rule: str) -> dict:
+def lead(side: Side, rule: str) -> Finding:
     """The side's own finding of `rule` that leads its report (the biggest saving first)."""
-    return next(f for f in side["report"]["findings"] if f["rule"] == rule)
+    return next(f for f in side.summary.findings if f.rule == rule)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -81,12 +82,12 @@ def test_still_there_shows_how_its_numbers_moved(sides, fix):
     assert still, "the .item() sync is in both runs: something must still be there"
     for rule, e in still.items():
         b, a = lead(sides["stall"], rule), lead(sides["fixed"], rule)
-        assert e["before"]["est_step_saving_pct"] == b["impact"]["est_step_saving_pct"]
-        assert e["after"]["est_step_saving_pct"] == a["impact"]["est_step_saving_pct"]
-        assert (e["before"]["severity"], e["after"]["severity"]) == (b["severity"], a["severity"])
+        assert e["before"]["est_step_saving_pct"] == b.impact.est_step_saving_pct
+        assert e["after"]["est_step_saving_pct"] == a.impact.est_step_saving_pct
+        assert (e["before"]["severity"], e["after"]["severity"]) == (b.severity, a.severity)
         for n in e["numbers"]:
-            assert n["before"] == b["evidence"]["numbers"][n["key"]]
-            assert n["after"] == a["evidence"]["numbers"][n["key"]]
+            assert n["before"] == b.evidence.numbers[n["key"]]
+            assert n["after"] == a.evidence.numbers[n["key"]]
 
 
 def test_each_resolved_finding_pairs_its_prediction_with_the_measured_change(sides, fix):
@@ -96,31 +97,30 @@ def test_each_resolved_finding_pairs_its_prediction_with_the_measured_change(sid
     assert (st["before_ms"], st["after_ms"]) == (b, a)
     assert st["saving_pct"] == pytest.approx(100 * (1 - a / b), abs=0.005)
     assert st["change_pct"] == pytest.approx(-st["saving_pct"], abs=0.005)
-    assert b == sides["stall"]["report"]["summary"]["median_step_ms"]
+    assert b == sides["stall"].head.figures.median_step_ms
     assert [p["rule"] for p in fix["predictions"]] == [e["rule"] for e in fix["findings"]["resolved"]]
     for p in fix["predictions"]:
-        assert p["predicted_pct"] == lead(sides["stall"], p["rule"])["impact"]["est_step_saving_pct"]
+        assert p["predicted_pct"] == lead(sides["stall"], p["rule"]).impact.est_step_saving_pct
         assert p["measured_saving_pct"] == st["saving_pct"]
 
 
 def test_step_spread_comes_from_the_profiled_steps(sides, fix):
     b = fix["before"]
-    steps = sides["stall"]["steps_ms"]
+    steps = sides["stall"].steps_ms
     assert b["steps"] == len(steps) == 4
     assert (b["min_step_ms"], b["max_step_ms"]) == (min(steps), max(steps))
     assert b["min_step_ms"] <= b["median_step_ms"] <= b["max_step_ms"]
 
 
 def test_unprofiled_figures_are_preferred_when_both_runs_have_them_and_said(sides):
-    before, after = copy.deepcopy(sides["stall"]), copy.deepcopy(sides["fixed"])
-    before["report"]["traces"][0]["unprofiled_median_step_ms"] = 25.0
-    after["report"]["traces"][0]["unprofiled_median_step_ms"] = 20.0
+    before = with_figures(sides["stall"], unprofiled_median_step_ms=25.0)
+    after = with_figures(sides["fixed"], unprofiled_median_step_ms=20.0)
     st = cm.compare(before, after)["step_time"]
     assert (st["figure"], st["before_ms"], st["after_ms"], st["saving_pct"]) == ("unprofiled", 25.0, 20.0, 20.0)
     md = rc.render_markdown(cm.compare(before, after))
     assert "unprofiled median step" in md and "the step got 20.0 % faster" in md
 
-    del after["report"]["traces"][0]["unprofiled_median_step_ms"]  # one side only: like for like is profiled
+    after = with_figures(after, unprofiled_median_step_ms=None)  # one side only: like for like is profiled
     cmp = cm.compare(before, after)
     assert cmp["step_time"]["figure"] == "profiled"
     assert any("only BEFORE has an unprofiled step time" in w for w in cmp["warnings"])
@@ -156,7 +156,7 @@ def test_a_device_or_script_mismatch_is_said_first(tmp_path):
     b = run_folder(tmp_path, "clean", name="a100")
     a = run_folder(tmp_path, "clean", name="h100", device="NVIDIA H100 80GB HBM3",
                    facts=run_json(8, device="NVIDIA H100 80GB HBM3", script="train_v2.py"))
-    cmp = cm.compare(cm.load_side(str(b)), cm.load_side(str(a)))
+    cmp = cm.compare(load_side(str(b)), load_side(str(a)))
     assert any("different devices" in w and A100 in w and "H100" in w for w in cmp["warnings"])
     assert any("different scripts" in w and "train_v2.py" in w for w in cmp["warnings"])
     md = rc.render_markdown(cmp)
@@ -172,7 +172,7 @@ def test_a_memory_finding_without_the_snapshot_on_the_other_side_is_not_called_r
     before = run_folder(tmp_path, "clean", name="with-snapshot")
     find_rule("memory-fragmentation").positive().write(before / "memory.pickle")
     after = run_folder(tmp_path, "clean", name="no-snapshot")
-    sb, sa = cm.load_side(str(before)), cm.load_side(str(after))
+    sb, sa = load_side(str(before)), load_side(str(after))
     assert "GA120" in rules(sb)
     cmp = cm.compare(sb, sa)
     unchecked = {e["rule"]: e for e in cmp["findings"]["unchecked"]}
@@ -262,8 +262,7 @@ def test_a_bug_exits_3_in_one_line(capsys, runs, monkeypatch):
 def test_the_gate_needs_step_times(sides):
     from gpuadvise.analyzer.errors import InputError
 
-    no_steps = copy.deepcopy(sides["clean"])
-    no_steps["report"]["traces"][0]["steps"] = 0
+    no_steps = with_figures(sides["clean"], steps=0)
     cmp = cm.compare(no_steps, sides["slow"])
     assert cmp["step_time"]["saving_pct"] is None and "no step time" in cmp["warnings"][0]
     with pytest.raises(InputError):
@@ -316,8 +315,8 @@ def test_markdown_file_has_svg_charts_beside_it_with_the_same_numbers(capsys, ru
     for row in preds:
         rule = unescape_md(row[0].split()[0])
         assert texts[texts.index(f"{rule} {row[0].split()[1]} predicted") + 1] == row[1]
-        impact = lead(sides["stall"], rule)["impact"]
-        assert row[1] == ("up to " if impact["upper_bound"] else "") + f"{impact['est_step_saving_pct']:.1f} %"
+        impact = lead(sides["stall"], rule).impact
+        assert row[1] == ("up to " if impact.upper_bound else "") + f"{impact.est_step_saving_pct:.1f} %"
     measured = re.search(r"the step got (\d+\.\d) % faster", preds[0][2]).group(1)
     assert texts[texts.index("measured") + 1] == f"{measured} % faster"
 
@@ -348,7 +347,7 @@ def test_trace_text_is_escaped_in_markdown_html_and_svg(tmp_path):
     hostile = "<script>alert(1)</script>|*x*\x1b[31m"
     b = run_folder(tmp_path, "clean")
     a = run_folder(tmp_path, "clean", name="hostile", extra_kernel=hostile)
-    cmp = cm.compare(cm.load_side(str(b)), cm.load_side(str(a)))
+    cmp = cm.compare(load_side(str(b)), load_side(str(a)))
     assert any(r["name"] == hostile for r in cmp["kernels"])
     html = rc.render_html(cmp)
     page = Page(html)
@@ -372,7 +371,7 @@ def test_plain_traces_compare_without_run_facts(tmp_path):
 
     b = training(stall_us=20_000).write(tmp_path / "before.json.gz")
     a = training().write(tmp_path / "after.json.gz")
-    cmp = cm.compare(cm.load_side(str(b)), cm.load_side(str(a)))
+    cmp = cm.compare(load_side(str(b)), load_side(str(a)))
     assert cmp["warnings"] == []
     assert cmp["environment"] == []  # no run.json on either side: nothing to say, and nothing invented
     assert "dataloader-stall" in {e["topic"] for e in cmp["findings"]["resolved"]}
@@ -383,9 +382,9 @@ def test_folders_of_rank_traces_compare_by_the_slowest_rank(tmp_path):
 
     b = write_rank_folder(tmp_path / "balanced", stall_us=(0.0, 0.0))
     a = write_rank_folder(tmp_path / "straggler", stall_us=(0.0, 4_000.0))
-    sb, sa = cm.load_side(str(b), jobs=1), cm.load_side(str(a), jobs=1)
+    sb, sa = load_side(str(b), jobs=1), load_side(str(a), jobs=1)
     cmp = cm.compare(sb, sa)
     assert cmp["after"]["traces"] == 2 and cmp["after"]["rank"] == 1  # the straggler sets the job's pace
-    assert cmp["after"]["median_step_ms"] == max(t["median_step_ms"] for t in sa["report"]["traces"])
+    assert cmp["after"]["median_step_ms"] == max(t.figures.median_step_ms for t in sa.summary.traces)
     assert "straggler" in {e["topic"] for e in cmp["findings"]["new"]}
     assert "slowest, rank 1" in rc.render_markdown(cmp) and "slowest, rank 1" in rc.render_text(cmp)

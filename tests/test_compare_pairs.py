@@ -26,6 +26,7 @@ if not (H100 / "pairs.json").is_file():
     pytest.skip(f"H100 pairs not found at {H100} (set GPUADVISE_TRACES to the corpus folder)", allow_module_level=True)
 
 from gpuadvise.analyzer.compare import diff as cm  # noqa: E402
+from gpuadvise.analyzer.compare.side import Side, load_side  # noqa: E402
 from gpuadvise.analyzer.report import compare as rc  # noqa: E402
 
 PAIRS = json.loads((H100 / "pairs.json").read_text())["pairs"]
@@ -38,17 +39,17 @@ def has_trace(folder: str) -> bool:
 COMPARABLE = sorted(k for k, p in PAIRS.items() if has_trace(p["before"]) and has_trace(p["after"]))
 NO_TRACE = sorted(k for k, p in PAIRS.items() if not has_trace(p["after"]))
 
-_SIDES: dict[str, dict] = {}
+_SIDES: dict[str, Side] = {}
 
 
-def side(folder: str) -> dict:
+def side(folder: str) -> Side:
     """Each run folder analysed once per session (tf32-before is in two pairs)."""
     if folder not in _SIDES:
-        _SIDES[folder] = cm.load_side(str(H100 / folder), jobs=1)
+        _SIDES[folder] = load_side(str(H100 / folder), jobs=1)
     return _SIDES[folder]
 
 
-def pair(name: str) -> tuple[dict, dict, dict]:
+def pair(name: str) -> tuple[Side, Side, dict]:
     p = PAIRS[name]
     b, a = side(p["before"]), side(p["after"])
     return b, a, cm.compare(b, a)
@@ -61,8 +62,8 @@ def test_the_corpus_has_comparable_pairs():
 @pytest.mark.parametrize("name", COMPARABLE)
 def test_classification_agrees_with_each_sides_own_findings(name):
     b, a, cmp = pair(name)
-    rb = {f["rule"] for f in b["report"]["findings"]}
-    ra = {f["rule"] for f in a["report"]["findings"]}
+    rb = {f.rule for f in b.summary.findings}
+    ra = {f.rule for f in a.summary.findings}
     f = cmp["findings"]
     only_b = {e["rule"] for e in f["resolved"]} | {e["rule"] for e in f["unchecked"] if e["before"]}
     only_a = {e["rule"] for e in f["new"]} | {e["rule"] for e in f["unchecked"] if e["after"]}
@@ -84,11 +85,11 @@ def test_predicted_is_befores_own_and_measured_is_one_minus_after_over_before(na
     if cmp["before"].get("unprofiled_median_step_ms") and cmp["after"].get("unprofiled_median_step_ms"):
         assert st["figure"] == "unprofiled"  # when both runs recorded it, the unprofiled figure is the measure
     lead = {}
-    for f in b["report"]["findings"]:
-        lead.setdefault(f["rule"], f)
+    for f in b.summary.findings:
+        lead.setdefault(f.rule, f)
     assert [p["rule"] for p in cmp["predictions"]] == [e["rule"] for e in cmp["findings"]["resolved"]]
     for p in cmp["predictions"]:
-        assert p["predicted_pct"] == lead[p["rule"]]["impact"]["est_step_saving_pct"]
+        assert p["predicted_pct"] == lead[p["rule"]].impact.est_step_saving_pct
         assert p["measured_saving_pct"] == st["saving_pct"]
     md = rc.render_markdown(cmp)
     for p in cmp["predictions"]:

@@ -81,14 +81,23 @@ def runs(tmp_path_factory):
 
 
 # -- end to end -------------------------------------------------------------------------------------
+def compile_line(path: Path) -> int:
+    return line_of(path, lambda n: isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "compile")
+
+
 def test_changing_batch_size_recompiles_with_the_size_in_the_reason(runs):
     script, run, findings = runs("recompile")
     recompiles = run["compiled"]["recompiles"]
     assert recompiles and all("size mismatch" in r["reason"] for r in recompiles)
     assert {r["step"] for r in recompiles} >= {2, 4, 6, 8}  # a new batch size every two steps
     (f,) = by_rule(findings, "GA150")
-    where = f"{script.name}:{forward_line(script)}"
+    # torch's nn.Sequential is compiled through a frame in torch's own files: the finding names the module
+    # and the user's torch.compile(...) line, never torch's file
+    where = f"{script.name}:{compile_line(script)}"
+    assert {r["where"] for r in recompiles} == {where} and {r["module"] for r in recompiles} == {"Sequential"}
     assert where in f["evidence"]["sources"]
+    assert f"`Sequential` (torch.compile at {where})" in f["message"]
+    assert "external_utils" not in json.dumps(f) and "site-packages" not in json.dumps(f)
     assert "size mismatch" in f["message"] and "actual" in f["message"]
     assert "mark_dynamic" in f["recommendation"]
     saving = f["impact"]["est_step_saving_pct"]
@@ -153,6 +162,12 @@ def test_graph_break_site_from_current_and_older_payloads():
              '  File "/x/model.py", line 31, in forward\n    print(x)\ncall_function BuiltinVariable(print)')
     where, reason = compiled.break_site(older)
     assert where == "/x/model.py:31" and reason
+    # a break dynamo places inside a framework's forward: the user's innermost frame of its traceback
+    framework = ("Graph break in user code at /env/lib/python3.11/site-packages/transformers/modeling.py:412\n"
+                 "Graph Break Reason: Unsupported Tensor.item() call\nUser code traceback:\n"
+                 '  File "/x/train.py", line 30, in step\n  File "/x/model.py", line 12, in forward\n'
+                 '  File "/env/lib/python3.11/site-packages/transformers/modeling.py", line 412, in forward\n')
+    assert compiled.break_site(framework) == ("/x/model.py:12", "Unsupported Tensor.item() call")
 
 
 def _records(rec: compiled.Recorder, steps: list[int]):
@@ -282,13 +297,14 @@ def test_real_compiled_trace_is_recognised():
 
 def test_compare_lists_compile_facts_that_differ():
     from gpuadvise.analyzer.compare.diff import environment
+    from gpuadvise.analyzer.compare.side import Side
     from gpuadvise.fixtures.compiled import compiled_facts
 
     before = compiled_facts([{"step": 0, "seconds": 4.0}] + [
         {"step": s, "seconds": 1.0, "recompile_reason": f"0/{i}: tensor 'x' size mismatch"} for i, s in enumerate((3, 5))],
         breaks=[{"where": "train.py:25", "reason": "print", "count": 1, "steps": [0]}])
     after = compiled_facts([{"step": 0, "seconds": 5.0}])
-    rows = {r["key"]: r for r in environment({"facts": before, "report": {}}, {"facts": after, "report": {}})}
+    rows = {r["key"]: r for r in environment(Side("before", facts=before), Side("after", facts=after))}
     assert {"compiled.recompiles", "compiled.recompiles_after_warmup", "compiled.graph_breaks",
             "compiled.graph_break_sites", "compiled.graphs"} <= rows.keys()
     assert not any("seconds" in k for k in rows)  # compile time differs in every pair of runs: not a fact

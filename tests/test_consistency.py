@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from _cli_support import library_pointers
 from _corpus_support import SNAPSHOT_NAMES, TRACES, XDIST_GROUP, analysed as analysed_path, corpus_files
 from gpuadvise.analyzer.model.findings import SEVERITIES
 
@@ -237,3 +238,11 @@ def test_a_per_step_figure_is_the_median_step(key, tmp_root):
                 (n["blocked_ms_per_step"], median_sync_ms, float(ps["sync_us"].mean()) / 1e3)
             step_ms = r.metrics.median_step_us / 1e3
             assert n["blocked_share_pct"] == pytest.approx(100 * n["blocked_ms_per_step"] / step_ms, abs=0.15)
+
+
+@pytest.mark.parametrize("key", INPUTS)
+def test_every_pointer_is_into_the_users_code(key, tmp_root):
+    """A file:line in a finding (its sources, its items' sites, its message and advice) is the user's frame,
+    never a file inside torch, a framework or the standard library."""
+    for f in _findings(analysed(key, tmp_root)):
+        assert not library_pointers(f), (f["topic"], library_pointers(f))

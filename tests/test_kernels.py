@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuadvise.analyzer.model.kernels import head, is_matmul_like, matrix_speedup, pinned_copy_gbps, precision_class
-from gpuadvise.analyzer.model.trace import Device
+from gpuadvise.analyzer.model.kernels import head, is_matmul_like, precision_class
 
 NOT = None  # not a GEMM/conv kernel
 TABLE = [
@@ -104,27 +103,6 @@ def test_head_drops_the_parameter_list_only():
     assert head("ampere_sgemm_128x64_nn") == "ampere_sgemm_128x64_nn"
     assert head("fmha_cutlassF_f32_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<float>::Params)") == \
         "fmha_cutlassF_f32_aligned_64x64_rf_sm80"
-
-
-@pytest.mark.parametrize("name,cc,tf32,bf16", [
-    ("NVIDIA H100 80GB HBM3", (9, 0), 7.4, 14.8),  # 495 / 989 vs 67 TFLOP/s
-    ("NVIDIA A100-SXM4-80GB", (8, 0), 8.0, 16.0),  # 156 / 312 vs 19.5
-    ("NVIDIA A10", (8, 6), 2.0, 4.0),
-])
-def test_matrix_speedup_follows_the_datasheet_ratios(name, cc, tf32, bf16):
-    r = matrix_speedup(Device(0, name, *cc))
-    assert (r["tf32"], r["bf16"]) == (tf32, bf16)
-
-
-def test_volta_has_fp16_tensor_cores_only_and_pascal_none():
-    assert matrix_speedup(Device(0, "Tesla V100-SXM2-16GB", 7, 0)) == {"fp16": 8.0}
-    assert matrix_speedup(Device(0, "Tesla P100-PCIE-16GB", 6, 0)) == {}
-    assert matrix_speedup(None) == {}
-
-
-def test_pinned_bandwidth_follows_the_pcie_generation():
-    assert pinned_copy_gbps(Device(0, "NVIDIA H100 80GB HBM3", 9, 0)) > pinned_copy_gbps(Device(0, "NVIDIA A100", 8, 0)) \
-        > pinned_copy_gbps(Device(0, "Tesla V100", 7, 0))
 
 
 # -- compiled work ------------------------------------------------------------------------------------

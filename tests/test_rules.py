@@ -470,17 +470,103 @@ GEMM_TC = "ampere_tf32_s1688gemm_64x64_nn"
 
 
 def test_no_tensor_cores_on_h100_uses_the_matrix_unit_peak_ratios(load_built):
-    # GPU-bound: per step 20 × (800 µs fp32 SIMT GEMM + 40 µs elementwise). bf16 autocast runs the GEMMs
-    # 14.8× faster (989 vs 67 TFLOP/s): 20 × (54 + 40) µs; TF32 7.4×: 20 × (108 + 40) µs
+    # GPU-bound: per step 20 × (800 µs fp32 SIMT GEMM + 40 µs elementwise), no shapes recorded. bf16 autocast
+    # runs the GEMMs at the peak ratio (989.4 vs 66.9 TFLOP/s) times the large-GEMM efficiencies (78 % vs
+    # 77 %) faster, and the elementwise kernel at 0.6× (half the bytes); TF32 (494.7, 81 %) the GEMMs only
+    from gpuadvise.analyzer.measure.precision import AUTOCAST_MEMORY_FACTOR as HALF, LARGE_GEMM_EFFICIENCY as E, LOW_EFFICIENCY
+
     report = analyze(_gemm_trace(*H100, "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize256x128x8_stage3_ffma_kernel"),
                      load_built)
     f = next(f for f in report.findings if f.topic == "no-tensor-cores")
-    bf16 = 100 * (1 - 20 * (800 / 14.8 + 40) / (20 * 840))
-    tf32 = 100 * (1 - 20 * (800 / 7.4 + 40) / (20 * 840))
-    assert f.impact.est_step_saving_pct == pytest.approx(bf16, abs=2)
-    assert f.impact.range_pct[0] == pytest.approx(tf32, abs=2)
-    assert "14.8" in f.impact.basis and "7.4" in f.impact.basis
+    bf16 = 100 * (1 - (800 * 66.9 * E["fp32"] / (989.4 * E["bf16"]) + 40 * HALF) / 840)
+    tf32 = 100 * (1 - (800 * 66.9 * E["fp32"] / (494.7 * E["tf32"]) + 40) / 840)
+    tf32_small = 100 * (1 - (800 * 66.9 * E["fp32"] / (494.7 * LOW_EFFICIENCY) + 40) / 840)
+    by_fix = f.evidence.numbers["saving_by_fix_pct"]
+    assert f.impact.est_step_saving_pct == by_fix["bf16"] == pytest.approx(bf16, abs=1)
+    assert by_fix["tf32"] == pytest.approx(tf32, abs=1)
+    # without shapes the efficiency is unknown: the range reaches down to small GEMMs' share of the peak
+    assert f.impact.range_pct[0] == pytest.approx(tf32_small, abs=1)
+    assert "989.4" in f.impact.basis and "494.7" in f.impact.basis and "no matmul shapes" in f.impact.basis
     assert "autocast" in f.recommendation and "set_float32_matmul_precision" in f.recommendation
+
+
+def _shaped_gemm_loop(device, compute, dims=((4096, 4096), (4096, 4096)), steps: int = 4) -> TraceBuilder:
+    """GPU-bound steps of fp32 SIMT GEMMs whose shapes are recorded (aten::mm of `dims`), each at 77 % of
+    the device's fp32 peak."""
+    from gpuadvise.analyzer.model.devices import spec
+    from gpuadvise.analyzer.model.trace import Device
+
+    (m, k), (_, n) = dims
+    us = 2.0 * m * k * n / (spec(Device(0, device, *compute)).fp32 * 0.77 * 1e6)
+    b = TraceBuilder(device=device, compute=compute)
+    for _ in range(steps):
+        with b.step():
+            for _ in range(4):
+                with b.op("aten::mm", **{"Input Dims": [list(d) for d in dims], "Input type": ["float", "float"]}):
+                    b.kernel("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize256x128x8_stage3_ffma_kernel", us)
+            b.sync()
+    b.finish()
+    return b
+
+
+@pytest.mark.parametrize("device, compute", [H100, ("NVIDIA A100-SXM4-80GB", (8, 0))])
+def test_tf32_and_bf16_predictions_differ_by_the_documented_ratio(load_built, device, compute):
+    # large GEMMs with known FLOPs and nothing else on the GPU: what each fix leaves of the step is the GEMMs'
+    # time at that dtype's peak × large-GEMM efficiency, so the two remainders stand in that ratio
+    from gpuadvise.analyzer.measure.precision import LARGE_GEMM_EFFICIENCY as E
+    from gpuadvise.analyzer.model.devices import spec
+    from gpuadvise.analyzer.model.trace import Device
+
+    f = next(f for f in analyze(_shaped_gemm_loop(device, compute), load_built).findings if f.topic == "no-tensor-cores")
+    by_fix = f.evidence.numbers["saving_by_fix_pct"]
+    row = spec(Device(0, device, *compute))
+    documented = (row.bf16 * E["bf16"]) / (row.tf32 * E["tf32"])  # about 1.93 on both
+    assert (100 - by_fix["tf32"]) / (100 - by_fix["bf16"]) == pytest.approx(documented, rel=0.03)
+    assert f.evidence.numbers["flops_known_share_pct"] == 100.0
+    assert f.evidence.numbers["simt_achieved_tflops"] == pytest.approx(row.fp32 * 0.77, rel=0.01)
+    assert f.impact.range_pct == [by_fix["tf32"], by_fix["bf16"]]  # known FLOPs: the range is the fixes
+
+
+def test_a_skinny_gemm_is_bound_by_its_bytes_on_the_matrix_units(load_built):
+    # 8192×8192 times 8192×64: 8.6 GFLOP over 136 MB of bf16 operands (63 FLOP/byte). In fp32 SIMT it is
+    # compute-bound (167 µs at 77 % of 66.9 TFLOP/s); on the bf16 Tensor Cores moving its operands takes
+    # longer than its math: the prediction is the roofline's (bytes / bandwidth), not the peak ratio's
+    from gpuadvise.analyzer.measure.precision import CAST_BANDWIDTH_EFFICIENCY
+
+    b = _shaped_gemm_loop(*H100, dims=[[8192, 8192], [8192, 64]])
+    f = next(f for f in analyze(b, load_built).findings if f.topic == "no-tensor-cores")
+    fp32_us = 2 * 8192 * 8192 * 64 / (66.9 * 0.77 * 1e6)
+    bytes_bf16 = (8192 * 8192 + 8192 * 64 + 8192 * 64) * 2
+    roofline_us = bytes_bf16 / (3350 * CAST_BANDWIDTH_EFFICIENCY * 1e3)
+    left = 100 - f.evidence.numbers["saving_by_fix_pct"]["bf16"]
+    assert left == pytest.approx(100 * roofline_us / fp32_us, abs=3)  # GPU-bound: only the GEMMs in the step
+
+
+def test_fp8_is_predicted_only_where_an_fp8_library_is_in_use(load_built):
+    plain = _shaped_gemm_loop(*H100)
+    f = next(f for f in analyze(plain, load_built).findings if f.topic == "no-tensor-cores")
+    assert "fp8" not in f.evidence.numbers["saving_by_fix_pct"]
+    with_te = _shaped_gemm_loop(*H100)
+    with_te.cpu("transformer_engine::fp8_autocast", 20)  # Transformer Engine's ops show in the trace
+    with_te.finish()
+    by_fix = next(f for f in analyze(with_te, load_built).findings if f.topic == "no-tensor-cores").evidence.numbers[
+        "saving_by_fix_pct"]
+    assert by_fix["fp8"] > by_fix["bf16"] > by_fix["tf32"]
+    # an A100 has no fp8 path, whatever library the script imports
+    a100 = _shaped_gemm_loop("NVIDIA A100-SXM4-80GB", (8, 0))
+    a100.cpu("transformer_engine::fp8_autocast", 20)
+    a100.finish()
+    assert "fp8" not in next(f for f in analyze(a100, load_built).findings
+                             if f.topic == "no-tensor-cores").evidence.numbers["saving_by_fix_pct"]
+
+
+def test_turing_is_never_told_to_turn_on_tf32(load_built):
+    for device in ("Tesla T4", "NVIDIA GeForce RTX 2080 Ti"):
+        f = next(f for f in analyze(_gemm_trace(device, (7, 5), "turing_sgemm_128x64_nn"), load_built).findings
+                 if f.topic == "no-tensor-cores")
+        assert set(f.evidence.numbers["saving_by_fix_pct"]) == {"fp16"}
+        assert "no TF32" in f.advice and "set_float32_matmul_precision" not in f.advice
+        assert "float16" in f.advice
 
 
 def test_no_tensor_cores_hidden_behind_cpu_work_is_informational(load_built):
@@ -566,7 +652,7 @@ def test_allocator_churn_range_spans_the_profilers_cpu_slowdown(load_built):
     # the Python and launch work 2.4× faster, the driver calls as they are: 300 + 2500 + ~7 + 4000 + 800
     assert high == pytest.approx(100 * 1_100 / 7_609, abs=1)
     assert f.impact.est_step_saving_pct == high
-    assert "traced CPU speed" in f.impact.basis and "2.4×" in f.impact.basis
+    assert "typical profiler cost taken off" in f.impact.basis and "2.4×" in f.impact.basis
 
 
 def test_launch_bound_behind_a_dataloader_is_a_share_of_todays_step(load_built):

@@ -42,6 +42,20 @@ def test_well_formed_run_json_reads_as_written():
     assert runfacts.optimizers(f, cls="SGD") == []
 
 
+def test_a_recorded_site_inside_a_library_is_never_read_as_the_users():
+    """An older run.json placed a Trainer's DataLoader in transformers' own file; today's harness records
+    the user's line and the framework call between."""
+    f = _facts()
+    f["dataloaders"] = [{"created_at": "/env/lib/python3.11/site-packages/transformers/trainer.py:1021", "num_workers": 0},
+                        {"created_at": "train.py:40", "created_via": "`get_train_dataloader` in transformers", "num_workers": 0}]
+    old, new = runfacts.dataloaders(f)
+    assert old.created_at == "?" and old.where == "?"
+    assert new.where == "train.py:40 (through `get_train_dataloader` in transformers)"
+    # run.json's relative sites are relative to the run's working folder: a user's own `torch/` folder
+    assert runfacts.site("train.py:40") == "train.py:40" and runfacts.site("torch/nn/x.py:3") == "torch/nn/x.py:3"
+    assert runfacts.site("/usr/lib/python3/dist-packages/torch/nn/x.py:3") is None
+
+
 @pytest.mark.parametrize("broken", [
     {}, [], "x", None,
     {"settings": [1], "environment": "gpu", "dataloaders": {"a": 1}, "wrappers": "DataParallel", "optimizers": 3, "autocast": 7},

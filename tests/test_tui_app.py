@@ -9,6 +9,7 @@ of the safety of trace names on screen.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import numpy as np
@@ -19,6 +20,8 @@ pytest.importorskip("textual")
 
 from rich.text import Text  # noqa: E402
 
+from _cli_support import tui_trace  # noqa: E402
+from gpuadvise.analyzer.report import render  # noqa: E402
 from gpuadvise.analyzer.run.engine import analyze_paths  # noqa: E402
 from gpuadvise.fixtures.builder import TraceBuilder  # noqa: E402
 from gpuadvise.rules import all_rules, find_rule  # noqa: E402
@@ -183,6 +186,28 @@ def test_overview_shows_facts_steps_and_busy_chart(stall):
             await settle(pilot)
             assert isinstance(app.screen, TimelineScreen)
             assert app.screen.view.step[0] == stall[0].metrics.steps[1].number
+
+    run(go())
+
+
+def test_overview_quotes_the_figures_the_reports_print(tmp_path):
+    """One summary for every output: the overview's step count, median step and GPU busy shares are the
+    markdown report's, digit for digit, also where the busy share (61.552 %, 61.55 in the summary) sits on
+    a rounding edge."""
+    tui_trace().write(tmp_path / "train.json.gz")
+    reports = analyze_paths([str(tmp_path / "train.json.gz")])
+    md = render(reports, "md")
+    steps = re.search(r"\*\*Steps:\*\* (\d+) \(ProfilerStep#\d+–#\d+\), median ([\d.]+) ms", md)
+    busy = re.search(r"\*\*GPU busy:\*\* ([\d.]+) % of the GPU's active span, ([\d.]+) % inside the steps", md)
+    assert steps and busy, md
+
+    async def go():
+        app = make_app(reports, first_screen="overview")
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            facts = str(app.screen.query_one("#facts").render())
+            assert f"Steps      {steps[1]} (#" in facts and f"median step {steps[2]} ms" in facts
+            assert f"busy {busy[2]} % inside the steps, {busy[1]} % of its active span" in facts
 
     run(go())
 

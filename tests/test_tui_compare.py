@@ -15,6 +15,7 @@ from rich.console import Console  # noqa: E402
 
 from _compare_support import run_folder  # noqa: E402
 from gpuadvise.analyzer.compare import diff as cm  # noqa: E402
+from gpuadvise.analyzer.compare.side import load_side  # noqa: E402
 from gpuadvise.analyzer.report import compare as rc  # noqa: E402
 from gpuadvise.tui.compare_app import CompareApp, CompareHelp  # noqa: E402
 from gpuadvise.tui.screens.compare import CompareScreen  # noqa: E402
@@ -50,7 +51,7 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def result(runs):
-    return cm.compare(cm.load_side(str(runs["stall"])), cm.load_side(str(runs["fixed"])))
+    return cm.compare(load_side(str(runs["stall"])), load_side(str(runs["fixed"])))
 
 
 def test_compare_screen_shows_the_comparison(result):
@@ -164,5 +165,5 @@ def test_compare_screen_snapshot(snap_compare, tmp_path_factory, monkeypatch):
     run_folder(root, "stall", name="before")
     run_folder(root, "fixed", name="after")
     monkeypatch.chdir(root)  # relative labels: the screen is the same on every machine
-    result = cm.compare(cm.load_side("before"), cm.load_side("after"))
+    result = cm.compare(load_side("before"), load_side("after"))
     assert snap_compare(CompareApp(result=result, cursor_blink=False), terminal_size=SIZE, run_before=settle)

@@ -16,8 +16,8 @@ import pytest
 pytest.importorskip("textual")
 pytest.importorskip("pytest_textual_snapshot")
 
+from _cli_support import tui_trace  # noqa: E402
 from gpuadvise.analyzer.run.engine import analyze_paths  # noqa: E402
-from gpuadvise.fixtures.builder import TraceBuilder  # noqa: E402
 from gpuadvise.rules import find_rule  # noqa: E402
 from gpuadvise.tui.app import GpuadviseApp  # noqa: E402
 
@@ -25,32 +25,10 @@ SIZE = (120, 36)
 RULES = ("GA102", "GA103", "GA104")  # the findings on screen come from these rules only
 
 
-def snapshot_builder() -> TraceBuilder:
-    b = TraceBuilder()
-    allocated = 2 << 30
-    for step in range(3):
-        with b.step():
-            b.cpu("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 6_000 + 500 * step)
-            with b.op("aten::to"):
-                b.copy("HtoD", "Pageable", "Device", nbytes=64 << 20, dur=2_500)
-            for k in range(6):
-                allocated += 128 << 20
-                b.memory(128 << 20, allocated, 4 << 30)
-                with b.op("aten::linear"):
-                    b.kernel("ampere_sgemm_128x64_tn", 700)
-                    b.kernel("void at::native::vectorized_elementwise_kernel<4, [relu]>", 90)
-            b.item()
-            for k in range(6):
-                allocated -= 128 << 20
-                b.memory(-(128 << 20), allocated, 4 << 30)
-    b.finish()
-    return b
-
-
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
     folder = tmp_path_factory.mktemp("snap")
-    snapshot_builder().write(folder / "train.json.gz")
+    tui_trace().write(folder / "train.json.gz")
     cwd = os.getcwd()
     os.chdir(folder)  # a relative path: the name on screen is the same on every machine
     try:

@@ -49,6 +49,7 @@ def run(args) -> int:
     from gpuadvise.analyzer.run.gate import parse_fail_on, parse_regression
 
     from . import diff as cmp_mod
+    from .side import load_side
 
     if args.jobs is not None and args.jobs < 1:
         raise InputError(None, f"-j/--jobs: expected a whole number of workers ≥ 1, got {args.jobs}")
@@ -68,7 +69,7 @@ def run(args) -> int:
     for name, path, sources in zip(("BEFORE", "AFTER"), (args.before, args.after), inputs):
         if show:
             print(f"gpuadvise: analysing {name} {path}", file=sys.stderr)
-        sides.append(cmp_mod.load_side(sources, jobs=args.jobs, cache=cache, label=path))
+        sides.append(load_side(sources, jobs=args.jobs, cache=cache, label=path))
     result = cmp_mod.compare(*sides)
     if fail_on or regression is not None:
         cmp_mod.apply_gate(result, fail_on, regression)

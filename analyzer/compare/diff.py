@@ -1,10 +1,10 @@
 """`gpuadvise compare BEFORE AFTER`: the comparison of two analysed runs, as plain JSON-able data.
 
-A *side* is one run: `render_json.document` of its analysis (the stable report interface) plus the
-few things that document does not carry and a comparison needs: each step's time (for the spread),
-kernel and op totals (for what changed most), and the run's `run.json` facts (for what differs).
-`compare(before, after)` works on two sides only, so it runs on saved or hand-made sides as well
-(tests, the TUI) and never touches a trace.
+`compare(before, after)` reads two typed sides (`side.Side`: the analysis's summary, the one every
+report format reads, plus each step's time, kernel and op totals and the run.json facts), so it runs on
+hand-made sides as well (tests) and never touches a trace. Every figure it takes from a side is the
+value the JSON report holds (`report.json.finite`: NaN becomes null), so a comparison never quotes a
+number the reports do not.
 
 Findings are matched by rule: *resolved* (on BEFORE only), *new* (on AFTER only), *still there*
 (both), and *unchecked* when the rule could not run on the other side (a memory rule without memory
@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import math
 
+from gpuadvise.analyzer.model.findings import Finding
+from gpuadvise.analyzer.report.json import finite
 from gpuadvise.version import __version__
 from .compiled import compile_facts  # torch.compile facts
+from .side import Side
 
-KEEP_TABLE_ROWS = 300  # kernels / ops per side kept for the diff (by total time)
 TOP_CHANGES = 10
 
-BREAKDOWN = (  # summary.step_breakdown_ms keys, in the order they are shown
+BREAKDOWN = (  # TraceFigures.step_breakdown_ms keys, in the order they are shown
     ("dur", "step"),
     ("kernel", "GPU compute"),
     ("comm", "communication"),
@@ -33,84 +35,31 @@ BREAKDOWN = (  # summary.step_breakdown_ms keys, in the order they are shown
 )
 
 
-# ----------------------------------------------------------------------------------------------------
-# Sides
+def _figure(side: Side, name: str):
+    """A figure of the trace that heads the side (the slowest rank of several), as the JSON has it."""
+    t = side.head
+    return finite(t.figure(name)) if t is not None else None
 
 
-def load_side(path, jobs: int | None = None, cache: bool | None = None, label: str | None = None) -> dict:
-    """Analyse one run (a run folder, a trace, or a folder of rank traces; or the sources
-    `run.resolve_inputs` made of one) into a side. The run.json facts come with the reports."""
-    from gpuadvise.analyzer import run
-
-    reports = run.analyze(path if not isinstance(path, str) else [path], jobs=jobs, cache=cache)
-    if label is None:
-        label = path if isinstance(path, str) else " ".join(str(s.path) for s in path)
-    return side_from_reports(reports, label=label)
-
-
-def side_from_reports(reports, label: str, facts: dict | None = None) -> dict:
-    """A side from ready reports (`run.analyze`); `facts` maps a trace path to its run.json facts
-    (default: the facts the reports were read with)."""
-    if facts is None:
-        facts = getattr(reports, "facts", None)
-    from gpuadvise.analyzer.report.json import document
-
-    doc = document(reports)
-    top = doc.get("summary") or {}
-    main = 0
-    for i, r in enumerate(reports):
-        if r.source == top.get("trace") and r.rank == top.get("rank"):
-            main = i
-            break
-    side = {"label": str(label), "report": doc, "main": main, "steps_ms": [], "kernels": [], "ops": [], "facts": {}}
-    if not reports:
-        return side
-    r = reports[main]
-    m = r.metrics
-    if m is not None:
-        if m.steps and len(m.per_step):
-            side["steps_ms"] = [round(float(v) / 1e3, 3) for v in m.per_step["dur_us"]]
-        side["kernels"] = _table(m.kernels)
-        side["ops"] = _table(m.ops)
-    side["facts"] = dict((facts or {}).get(r.source) or {})
-    return side  # plain data already: the document has no numpy scalars, the tables are built of Python numbers
-
-
-def _table(frame) -> list[dict]:
-    if frame is None or frame.empty:
-        return []
-    rows = frame.head(KEEP_TABLE_ROWS)
-    return [{"name": str(n), "count": int(c), "total_ms": round(float(t) / 1e3, 4)}
-            for n, c, t in zip(rows["name"], rows["count"], rows["total_us"])]
-
-
-def trace_summary(side: dict) -> dict:
-    """The summary of the trace that heads the side (the slowest rank of several)."""
-    traces = side["report"].get("traces") or []
-    i = side.get("main", 0)
-    return traces[i] if 0 <= i < len(traces) else {}
-
-
-def _get(side: dict, key: str):
-    """A summary figure: from the heading trace's summary, else the report's top summary."""
-    v = trace_summary(side).get(key)
-    return v if v is not None else (side["report"].get("summary") or {}).get(key)
+def _memory(side: Side):
+    t = side.head
+    return t.memory if t is not None else None
 
 
 INPUT_NAMES = {"trace": "trace", "memory": "memory data", "snapshot": "allocator snapshot", "ranks": "second rank"}
 
 
-def _inputs(side: dict) -> set[str]:
+def _inputs(side: Side) -> set[str]:
     """Which rule inputs the side had (`Rule.requires`): a rule that needs one it lacks never ran."""
     have = set()
-    for t in side["report"].get("traces") or []:
-        if t.get("kind") == "trace" and "steps" in t:
+    for t in side.summary.traces:
+        if t.timed:
             have.add("trace")
-        if t.get("memory") is not None:
+        if t.memory is not None:
             have.add("memory")
-            if "snapshot" in (t["memory"].get("sources") or []):
+            if "snapshot" in t.memory.sources:
                 have.add("snapshot")
-    if side["report"].get("job") is not None:
+    if side.summary.job is not None:
         have.add("ranks")
     return have
 
@@ -119,7 +68,7 @@ def _inputs(side: dict) -> set[str]:
 # The comparison
 
 
-def compare(before: dict, after: dict) -> dict:
+def compare(before: Side, after: Side) -> dict:
     b_run, a_run = run_figures(before), run_figures(after)
     step = step_change(b_run, a_run)
     findings = match_findings(before, after)
@@ -141,32 +90,31 @@ def compare(before: dict, after: dict) -> dict:
     return out
 
 
-def run_figures(side: dict) -> dict:
+def run_figures(side: Side) -> dict:
     """The headline numbers of one side: step time (median, spread), GPU busy, memory peaks."""
-    t = trace_summary(side)
-    steps = side.get("steps_ms") or []
-    has_steps = bool(t.get("steps")) and t.get("median_step_ms") is not None
-    median = t.get("median_step_ms") if has_steps else None
-    mem = t.get("memory") or {}
+    t, mem = side.head, _memory(side)
+    steps = list(side.steps_ms)
+    has_steps = bool(_figure(side, "steps")) and _figure(side, "median_step_ms") is not None
+    median = _figure(side, "median_step_ms") if has_steps else None
     out = {
-        "label": side.get("label"),
-        "trace": t.get("trace"),
-        "rank": t.get("rank"),
-        "traces": len(side["report"].get("traces") or []),
-        "device": t.get("device"),
-        "platform": t.get("platform"),
-        "steps": t.get("steps") or 0,
+        "label": side.label,
+        "trace": t.source if t is not None else None,
+        "rank": t.rank if t is not None else None,
+        "traces": side.summary.figures.traces,
+        "device": _figure(side, "device"),
+        "platform": _figure(side, "platform"),
+        "steps": _figure(side, "steps") or 0,
         "median_step_ms": median,
         "min_step_ms": min(steps) if steps and has_steps else None,
         "max_step_ms": max(steps) if steps and has_steps else None,
         "spread_pct": None,
-        "unprofiled_median_step_ms": _get(side, "unprofiled_median_step_ms"),
-        "profiler_overhead_x": _get(side, "profiler_overhead_x"),
-        "gpu_busy_in_steps_pct": t.get("gpu_busy_in_steps_pct"),
-        "gpu_busy_pct": t.get("gpu_busy_pct"),
-        "peak_allocated_bytes": mem.get("peak_allocated_bytes"),
-        "peak_reserved_bytes": mem.get("peak_reserved_bytes"),
-        "findings": len(side["report"].get("findings") or []),
+        "unprofiled_median_step_ms": _figure(side, "unprofiled_median_step_ms"),
+        "profiler_overhead_x": _figure(side, "profiler_overhead_x"),
+        "gpu_busy_in_steps_pct": _figure(side, "gpu_busy_in_steps_pct"),
+        "gpu_busy_pct": _figure(side, "gpu_busy_pct"),
+        "peak_allocated_bytes": finite(mem.peak_allocated) if mem is not None else None,
+        "peak_reserved_bytes": finite(mem.peak_reserved) if mem is not None else None,
+        "findings": side.summary.figures.findings,
     }
     if median and out["min_step_ms"] is not None:
         # max − min over the median: how much the profiled steps disagree with each other
@@ -210,10 +158,10 @@ def _pos(v) -> bool:
     return isinstance(v, (int, float)) and math.isfinite(v) and v > 0
 
 
-def breakdown(before: dict, after: dict) -> list[dict]:
+def breakdown(before: Side, after: Side) -> list[dict]:
     """The median step split side by side (ms per step)."""
-    b = trace_summary(before).get("step_breakdown_ms") or {}
-    a = trace_summary(after).get("step_breakdown_ms") or {}
+    b = _figure(before, "step_breakdown_ms") or {}
+    a = _figure(after, "step_breakdown_ms") or {}
     rows = []
     for key, label in BREAKDOWN:
         if key not in b and key not in a:
@@ -224,31 +172,30 @@ def breakdown(before: dict, after: dict) -> list[dict]:
     return rows
 
 
-def _by_rule(findings: list[dict]) -> dict[str, list[dict]]:
-    out: dict[str, list[dict]] = {}
+def _by_rule(findings) -> dict[str, list[Finding]]:
+    out: dict[str, list[Finding]] = {}
     for f in findings:  # the report lists them biggest saving first: the first of a rule leads
-        out.setdefault(f.get("rule"), []).append(f)
+        out.setdefault(f.rule, []).append(f)
     return out
 
 
-def _side_of(fs: list[dict]) -> dict:
+def _side_of(fs: list[Finding]) -> dict:
     f = fs[0]
-    imp = f.get("impact") or {}
-    return {"severity": f.get("severity"), "est_step_saving_pct": imp.get("est_step_saving_pct"),
-            "upper_bound": bool(imp.get("upper_bound")), "count": len(fs), "message": f.get("message"),
-            "ranks": sorted({x.get("rank") for x in fs if x.get("rank") is not None})}
+    return {"severity": f.severity, "est_step_saving_pct": finite(f.impact.est_step_saving_pct),
+            "upper_bound": bool(f.impact.upper_bound), "count": len(fs), "message": f.message,
+            "ranks": sorted({x.rank for x in fs if x.rank is not None})}
 
 
-def match_findings(before: dict, after: dict) -> dict:
+def match_findings(before: Side, after: Side) -> dict:
     from gpuadvise.rules import find_rule
 
-    fb, fa = _by_rule(before["report"].get("findings") or []), _by_rule(after["report"].get("findings") or [])
+    fb, fa = _by_rule(before.summary.findings), _by_rule(after.summary.findings)
     have_b, have_a = _inputs(before), _inputs(after)
     out = {"resolved": [], "new": [], "still_there": [], "unchecked": []}
     for rule in list(fb) + [r for r in fa if r not in fb]:
         b, a = fb.get(rule), fa.get(rule)
         lead = (b or a)[0]
-        entry = {"rule": rule, "topic": lead.get("topic"), "title": lead.get("title"),
+        entry = {"rule": rule, "topic": lead.topic, "title": lead.title,
                  "before": _side_of(b) if b else None, "after": _side_of(a) if a else None}
         known = find_rule(rule)
         needs = set(getattr(known, "requires", ("trace",))) if known is not None else {"trace"}
@@ -270,10 +217,9 @@ def match_findings(before: dict, after: dict) -> dict:
     return out
 
 
-def _moved_numbers(b: dict, a: dict) -> list[dict]:
+def _moved_numbers(b: Finding, a: Finding) -> list[dict]:
     """The figures both findings quote (evidence.numbers), before → after."""
-    nb = (b.get("evidence") or {}).get("numbers") or {}
-    na = (a.get("evidence") or {}).get("numbers") or {}
+    nb, na = finite(b.evidence.numbers), finite(a.evidence.numbers)
     rows = []
     for key in nb:
         vb, va = nb.get(key), na.get(key)
@@ -294,11 +240,11 @@ def predictions(resolved: list[dict], step: dict) -> list[dict]:
             for f in resolved]
 
 
-def changes(before: dict, after: dict, table: str) -> list[dict]:
+def changes(before: Side, after: Side, table: str) -> list[dict]:
     """Kernels (or ops) whose time per step changed most, biggest change first."""
-    def per_step(side):
-        n = max(int(trace_summary(side).get("steps") or 0), 1)  # without steps: the whole window
-        return {row["name"]: (row["total_ms"] / n, row["count"] / n) for row in side.get(table) or []}
+    def per_step(side: Side):
+        n = max(int(_figure(side, "steps") or 0), 1)  # without steps: the whole window
+        return {row.name: (row.total_ms / n, row.count / n) for row in getattr(side, table)}
 
     b, a = per_step(before), per_step(after)
     rows = []
@@ -322,17 +268,17 @@ def changes(before: dict, after: dict, table: str) -> list[dict]:
 _SKIP_KEYS = {"created_at", "called_at", "id"}  # where/which object: differs between any two runs
 
 
-def env_facts(side: dict) -> dict[str, object]:
+def env_facts(side: Side) -> dict[str, object]:
     """The facts worth comparing, flattened: `settings.cudnn_benchmark`, `dataloader[0].num_workers`, …"""
-    t = trace_summary(side)
     out: dict[str, object] = {}
     for key in ("device", "compute_capability", "platform"):
-        if t.get(key) is not None:
-            out[f"trace.{key}"] = t.get(key)
-    alloc = (t.get("memory") or {}).get("allocator_settings") or {}
+        if _figure(side, key) is not None:
+            out[f"trace.{key}"] = _figure(side, key)
+    mem = _memory(side)
+    alloc = finite(mem.allocator_settings) if mem is not None else {}
     for k, v in alloc.items():
         out[f"allocator.{k}"] = v
-    facts = side.get("facts") or {}
+    facts = side.facts
     if not facts:
         return out
     env = facts.get("environment") or {}
@@ -363,10 +309,10 @@ def env_facts(side: dict) -> dict[str, object]:
     return out
 
 
-def environment(before: dict, after: dict) -> list[dict]:
+def environment(before: Side, after: Side) -> list[dict]:
     """The facts that differ. A run.json fact is compared only when both runs have a run.json."""
     eb, ea = env_facts(before), env_facts(after)
-    both_facts = bool(before.get("facts")) and bool(after.get("facts"))
+    both_facts = bool(before.facts) and bool(after.facts)
     rows = []
     both_alloc = any(k.startswith("allocator.") for k in eb) and any(k.startswith("allocator.") for k in ea)
     for key in list(eb) + [k for k in ea if k not in eb]:
@@ -380,7 +326,7 @@ def environment(before: dict, after: dict) -> list[dict]:
     return rows
 
 
-def warnings(before: dict, after: dict, b: dict, a: dict, step: dict) -> list[str]:
+def warnings(before: Side, after: Side, b: dict, a: dict, step: dict) -> list[str]:
     """What makes the comparison doubtful, said first: other devices, another script, other profiler
     settings, missing step times."""
     out = []
@@ -397,11 +343,11 @@ def warnings(before: dict, after: dict, b: dict, a: dict, step: dict) -> list[st
         out.append(f"different GPU counts: {n_b} on BEFORE, {n_a} on AFTER")
     if b.get("traces") != a.get("traces"):
         out.append(f"different numbers of traces (ranks): {b.get('traces')} on BEFORE, {a.get('traces')} on AFTER")
-    s_b, s_a = (before.get("facts") or {}).get("script"), (after.get("facts") or {}).get("script")
+    s_b, s_a = before.facts.get("script"), after.facts.get("script")
     if s_b and s_a and s_b != s_a:
         out.append(f"different scripts were run: {s_b} on BEFORE, {s_a} on AFTER")
     prof = sorted(k for k in set(eb) | set(ea) if k.startswith("profiler.") and eb.get(k) != ea.get(k))
-    if prof and before.get("facts") and after.get("facts"):
+    if prof and before.facts and after.facts:
         out.append("the profiler was set up differently (" + ", ".join(k.split(".", 1)[1] for k in prof)
                    + "): its overhead differs, so profiled step times are not like for like")
     if step.get("note"):
@@ -412,8 +358,7 @@ def warnings(before: dict, after: dict, b: dict, a: dict, step: dict) -> list[st
                    f"AFTER {a['min_step_ms']:.2f}–{a['max_step_ms']:.2f} ms): the change may be run-to-run noise; "
                    f"profile more steps or compare unprofiled step times")
     for name, side in (("BEFORE", before), ("AFTER", after)):
-        bad = [n for t in side["report"].get("traces") or [] for n in t.get("notes") or []
-               if "cut off" in n or "damaged" in n]
+        bad = [n for t in side.summary.traces for n in t.notes if "cut off" in n or "damaged" in n]
         if bad:
             out.append(f"{name}'s trace is incomplete: {bad[0]}")
     sb, sa = _snapshot(before), _snapshot(after)
@@ -422,8 +367,8 @@ def warnings(before: dict, after: dict, b: dict, a: dict, step: dict) -> list[st
     return out
 
 
-def _snapshot(side: dict) -> bool:
-    return any("snapshot" in ((t.get("memory") or {}).get("sources") or []) for t in side["report"].get("traces") or [])
+def _snapshot(side: Side) -> bool:
+    return any(t.memory is not None and "snapshot" in t.memory.sources for t in side.summary.traces)
 
 
 # ----------------------------------------------------------------------------------------------------

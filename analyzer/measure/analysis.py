@@ -11,9 +11,9 @@ from functools import cached_property
 
 from . import replay_graph, whatif
 from .compiled import CompiledTrace, compiled_trace
-from .calibration import Calibration, calibrate, recorded_starts, scenario_on, unprofiled_step_ms
+from .calibration import NOISE, Calibration, calibrate, recorded_starts, scenario_on, unprofiled_step_ms
 from gpuadvise.analyzer.model.calls import TRAINING
-from gpuadvise.analyzer.model.kernels import has_matrix_units
+from gpuadvise.analyzer.model import devices
 from .memory import MemorySummary
 from .metrics import Metrics
 from gpuadvise.analyzer.model.trace import TraceModel
@@ -40,9 +40,15 @@ class Analysis:
         return self.model.device if self.model is not None else None
 
     @cached_property
+    def device_spec(self) -> devices.Spec:
+        """The GPU's row of the device table (model/devices.py): its peaks and bandwidth, and how it was matched."""
+        names = self.metrics.kernels["name"].head(200) if self.metrics is not None and len(self.metrics.kernels) else []
+        platform = self.model.meta.platform if self.model is not None else "unknown"
+        return devices.spec(self.device, platform, names)
+
+    @property
     def matrix_units(self) -> bool | None:
-        names = self.metrics.kernels["name"].head(200) if len(self.metrics.kernels) else []
-        return has_matrix_units(self.device, self.model.meta.platform, names)
+        return self.device_spec.has_matrix_units
 
     @cached_property
     def compiled(self) -> CompiledTrace | None:
@@ -59,7 +65,8 @@ class Analysis:
 
     @cached_property
     def calibration(self) -> Calibration | None:
-        """The profiler's own cost, from run.json's unprofiled step time (calibration.py)."""
+        """The profiler's own cost: fitted to run.json's unprofiled step time, else the typical per-event cost
+        (calibration.py)."""
         return self._calibration(whatif.baseline_of(whatif.Scenario(name="")))
 
     def _calibration(self, mode: whatif.Scenario) -> Calibration | None:
@@ -69,13 +76,13 @@ class Analysis:
         cache = self.__dict__.setdefault("_calibrations", {})
         key = repr(mode)
         if key not in cache:
-            measured, _ = unprofiled_step_ms(self.facts)  # no run.json times: no need to build the replay here
-            if not measured:
-                cache[key] = calibrate(None, float(self.metrics.median_step_us), self.facts)
-            else:
-                cache[key] = calibrate(self.replay, float(self.metrics.median_step_us), self.facts,
-                                       recorded_starts(self.model, self.replay.calls if self.replay is not None else None),
-                                       mode=mode)
+            measured, _ = unprofiled_step_ms(self.facts)
+            replay = self.replay
+            traced = float(self.metrics.median_step_us)
+            calls = replay.calls if replay is not None else None
+            fits = measured and traced > measured * 1e3 * NOISE  # the run shows what the profiler cost it
+            events = recorded_starts(self.model, calls, python=bool(fits)) if replay is not None else None
+            cache[key] = calibrate(replay, traced, self.facts, events, mode=mode)
         return cache[key]
 
     def _calibrated_baseline_us(self, mode: whatif.Scenario) -> float:

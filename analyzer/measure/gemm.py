@@ -29,24 +29,28 @@ def _shape(x) -> list[int] | None:
     return x if isinstance(x, list) and x and all(isinstance(d, int) and not isinstance(d, bool) for d in x) else None
 
 
-def matmul_flops(name: str, dims: list) -> float:
-    """2·M·K·N (times the batch) for one op from its input shapes; NaN when the shapes do not say."""
+def matmul_mkn(name: str, dims: list) -> tuple[int, int, int, int] | None:
+    """(batch, M, K, N) of one op from its input shapes; None when the shapes do not say."""
     shapes = [_shape(d) for d in dims]
     if name in ("aten::addmm", "aten::baddbmm"):
         shapes = shapes[1:]  # the bias / input added to the product comes first
     a = shapes[0] if shapes else None
     b = shapes[1] if len(shapes) > 1 else None
     if a is None or b is None or len(a) < 2:
-        return float("nan")
-    k = a[-1]
+        return None
+    if name in ("aten::bmm", "aten::baddbmm") and len(a) == 3 and len(b) == 3:
+        return a[0], a[1], a[2], b[2]
     m = int(np.prod(a[:-1]))  # leading dims fold into M (a 3-D input to linear/matmul)
-    if name == "aten::linear":
-        n = b[0]  # weight is [out, in]
-    elif name in ("aten::bmm", "aten::baddbmm") and len(a) == 3 and len(b) == 3:
-        return 2.0 * a[0] * a[1] * k * b[2]
-    else:
-        n = b[-1]
-    return 2.0 * m * k * n
+    return 1, m, a[-1], (b[0] if name == "aten::linear" else b[-1])  # linear's weight is [out, in]
+
+
+def matmul_flops(name: str, dims: list) -> float:
+    """2·M·K·N (times the batch) for one op from its input shapes; NaN when the shapes do not say."""
+    mkn = matmul_mkn(name, dims)
+    if mkn is None:
+        return float("nan")
+    batch, m, k, n = mkn
+    return 2.0 * batch * m * k * n
 
 
 def misaligned(dims: list, multiple: int = 8) -> list[int]:

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from . import intervals as iv
+from gpuadvise.analyzer.model import frames as code_frames
 from gpuadvise.analyzer.model.calls import ALLOC_CALLS, FREE_CALLS
 
 GiB = 2**30
@@ -380,19 +381,26 @@ def _sites_at_peak(entries: list[dict], peak_i: int) -> list[dict]:
             for s in names]
 
 
-_LIBRARY = ("site-packages", "dist-packages", "/torch/", "\\torch\\", "<frozen", "/lib/python")
-
-
 def allocation_site(frames) -> str | None:
-    """Where user code asked for the memory: the innermost Python frame outside installed libraries,
-    else the innermost Python frame. C++ frames (stacks="all") are skipped."""
+    """Where user code asked for the memory: the innermost Python frame in the user's code
+    (model/frames.py judges), "file:line (function)". With only library frames, the library function in
+    parentheses, never its file (a pointer the user cannot follow); None without Python frames. C++
+    frames (stacks="all") are skipped."""
     py = [f for f in _list(frames) if isinstance(f, dict) and str(f.get("filename", "")).endswith(".py")]
     if not py:
         return None
-    user = [f for f in py if not any(m in str(f.get("filename")) for m in _LIBRARY)]
-    f = (user or py)[0]
-    path = str(f.get("filename")).replace("\\", "/").rsplit("/", 3)
-    return f"{'/'.join(path[-3:])}:{_int(f.get('line'))} ({f.get('name', '?')})"
+    stack = [code_frames.Frame(str(f.get("filename")), _int(f.get("line")), str(f.get("name", "?"))) for f in py]
+    chosen = code_frames.pick(stack)
+    if chosen.user is None:
+        return f"(no frame in your code: {chosen.library_call})"
+    path = chosen.user.file.replace("\\", "/").rsplit("/", 3)
+    return f"{'/'.join(path[-3:])}:{chosen.user.line} ({chosen.user.function})"
+
+
+def user_sites(sites: list[dict], n: int = 3) -> list[str]:
+    """The allocation sites of `top_sites` that point into the user's code (not NO_SITE, not a library
+    function), at most n: a finding's `sources`."""
+    return [x["name"] for x in sites if not str(x["name"]).startswith("(")][:n]
 
 
 def allocator_settings(snap: dict) -> dict:

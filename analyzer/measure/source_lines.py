@@ -3,10 +3,9 @@ stack (legacy `Call stack` strings, or `with_stack` python_function events)."""
 
 from __future__ import annotations
 
-import re
-
 import pandas as pd
 
+from gpuadvise.analyzer.model import frames
 from gpuadvise.analyzer.model.trace import TraceModel
 
 def attribute(model: TraceModel, calls: pd.DataFrame) -> tuple[list, list]:
@@ -35,18 +34,11 @@ def attribute(model: TraceModel, calls: pd.DataFrame) -> tuple[list, list]:
     return ops, sources
 
 
-_LIBRARY = re.compile(r"site-packages|dist-packages|/torch/|/lib/python\d|<built-in|^torch/|threading\.py|runpy\.py|/gpuadvise/")
-
-
 def user_frame_from_stack(stack: str) -> str:
-    """Innermost user frame of a legacy `Call stack` string ("file(line): func;…", innermost first)."""
-    if not stack or stack == "nan":
-        return ""
-    for frame in stack.split(";"):
-        frame = frame.strip()
-        if frame and not _LIBRARY.search(frame):
-            return frame
-    return ""
+    """Innermost user frame of a legacy `Call stack` string ("file(line): func;…", innermost first), as
+    the stack wrote it; "" when every frame is library code (frames.py judges)."""
+    user = frames.from_stack_string(stack).user
+    return user.text if user is not None else ""
 
 
 def python_source(model: TraceModel, ts: float, end: float, tid: int) -> str:
@@ -54,11 +46,9 @@ def python_source(model: TraceModel, ts: float, end: float, tid: int) -> str:
     py = model.python
     if py.empty:
         return ""
-    frames = py[(py["ts"] <= ts) & (py["end"] >= end)]
-    if tid in set(frames["tid"]):
-        frames = frames[frames["tid"] == tid]
-    best = ""
-    for name in frames.sort_values("ts")["name"].astype(str):
-        if not _LIBRARY.search(name) and "(" in name:
-            best = name  # keep going: later (inner) user frames are more precise
-    return best
+    inside = py[(py["ts"] <= ts) & (py["end"] >= end)]
+    if tid in set(inside["tid"]):
+        inside = inside[inside["tid"] == tid]
+    # outermost first: the last user frame met is the innermost one
+    user = frames.pick(inside.sort_values("ts")["name"].astype(str), innermost_first=False).user
+    return user.text if user is not None else ""

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 
-from .trace import Device
 
 COMM = re.compile(r"nccl|rccl|^ncclDevKernel|all_?reduce|all_?gather|reduce_?scatter|alltoall", re.I)
 
@@ -102,106 +101,6 @@ def precision_class(name: str) -> str:
     if h.startswith("triton_"):  # tl.dot picks TF32/bf16/fp32 at compile time: the name cannot tell
         return "other"
     return "fp32-simt" if CONV.search(h) or GEMM.search(h) else "other"
-
-
-ARCH_FROM_NAME = [
-    (re.compile(r"sm100|blackwell|fmhaSm100", re.I), (10, 0)),
-    (re.compile(r"sm90|hopper|nvjet", re.I), (9, 0)),
-    (re.compile(r"ampere|sm80|sm86", re.I), (8, 0)),
-    (re.compile(r"turing|sm75", re.I), (7, 5)),
-    (re.compile(r"volta|sm70", re.I), (7, 0)),
-    (re.compile(r"maxwell|pascal|sm6\d", re.I), (6, 0)),
-]
-
-
-def has_matrix_units(device: Device | None, platform: str, kernel_names) -> bool | None:
-    """Whether the GPU has Tensor Cores / matrix cores: True, False, or None when we cannot tell."""
-    if device is not None and device.compute_major is not None and device.vendor == "nvidia":
-        return device.compute_major >= 7
-    if device is not None and device.vendor == "amd":
-        n = device.name.lower()
-        if "instinct" in n or re.search(r"\bmi\d{3}", n):
-            return True  # CDNA (MI100 and later) has matrix cores
-        return None
-    if device is not None and device.name:
-        n = device.name.lower()
-        if re.search(r"v100|t4|a100|a10|a30|a40|h100|h800|h200|b200|l4|l40|rtx|titan v", n):
-            return True
-        if re.search(r"p100|gp100|p40|p4|k80|m40|gtx 10", n):
-            return False
-    for name in kernel_names:
-        for pattern, cc in ARCH_FROM_NAME:
-            if pattern.search(str(name)):
-                return cc[0] >= 7
-    return None
-
-
-# Dense peak throughput of the matrix units over fp32 on the CUDA cores, by architecture, from the
-# vendors' datasheets (TFLOP/s, dense): V100 fp32 15.7 / fp16 TC 125; T4 8.1 / 65; A100 19.5 / TF32 156 /
-# bf16 312; A10 and L40S (sm86/89, and GeForce/RTX parts) TF32 2×, bf16 4× fp32; H100 SXM 67 / 495 / 989;
-# B200 80 / 1100 / 2250. AMD MI300X fp32 vector 163 / xf32 654 / bf16 1307; MI250X 48 / – / 383.
-# Large GEMMs reach a similar fraction of either peak (on the H100 pairs: 82 % of fp32 SIMT peak before,
-# 82 % of bf16 Tensor Core peak after autocast), so the ratio is the speedup a GEMM-bound kernel gets.
-_MATRIX_SPEEDUP = [  # (min compute capability, {"tf32": ×, "bf16": ×, "fp16": ×})
-    ((12, 0), {"tf32": 2.0, "bf16": 4.0, "fp16": 4.0}),
-    ((10, 0), {"tf32": 13.75, "bf16": 28.0, "fp16": 28.0}),
-    ((9, 0), {"tf32": 7.4, "bf16": 14.8, "fp16": 14.8}),
-    ((8, 6), {"tf32": 2.0, "bf16": 4.0, "fp16": 4.0}),
-    ((8, 0), {"tf32": 8.0, "bf16": 16.0, "fp16": 16.0}),
-    ((7, 0), {"fp16": 8.0}),
-]
-
-
-def matrix_speedup(device: Device | None) -> dict[str, float]:
-    """How much faster a large fp32 GEMM runs on the device's matrix units, per operand type a fix can
-    choose ("tf32", "bf16", "fp16"); empty when the device (or its matrix units) is unknown."""
-    if device is None:
-        return {}
-    if device.vendor == "amd":
-        n = device.name.lower()
-        if re.search(r"mi3\d\d", n):
-            return {"tf32": 4.0, "bf16": 8.0, "fp16": 8.0}
-        if "instinct" in n or re.search(r"\bmi\d{3}", n):
-            return {"bf16": 8.0, "fp16": 8.0}
-        return {}
-    if device.compute_major is None:
-        return {}
-    cc = (device.compute_major, device.compute_minor or 0)
-    for floor, ratios in _MATRIX_SPEEDUP:
-        if cc >= floor:
-            return dict(ratios)
-    return {}
-
-
-# Dense bf16/fp16 matrix peak, TFLOP/s, by architecture (same datasheets): what an aligned half-precision
-# GEMM can reach when no aligned GEMM in the trace shows what this device really does.
-_HALF_PEAK_TFLOPS = [((12, 0), 210.0), ((10, 0), 2250.0), ((9, 0), 989.0), ((8, 9), 362.0), ((8, 6), 125.0),
-                     ((8, 0), 312.0), ((7, 5), 65.0), ((7, 0), 125.0)]
-
-
-def half_peak_tflops(device: Device | None) -> float | None:
-    if device is None or device.compute_major is None or device.vendor != "nvidia":
-        return None
-    cc = (device.compute_major, device.compute_minor or 0)
-    return next((p for floor, p in _HALF_PEAK_TFLOPS if cc >= floor), None)
-
-
-# Host↔device bandwidth of pinned copies over the GPU's PCIe link, GB/s: what PCIe 5.0 / 4.0 / 3.0 x16
-# deliver in practice (64 / 32 / 16 GB/s on paper; ~50 / ~25 / ~12 measured for large pinned copies: 55
-# GB/s on the H100 pairs). Pageable copies are staged through a pinned bounce buffer and reach a fraction.
-_PINNED_GBPS = [((9, 0), 50.0), ((8, 0), 25.0), ((0, 0), 12.0)]
-
-
-def pinned_copy_gbps(device: Device | None) -> float:
-    """The pinned host↔device bandwidth to expect on this GPU's PCIe generation (12 GB/s if unknown)."""
-    if device is None:
-        return 12.0
-    if device.vendor == "amd":
-        return 50.0 if re.search(r"mi3\d\d", device.name.lower()) else 25.0
-    if device.compute_major is None:
-        return 12.0
-    cc = (device.compute_major, device.compute_minor or 0)
-    return next(g for floor, g in _PINNED_GBPS if cc >= floor)
 
 
 # -- compiled work (torch.compile / Inductor) ------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""What an analysis produces, as plain typed data the renderers and the TUI read: one `TraceReport` per trace or
-snapshot, gathered in `Reports` (with the job-level report when several ranks were analysed)."""
+"""What an analysis produces, as plain typed data: one `TraceReport` per trace or snapshot, gathered in
+`Reports` (with the job-level report when several ranks were analysed). Every output reads their summary
+(`model/summary.py`); the per-step and kernel tables, the timeline and the memory screens read the reports."""
 
 from __future__ import annotations
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import frames
+
 
 def _dict(v) -> dict:
     return v if isinstance(v, dict) else {}
@@ -120,6 +122,12 @@ class DataLoaderFact:
     batch_size: int | None
     prefetch_factor: int | None
     persistent_workers: bool | None
+    created_via: str | None = None  # the framework call that built it for the user ("`get_train_dataloader` in transformers")
+
+    @property
+    def where(self) -> str:
+        """Where the user's code built it, with the framework call in between: "train.py:40 (through …)"."""
+        return f"{self.created_at} (through {self.created_via})" if self.created_via else self.created_at
 
 
 @dataclass(frozen=True)
@@ -128,6 +136,7 @@ class WrapperFact:
 
     kind: str
     created_at: str
+    created_via: str | None = None
 
 
 @dataclass(frozen=True)
@@ -147,18 +156,36 @@ class OptimizerFact:
                 "param_devices": dict(self.param_devices)}
 
 
+def site(v) -> str | None:
+    """A recorded source site ("file.py:LINE") when it points into the user's code; None for a library
+    frame (a run.json written before the harness judged frames: model/frames.py), or nothing."""
+    return frames.user_site(_str(v))
+
+
+def _located(entry: dict) -> dict:
+    """A recorded compile / graph-break entry with `where` kept only when it is the user's line; a
+    library frame moves to `library_where` (named, never shown as the user's line)."""
+    where = _str(entry.get("where"))
+    user = site(where)
+    if where and user is None and not entry.get("library_where"):
+        frame = frames.parse(where)
+        return dict(entry, where=None, library_where=frames.library_label(frame) if frame else where)
+    return dict(entry, where=user)
+
+
 def dataloaders(facts: dict) -> list[DataLoaderFact]:
     """Every DataLoader the script built, in creation order."""
-    return [DataLoaderFact(created_at=_str(e.get("created_at")) or "?", num_workers=_int(e.get("num_workers")),
+    return [DataLoaderFact(created_at=site(e.get("created_at")) or "?", num_workers=_int(e.get("num_workers")),
                            pin_memory=_bool(e.get("pin_memory")), batch_size=_int(e.get("batch_size")),
                            prefetch_factor=_int(e.get("prefetch_factor")),
-                           persistent_workers=_bool(e.get("persistent_workers")))
+                           persistent_workers=_bool(e.get("persistent_workers")), created_via=_str(e.get("created_via")))
             for e in _entries(facts, "dataloaders")]
 
 
 def wrappers(facts: dict, kind: str | None = None) -> list[WrapperFact]:
     """The DataParallel / DistributedDataParallel wrappers the script built (only `kind` when given)."""
-    out = [WrapperFact(kind=_str(e.get("kind")) or "?", created_at=_str(e.get("created_at")) or "?")
+    out = [WrapperFact(kind=_str(e.get("kind")) or "?", created_at=site(e.get("created_at")) or "?",
+                       created_via=_str(e.get("created_via")))
            for e in _entries(facts, "wrappers")]
     return [w for w in out if kind is None or w.kind == kind]
 
@@ -202,7 +229,7 @@ def _seconds(v) -> float:
 
 def compile_events(facts: dict) -> list[dict]:
     """Each frame compile `gpuadvise profile` recorded, `seconds` made a float (0.0 when missing)."""
-    return [dict(c, seconds=_seconds(c.get("seconds"))) for c in _compile_list(compiled(facts).get("compiles"))]
+    return [_located(dict(c, seconds=_seconds(c.get("seconds")))) for c in _compile_list(compiled(facts).get("compiles"))]
 
 
 def compiles_in_window(facts: dict) -> list[dict]:
@@ -214,8 +241,28 @@ def compiles_in_window(facts: dict) -> list[dict]:
 def recompiles_after_warmup(facts: dict) -> list[dict]:
     """Recompilations from step COMPILE_WARMUP_STEPS on, each with its compile seconds when recorded."""
     seconds = {c.get("compile_id"): c["seconds"] for c in compile_events(facts)}
-    return [dict(r, seconds=seconds.get(r.get("compile_id"), 0.0))
+    return [_located(dict(r, seconds=seconds.get(r.get("compile_id"), 0.0)))
             for r in _compile_list(compiled(facts).get("recompiles")) if (_int(r.get("step")) or -1) >= COMPILE_WARMUP_STEPS]
+
+
+def recompile_limit_hits(facts: dict) -> list[dict]:
+    """Frames that hit dynamo's recompile limit (and run eagerly from then on): function, where, step, reason."""
+    return [_located(h) for h in _compile_list(compiled(facts).get("limit_hit"))]
+
+
+def compiled_module(entry: dict) -> str:
+    """The compiled code of a compile entry, named in the user's terms: "the compiled `Net` (torch.compile
+    at train.py:31)" for a module dynamo compiled through a frame inside torch or a framework, else "the
+    function at model.py:22"; "a frame inside torch" when the entry names no user line at all."""
+    where = entry.get("where")
+    module, at = _str(entry.get("module")), site(entry.get("compiled_at"))
+    if module:
+        forward = f", forward at {where}" if where and where != at else ""
+        return f"the compiled `{module}` (torch.compile at {at or '?'}{forward})"
+    if where:
+        return f"the function at {where}"
+    library = _str(entry.get("library_where"))
+    return f"a frame inside {frames.package(library)}" if library else "an unrecorded frame"
 
 
 def compile_seconds_by_step(facts: dict) -> dict[int, float]:
@@ -231,7 +278,7 @@ def compile_seconds_by_step(facts: dict) -> dict[int, float]:
 
 def graph_break_sites(facts: dict) -> list[dict]:
     """One entry per graph-break site: `where` (user file:line or None), `reason`, `count`, `steps`."""
-    return _compile_list(compiled(facts).get("graph_breaks"))
+    return [_located(b) for b in _compile_list(compiled(facts).get("graph_breaks"))]
 
 
 def window_steps(facts: dict) -> list[int]:
@@ -272,5 +319,6 @@ def loader_profile(facts: dict) -> dict | None:
          "ms_per_batch": _num(f.get("ms_per_batch"))}
         for f in lp.get("functions") or []
         if isinstance(f, dict) and isinstance(f.get("function"), str) and isinstance(f.get("file"), str)
+        and not frames.is_library(f["file"], stripped=False)
         and _num(f.get("line")) is not None and _num(f.get("share_pct")) is not None]
     return out

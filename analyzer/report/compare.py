@@ -346,9 +346,9 @@ def _fact_cell(v) -> str:
 
 
 def render_json(cmp: dict) -> str:
-    from .json import _finite
+    from .json import finite
 
-    return json.dumps(_finite(cmp), indent=2, allow_nan=False) + "\n"
+    return json.dumps(finite(cmp), indent=2, allow_nan=False) + "\n"
 
 
 def _links(cs: list[Chart], href) -> dict:

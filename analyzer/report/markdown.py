@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from gpuadvise.analyzer.model.report import TraceReport, all_findings, overhead_words
+from gpuadvise.analyzer.model.report import TraceReport, overhead_words
 from gpuadvise.analyzer.model.findings import Finding
+from gpuadvise.analyzer.model.summary import TraceSummary, summarize
 from .finding import finding_lines, fmt, saving
-from .json import trace_summary
 from .safe import md, md_cell, md_code, md_text, short
 
 
@@ -13,10 +13,11 @@ def render(reports: list[TraceReport], charts: dict | None = None) -> str:
     """`charts`: markdown lines to add after the summary table ("findings") and after report i's
     steps table (i), e.g. links to chart files (see report_charts.py)."""
     charts = charts or {}
+    summary = summarize(reports)
     out = ["# gpuadvise report", ""]
-    findings = all_findings(reports)
-    for r in reports:
-        out += _trace_header(r)
+    findings = summary.findings
+    for t in summary.traces:
+        out += _trace_header(t)
     out += ["## Summary", ""]
     if findings:
         out += [f"{len(findings)} finding{'s' if len(findings) != 1 else ''}, ordered by the step time a fix is predicted to save.", ""]
@@ -30,25 +31,25 @@ def render(reports: list[TraceReport], charts: dict | None = None) -> str:
         out += charts.get("findings", [])
     else:
         out += ["No findings: nothing in this trace points at a slowdown gpuadvise knows how to fix.", ""]
-    job = getattr(reports, "job", None)
+    job = summary.job
     if job is not None:
         out += _job_section(job)
     for i, r in enumerate(reports):
         steps = _steps_table(r, len(reports) > 1)
         out += steps + (charts.get(i, []) if steps else [])
-    for r in reports:
-        out += _memory_section(r, len(reports) > 1)
+    for t in summary.traces:
+        out += _memory_section(t, len(reports) > 1)
     if findings:
         out += ["## Findings", ""]
         for i, f in enumerate(findings, 1):
             out += _finding(i, f)
     for r in reports:
         out += _kernels_table(r, len(reports) > 1)
-    notes = [(r, n) for r in reports for n in r.notes]
+    notes = [(t, n) for t in summary.traces for n in t.notes]
     job_notes = job.notes if job is not None else []
     if notes or job_notes:
         out += ["## Notes", ""]
-        out += [f"- {md(n)}" + (f" ({md(r.source)})" if len(reports) > 1 else "") for r, n in notes]
+        out += [f"- {md(n)}" + (f" ({md(t.source)})" if len(reports) > 1 else "") for t, n in notes]
         out += [f"- {md(n)} (job)" for n in job_notes]
         out.append("")
     return "\n".join(out).rstrip() + "\n"
@@ -83,35 +84,35 @@ def _opt(v, spec: str, unit: str = "") -> str:
     return "–" if v is None else f"{v:{spec}}{unit}"
 
 
-def _trace_header(r: TraceReport) -> list[str]:
-    s = trace_summary(r)
-    what = "Snapshot" if r.kind == "snapshot" else "Trace"
-    lines = [f"- **{what}:** {md_code(r.source)}" + (f" (rank {r.rank})" if r.rank is not None else "")]
-    if r.snapshot:
-        lines.append(f"- **Memory snapshot:** {md_code(r.snapshot)}")
-    if r.kind != "trace" or r.metrics is None:
+def _trace_header(t: TraceSummary) -> list[str]:
+    what = "Snapshot" if t.kind == "snapshot" else "Trace"
+    lines = [f"- **{what}:** {md_code(t.source)}" + (f" (rank {t.rank})" if t.rank is not None else "")]
+    if t.snapshot:
+        lines.append(f"- **Memory snapshot:** {md_code(t.snapshot)}")
+    if not t.timed:
         return lines + [""]
-    if s.get("device_description"):
-        lines.append(f"- **Device:** {md(s['device_description'])}")
+    s = t.figures
+    if s.device_description:
+        lines.append(f"- **Device:** {md(s.device_description)}")
     else:
-        cc = f" (sm {s['compute_capability']})" if s.get("compute_capability") else ""
-        lines.append(f"- **Device:** {md(s.get('device') or 'not recorded')}{cc}, {s['platform']}")
-    if s["steps"]:
-        nums = s["step_numbers"]
-        ahead = (f" on the GPU timeline; their CPU spans take {s['median_step_cpu_ms']:.2f} ms (the CPU runs ahead of the GPU)"
-                 if s["median_step_ms"] > 1.1 * s["median_step_cpu_ms"] else "")
-        lines.append(f"- **Steps:** {s['steps']} (ProfilerStep#{nums[0]}–#{nums[-1]}), median {s['median_step_ms']:.2f} ms{ahead}")
+        cc = f" (sm {s.compute_capability})" if s.compute_capability else ""
+        lines.append(f"- **Device:** {md(s.device or 'not recorded')}{cc}, {s.platform}")
+    if s.steps:
+        nums = s.step_numbers
+        ahead = (f" on the GPU timeline; their CPU spans take {s.median_step_cpu_ms:.2f} ms (the CPU runs ahead of the GPU)"
+                 if s.median_step_ms > 1.1 * s.median_step_cpu_ms else "")
+        lines.append(f"- **Steps:** {s.steps} (ProfilerStep#{nums[0]}–#{nums[-1]}), median {s.median_step_ms:.2f} ms{ahead}")
     else:
-        lines.append(f"- **Steps:** none recorded; the whole trace ({s['window_ms']:.2f} ms) is one window")
-    if s.get("one_time_note"):
-        lines.append(f"- **One-time costs:** {md_text(s['one_time_note'])}")
-    if s.get("unprofiled_median_step_ms"):
-        lines.append(f"- **Unprofiled step:** {s['unprofiled_median_step_ms']:.2f} ms median, measured by `gpuadvise profile` "
-                     f"outside the window: {overhead_words(s['profiler_overhead_x'])} "
-                     f"({md_text(s.get('profiler_calibration') or '')})")
-    if s.get("gpu_busy_pct") is not None:
-        in_steps = f", {s['gpu_busy_in_steps_pct']:.1f} % inside the steps" if s["steps"] else ""
-        lines.append(f"- **GPU busy:** {s['gpu_busy_pct']:.1f} % of the GPU's active span{in_steps}")
+        lines.append(f"- **Steps:** none recorded; the whole trace ({s.window_ms:.2f} ms) is one window")
+    if s.one_time_note:
+        lines.append(f"- **One-time costs:** {md_text(s.one_time_note)}")
+    if s.unprofiled_median_step_ms:
+        lines.append(f"- **Unprofiled step:** {s.unprofiled_median_step_ms:.2f} ms median, measured by `gpuadvise profile` "
+                     f"outside the window: {overhead_words(s.profiler_overhead_x)} "
+                     f"({md_text(s.profiler_calibration or '')})")
+    if s.gpu_busy_pct is not None:
+        in_steps = f", {s.gpu_busy_in_steps_pct:.1f} % inside the steps" if s.steps else ""
+        lines.append(f"- **GPU busy:** {s.gpu_busy_pct:.1f} % of the GPU's active span{in_steps}")
     else:
         lines.append("- **GPU busy:** no GPU activity recorded")
     return lines + [""]
@@ -134,9 +135,9 @@ def _steps_table(r: TraceReport, multi: bool) -> list[str]:
                       "in that window, DataLoader and sync columns are measured in the CPU span.", ""]
 
 
-def _memory_section(r: TraceReport, multi: bool) -> list[str]:
+def _memory_section(t: TraceSummary, multi: bool) -> list[str]:
     """The memory figures, whatever their sources: snapshot state, its history, [memory] events, memory_stats."""
-    mem = r.memory
+    mem = t.memory
     if mem is None:
         return []
     rows: list[tuple[str, str]] = []
@@ -192,7 +193,7 @@ def _memory_section(r: TraceReport, multi: bool) -> list[str]:
         rows.append(("memory_stats(): alloc retries / OOMs", f"{_num(c.num_alloc_retries)} / {_num(c.num_ooms)}"))
     if mem.allocator_settings:
         rows.append(("Allocator settings", ", ".join(md_code(f"{k}={v}") for k, v in mem.allocator_settings.items())))
-    out = ["## Memory" + (f" — {md(r.source)}" if multi else ""), "", "| | |", "|---|---|"]
+    out = ["## Memory" + (f" — {md(t.source)}" if multi else ""), "", "| | |", "|---|---|"]
     out += [f"| {label} | {value} |" for label, value in rows]
     out.append("")
     sites = (h.top_sites if h is not None else []) or (s.top_sites if s is not None else [])

@@ -4,46 +4,47 @@ from __future__ import annotations
 
 import textwrap
 
-from gpuadvise.analyzer.model.report import TraceReport, all_findings, overhead_words
-from .json import trace_summary
+from gpuadvise.analyzer.model.report import overhead_words
+from gpuadvise.analyzer.model.summary import TraceSummary, summarize
 from .safe import short, terminal
 
 
-def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
+def render(reports, top: int = 5, prefix: str = "") -> str:
+    summary = summarize(reports)
     out = []
-    for r in reports:
-        s = trace_summary(r)
-        head = f"{terminal(r.source)}" + (f" (rank {r.rank})" if r.rank is not None else "")
-        if r.metrics is None:
+    for t in summary.traces:
+        head = f"{terminal(t.source)}" + (f" (rank {t.rank})" if t.rank is not None else "")
+        s = t.figures
+        if s is None:
             out.append(head)
-            out += _memory_line(r)
-            out += [f"  {terminal(n)}" for n in r.notes]
+            out += _memory_line(t)
+            out += [f"  {terminal(n)}" for n in t.notes]
             continue
-        busy = s.get("gpu_busy_in_steps_pct") if s["steps"] else s.get("gpu_busy_pct")
+        busy = s.gpu_busy_in_steps_pct if s.steps else s.gpu_busy_pct
         busy_txt = f"GPU busy {busy:.1f}%" if busy is not None else "no GPU activity recorded"
-        if s["steps"] == 1:  # one step has no median to speak of
-            steps = f"1 step, {s['median_step_ms']:.1f} ms"
+        if s.steps == 1:  # one step has no median to speak of
+            steps = f"1 step, {s.median_step_ms:.1f} ms"
         else:
-            steps = f"{s['steps']} steps, median {s['median_step_ms']:.1f} ms" if s["steps"] else f"no steps, {s['window_ms']:.1f} ms traced"
-        if s["steps"] and s["median_step_ms"] > 1.1 * s["median_step_cpu_ms"]:
-            steps += f" on the GPU timeline (CPU spans {s['median_step_cpu_ms']:.1f} ms: the CPU runs ahead)"
-        if s.get("unprofiled_median_step_ms"):
-            steps += f" (unprofiled {s['unprofiled_median_step_ms']:.1f} ms: {overhead_words(s['profiler_overhead_x'])})"
-        dev = terminal(s.get("device_description") or s.get("device") or "device not recorded")
+            steps = f"{s.steps} steps, median {s.median_step_ms:.1f} ms" if s.steps else f"no steps, {s.window_ms:.1f} ms traced"
+        if s.steps and s.median_step_ms > 1.1 * s.median_step_cpu_ms:
+            steps += f" on the GPU timeline (CPU spans {s.median_step_cpu_ms:.1f} ms: the CPU runs ahead)"
+        if s.unprofiled_median_step_ms:
+            steps += f" (unprofiled {s.unprofiled_median_step_ms:.1f} ms: {overhead_words(s.profiler_overhead_x)})"
+        dev = terminal(s.device_description or s.device or "device not recorded")
         out.append(f"{head}\n  {dev} · {steps} · {busy_txt}")
-        if s.get("one_time_note"):
-            out += [f"  {line}" for line in textwrap.wrap(terminal(s["one_time_note"]), 98)]
-        out += _memory_line(r)
-    job = getattr(reports, "job", None)
+        if s.one_time_note:
+            out += [f"  {line}" for line in textwrap.wrap(terminal(s.one_time_note), 98)]
+        out += _memory_line(t)
+    job = summary.job
     if job is not None:
         out += _job_lines(job)
-    findings = all_findings(reports)
+    findings = summary.findings
     if not findings:
         out.append("\nNo findings.")
     else:
         out.append(f"\n{len(findings)} finding{'s' if len(findings) != 1 else ''} (by severity, then predicted saving):")
         for i, f in enumerate(findings[:top], 1):
-            rank = f" [rank {f.rank}]" if f.rank is not None and len(reports) > 1 else ""
+            rank = f" [rank {f.rank}]" if f.rank is not None and len(summary.traces) > 1 else ""
             pct = f.impact.est_step_saving_pct
             est = f"up to {pct:.1f}%" if f.impact.upper_bound else f"~{pct:.1f}%"
             if f.impact.range_pct and f.impact.range_pct[1] - f.impact.range_pct[0] >= 1:
@@ -59,7 +60,7 @@ def render(reports: list[TraceReport], top: int = 5, prefix: str = "") -> str:
             out.append(f"   → {first}")
         if len(findings) > top:
             out.append(f"\n… and {len(findings) - top} more (use --format md for the full report).")
-    notes = [n for r in reports for n in r.notes] + (job.notes if job is not None else [])
+    notes = [n for t in summary.traces for n in t.notes] + (job.notes if job is not None else [])
     if notes:
         out.append("")
         out += [f"note: {terminal(n)}" for n in notes]
@@ -93,8 +94,8 @@ def _job_lines(job, max_ranks: int = 16) -> list[str]:
     return out
 
 
-def _memory_line(r: TraceReport) -> list[str]:
-    mem = r.memory
+def _memory_line(t: TraceSummary) -> list[str]:
+    mem = t.memory
     if mem is None or (mem.peak_allocated is None and mem.peak_reserved is None and mem.snapshot is None):
         return []
     g = 2**30

@@ -15,7 +15,9 @@ from __future__ import annotations
 import logging
 import re
 
-from .facts import _short  # a source path as the user knows it (relative to cwd when inside it)
+from gpuadvise.analyzer.model import frames
+
+from .facts import caller
 
 MAX_ITEMS = 200  # compiles / breaks kept in run.json: a recompiling loop must not grow it forever
 
@@ -31,6 +33,7 @@ class Recorder:
         self.compiles: list[dict] = []
         self.breaks: dict[tuple, dict] = {}
         self.calls: list[dict] = []
+        self.targets: dict[int, dict] = {}  # id(what torch.compile was given) → its call in `calls`
         self.cudagraph = {"captures": 0, "replays": 0}
         self.errors: list[str] = []
         self.surface = "counters"
@@ -94,13 +97,40 @@ class Recorder:
         if not isinstance(m, dict) or len(self.compiles) >= MAX_ITEMS:
             return
         step, phase = self.where()
-        self.compiles.append({
+        entry = {
             "compile_id": m.get("compile_id"), "function": m.get("co_name"),
             "where": _where(m.get("co_filename"), m.get("co_firstlineno")),
             "seconds": _num(m.get("entire_frame_compile_time_s")), "graph_ops": m.get("graph_op_count"),
             "recompile_reason": _first_line(m.get("recompile_reason")), "fail_reason": _first_line(m.get("fail_reason")),
             "cudagraph_skip_reason": m.get("cudagraph_skip_reason"), "step": step, "phase": phase,
-        })
+        }
+        if m.get("co_filename") and frames.is_library(str(m["co_filename"])):
+            entry.update(self._user_side(str(entry["where"])))
+        self.compiles.append(entry)
+
+    def _user_side(self, library_where: str) -> dict:
+        """A frame dynamo compiled inside torch or a framework (the `inner` wrapper torch.compile puts
+        around an `nn.Module` whose forward torch itself traces, a Hugging Face model's forward): named by
+        the compiled module and its `torch.compile(...)` call instead, found from the module being called
+        on this stack (the record arrives while the user's call of it runs)."""
+        call = self._target_on_stack() or (self.calls[0] if len(self.calls) == 1 else None)
+        out = {"library_where": frames.library_label(frames.parse(library_where) or frames.Frame(library_where))}
+        if call is None:
+            return dict(out, where=frames.live().site or None)
+        return dict(out, where=call.get("target_where") or call.get("called_at"), module=call.get("target"),
+                    compiled_at=call.get("called_at"))
+
+    def _target_on_stack(self) -> dict | None:
+        import sys
+
+        f = sys._getframe(1)
+        while f is not None:
+            obj = f.f_locals.get("self")
+            orig = getattr(obj, "_orig_mod", None) if type(obj).__name__ == "OptimizedModule" else None
+            if orig is not None and id(orig) in self.targets:
+                return self.targets[id(orig)]
+            f = f.f_back
+        return None
 
     def _on_break(self, payload) -> None:
         text = payload if isinstance(payload, str) else ""
@@ -121,23 +151,27 @@ class Recorder:
     def summary(self) -> dict:
         out = {"surface": self.surface, "calls": self.calls, "compiles": self.compiles,
                "graph_breaks": sorted(self.breaks.values(), key=lambda b: -b["count"])}
+        named = ("module", "compiled_at", "library_where")  # a frame compiled inside library code
         out["recompiles"] = [{k: c[k] for k in ("compile_id", "function", "where", "step", "phase")}
-                             | {"reason": c["recompile_reason"]} for c in self.compiles if c.get("recompile_reason")]
+                             | {"reason": c["recompile_reason"]} | {k: c[k] for k in named if c.get(k)}
+                             for c in self.compiles if c.get("recompile_reason")]
         # dynamo gives up on a frame past its recompile limit and runs it eagerly from then on
         out["limit_hit"] = [{"function": c["function"], "where": c["where"], "step": c["step"], "reason": c["fail_reason"]}
+                            | {k: c[k] for k in named if c.get(k)}
                             for c in self.compiles if c.get("fail_reason") and "limit" in c["fail_reason"]]
         per_step: dict[str, float] = {}
         for c in self.compiles:
             if c["seconds"] is not None:
                 per_step[str(c["step"])] = round(per_step.get(str(c["step"]), 0.0) + c["seconds"], 4)
         out["compile_seconds_per_step"] = per_step
-        frames: dict[str, dict] = {}
+        compiled_frames: dict[str, dict] = {}
         for c in self.compiles:
-            f = frames.setdefault(c["where"], {"function": c["function"], "where": c["where"], "compiles": 0,
-                                               "compile_seconds": 0.0, "first_step": c["step"]})
+            f = compiled_frames.setdefault(c["where"], {"function": c["function"], "where": c["where"], "compiles": 0,
+                                                        "compile_seconds": 0.0, "first_step": c["step"]}
+                                           | {k: c[k] for k in named if c.get(k)})
             f["compiles"] += 1
             f["compile_seconds"] = round(f["compile_seconds"] + (c["seconds"] or 0.0), 4)
-        out["frames"] = list(frames.values())
+        out["frames"] = list(compiled_frames.values())
         out.update(self._counters())
         skips = [c["cudagraph_skip_reason"] for c in self.compiles if c.get("cudagraph_skip_reason")]
         out["cudagraphs"] = dict(self.cudagraph, requested=any(_wants_cudagraphs(c) for c in self.calls),
@@ -163,12 +197,16 @@ class Recorder:
 
 
 def break_site(text: str) -> tuple[str | None, str]:
-    """(user file:line, reason) from a `dynamo_graph_break_reason` payload."""
+    """(user file:line, reason) from a `dynamo_graph_break_reason` payload: the line dynamo names when it
+    is the user's code, else the innermost user frame of the traceback the payload carries (older torch
+    gives only the traceback). None when no frame of it is the user's."""
     m = _BREAK_AT.search(text)
-    where = f"{_short(m.group(1))}:{m.group(2)}" if m else None
-    if where is None:
-        user = [f for f in _OLD_BREAK_AT.findall(text) if "site-packages" not in f[0] and "/torch/" not in f[0]]
-        where = f"{_short(user[-1][0])}:{user[-1][1]}" if user else None
+    named = frames.Frame(m.group(1), int(m.group(2))) if m else None
+    stack = [frames.Frame(f, int(n)) for f, n in _OLD_BREAK_AT.findall(text)]  # outermost first
+    if named is not None and not frames.is_library(named.file):
+        where = named.site
+    else:
+        where = frames.pick(stack, innermost_first=False).site or None
     r = _BREAK_REASON.search(text)
     reason = (r.group(1) if r else text.strip().splitlines()[0] if text.strip() else "unknown").strip()
     lines = [ln.strip() for ln in reason.splitlines() if ln.strip()]
@@ -192,7 +230,7 @@ def _wants_cudagraphs(call: dict) -> bool:
 def _where(filename, line) -> str | None:
     if not filename:
         return None
-    return f"{_short(str(filename))}:{line}" if line is not None else _short(str(filename))
+    return frames.Frame(str(filename), line if isinstance(line, int) else None).site
 
 
 def _num(v):
@@ -211,7 +249,7 @@ def install(torch, where_fn) -> None:
     @functools.wraps(original)
     def compile_(*a, **k):
         try:
-            _on_compile_call(torch, where_fn, k)
+            _on_compile_call(torch, where_fn, a, k)
         except Exception:  # recording must never break the script
             pass
         return original(*a, **k)
@@ -219,7 +257,7 @@ def install(torch, where_fn) -> None:
     torch.compile = compile_
 
 
-def _on_compile_call(torch, where_fn, kwargs: dict) -> None:
+def _on_compile_call(torch, where_fn, args: tuple, kwargs: dict) -> None:
     global _REC
     if _REC is None:
         _REC = Recorder(torch, where_fn)
@@ -228,11 +266,30 @@ def _on_compile_call(torch, where_fn, kwargs: dict) -> None:
     call = {"mode": kwargs.get("mode"), "backend": _name(kwargs.get("backend", "inductor")),
             "dynamic": kwargs.get("dynamic"), "fullgraph": bool(kwargs.get("fullgraph", False)),
             "step": where_fn()[0],
-            "cudagraphs_option": bool(isinstance(options, dict) and options.get("triton.cudagraphs"))}
+            "cudagraphs_option": bool(isinstance(options, dict) and options.get("triton.cudagraphs")),
+            "called_at": caller()}
+    target = args[0] if args else kwargs.get("model")
+    if target is not None:
+        call.update(_describe_target(target))
+        _REC.targets[id(target)] = call
     if len(_REC.calls) < 20:
         _REC.calls.append(call)
     if _wants_cudagraphs(call):
         _REC.wrap_cudagraphs()
+
+
+def _describe_target(target) -> dict:
+    """What torch.compile was given: an `nn.Module`'s class and its forward's file:line, a function's name
+    and file:line; the file:line only when it is the user's code."""
+    import inspect
+
+    fn = getattr(type(target), "forward", None) if hasattr(target, "parameters") else target
+    name = type(target).__name__ if fn is not target else getattr(target, "__qualname__", None) or _name(target)
+    out = {"target": name}
+    code = getattr(inspect.unwrap(fn), "__code__", None) if fn is not None else None
+    if code is not None and not frames.is_library(code.co_filename):
+        out["target_where"] = frames.Frame(code.co_filename, code.co_firstlineno).site
+    return out
 
 
 def _name(backend) -> str:

@@ -1,7 +1,7 @@
 """Light instrumentation of the settings the rules care about, recorded while the script runs.
 
 Each patch wraps a constructor or function, records a few attributes and where the user called it
-(file:line of the first frame outside torch and gpuadvise), and calls the original. Every recording is
+(file:line of the first frame in the user's own code: analyzer/model/frames.py), and calls the original. Every recording is
 wrapped so that a failure here can never reach the user's code.
 """
 
@@ -10,21 +10,9 @@ from __future__ import annotations
 import functools
 import sys
 
+from gpuadvise.analyzer.model import frames
+
 _FACTS: dict = {"dataloaders": [], "optimizers": [], "autocast": [], "compile": [], "wrappers": []}
-_SKIP_DIRS: list[str] = []  # install folders of torch and gpuadvise: their frames are not the user's
-
-
-def _library_dirs(torch) -> list[str]:
-    import importlib.util
-    import os
-
-    # gpuadvise's own folders, found without importing the package this module belongs to
-    ours = [os.path.dirname(os.path.dirname(__file__))]
-    for name in ("gpuadvise.analyzer", "gpuadvise.rules", "gpuadvise.fixtures"):
-        spec = importlib.util.find_spec(name)
-        ours += list(spec.submodule_search_locations or []) if spec else []
-    dirs = {os.path.dirname(torch.__file__), os.path.dirname(os.__file__), *ours}  # + the standard library
-    return sorted(os.path.realpath(d) + os.sep for d in dirs)
 
 
 def facts() -> dict:
@@ -32,26 +20,9 @@ def facts() -> dict:
 
 
 def caller() -> str:
-    """file:line of the innermost frame that belongs to the user's code."""
-    import os
-
-    f = sys._getframe(2)
-    while f is not None:
-        name = f.f_code.co_filename
-        if not name.startswith("<") and not any(os.path.realpath(name).startswith(d) for d in _SKIP_DIRS):
-            return f"{_short(name)}:{f.f_lineno}"
-        f = f.f_back
-    return "?"
-
-
-def _short(path: str) -> str:
-    import os
-
-    try:
-        rel = os.path.relpath(path)
-        return rel if not rel.startswith("..") else path
-    except ValueError:
-        return path
+    """file:line of the innermost frame that belongs to the user's code (model/frames.py judges: not
+    torch, not a framework, not the standard library, not gpuadvise); "?" when none does."""
+    return frames.live(1).site or "?"
 
 
 def _safe(fn):
@@ -67,14 +38,13 @@ def _safe(fn):
 
 def install(torch) -> None:
     """Patch torch entry points to record facts. Called once, before the user's script runs."""
-    _SKIP_DIRS[:] = _library_dirs(torch)
     _wrap_init(torch.utils.data.DataLoader, _record_dataloader)
-    _wrap_init(torch.nn.DataParallel, lambda obj, a, k, where: _FACTS["wrappers"].append({"kind": "DataParallel", "created_at": where}))
+    _wrap_init(torch.nn.DataParallel, lambda obj, a, k, where: _FACTS["wrappers"].append({"kind": "DataParallel", **where}))
     try:
         from torch.nn.parallel import DistributedDataParallel
 
         _wrap_init(DistributedDataParallel,
-                   lambda obj, a, k, where: _FACTS["wrappers"].append({"kind": "DistributedDataParallel", "created_at": where}))
+                   lambda obj, a, k, where: _FACTS["wrappers"].append({"kind": "DistributedDataParallel", **where}))
     except ImportError:  # pragma: no cover - distributed not built
         pass
     _wrap_init(torch.autocast, _record_autocast)
@@ -94,15 +64,25 @@ def _wrap_init(cls, record) -> None:
     @functools.wraps(original)
     def __init__(self, *a, **k):
         original(self, *a, **k)
-        where = _safe(caller)() or "?"
+        where = _safe(_created)() or {"created_at": "?"}
         _safe(record)(self, a, k, where)
 
     cls.__init__ = __init__
 
 
+def _created() -> dict:
+    """`created_at`: the user's file:line that built the object; `created_via`: the library call in between
+    when a framework built it for them ("`get_train_dataloader` in transformers")."""
+    chosen = frames.live(3)  # from the code that called the constructor: past _safe and the __init__ wrapper
+    out = {"created_at": chosen.site or "?"}
+    if chosen.user is not None and chosen.library is not None and frames.package(chosen.library.file) != "gpuadvise":
+        out["created_via"] = chosen.library_call
+    return out
+
+
 def _record_dataloader(loader, a, k, where) -> None:
     _FACTS["dataloaders"].append({
-        "created_at": where,
+        **where,
         "num_workers": loader.num_workers,
         "pin_memory": bool(loader.pin_memory),
         "batch_size": loader.batch_size,
@@ -112,7 +92,7 @@ def _record_dataloader(loader, a, k, where) -> None:
 
 
 def _record_autocast(ctx, a, k, where) -> None:
-    entry = {"created_at": where, "device_type": getattr(ctx, "device", None), "dtype": str(getattr(ctx, "fast_dtype", ""))}
+    entry = {"created_at": where["created_at"], "device_type": getattr(ctx, "device", None), "dtype": str(getattr(ctx, "fast_dtype", ""))}
     if len(_FACTS["autocast"]) < 20 and entry not in _FACTS["autocast"]:
         _FACTS["autocast"].append(entry)
 

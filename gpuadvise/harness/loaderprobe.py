@@ -25,14 +25,14 @@ from __future__ import annotations
 import functools
 import json
 import os
-import sys
 import time
+
+from gpuadvise.analyzer.model import frames
 
 FOLDER_PREFIX = "gpuadvise-loader-"  # a temporary folder, never the run folder (a killed run leaves nothing there)
 FLAG = "recording"
 INTERVAL_S = 0.001  # pyinstrument's sampling interval
 TOP_FUNCTIONS = 12
-_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # gpuadvise itself: never a hotspot
 
 _RECORDER: Recorder | None = None
 
@@ -316,7 +316,7 @@ def merge(parts: list[dict], waits_ns: list[int], gaps_ns: list[int], workers: l
         "wait_ms_per_batch": _r(sum(waits_ns) / len(waits_ns) / 1e6) if waits_ns else None,
         "between_batches_ms": _r(sum(gaps_ns) / len(gaps_ns) / 1e6) if gaps_ns else None,
         "sampled_ms": _r(sampled),
-        "functions": [{"function": f, "file": _short(path), "line": line, "share_pct": round(100 * ms / sampled, 1),
+        "functions": [{"function": f, "file": frames.short_path(path), "line": line, "share_pct": round(100 * ms / sampled, 1),
                        "ms_per_batch": _r(ms / batches)}
                       for (f, path, line), ms in top if sampled > 0 and batches],
     }
@@ -369,28 +369,7 @@ def _fetch_kind(fetcher) -> str:
 
 def _user_code(path: str) -> bool:
     """The user's own files: not the standard library, not installed packages, not gpuadvise."""
-    if path.startswith("<") or path.startswith(_OWN_DIR + os.sep):
-        return False
-    if "site-packages" in path or "dist-packages" in path:
-        return False
-    return not path.startswith(_STDLIB)
-
-
-def _stdlib() -> tuple[str, ...]:
-    import sysconfig
-
-    return tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")} | {sys.base_prefix + os.sep + "lib"})
-
-
-_STDLIB = _stdlib()
-
-
-def _short(path: str) -> str:
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if rel.startswith("..") else rel
+    return not frames.is_library(path)
 
 
 def _version() -> str:

@@ -64,7 +64,8 @@ class CompareApp(App[int]):
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
     def load(self) -> None:
         from gpuadvise.analyzer import run as analysis
-        from gpuadvise.analyzer.compare.diff import compare, load_side
+        from gpuadvise.analyzer.compare.diff import compare
+        from gpuadvise.analyzer.compare.side import load_side
 
         try:
             inputs = [analysis.resolve_inputs([p]) for p in self.paths]  # both checked before either is analysed

@@ -6,8 +6,9 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from gpuadvise.analyzer.model.report import TraceReport, all_findings
+from gpuadvise.analyzer.model.report import TraceReport
 from gpuadvise.analyzer.model.findings import Finding
+from gpuadvise.analyzer.model.summary import TraceSummary, summarize
 
 from . import timeline_index
 from .text import short_source
@@ -37,7 +38,8 @@ class Jump:
 class ViewData:
     def __init__(self, reports: list[TraceReport]):
         self.reports = reports
-        self.findings: list[Finding] = all_findings(reports)
+        self.summary = summarize(reports)  # what the overview shows, as every report format shows it
+        self.findings: list[Finding] = list(self.summary.findings)
         traced = [i for i, r in enumerate(reports) if r.model is not None and r.metrics is not None]
         self.current = traced[0] if traced else 0
         self.pending_jump: Jump | None = None
@@ -47,6 +49,11 @@ class ViewData:
     @property
     def report(self) -> TraceReport:
         return self.reports[self.current]
+
+    @property
+    def current_summary(self) -> TraceSummary:
+        """The current trace's summary (the figures every report format quotes)."""
+        return self.summary.traces[self.current]
 
     @property
     def has_trace(self) -> bool:

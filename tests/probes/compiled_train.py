@@ -1,7 +1,8 @@
 """python compiled_train.py CASE STEPS [BACKEND]: a tiny CPU training loop under torch.compile.
 
 CASE: clean (fixed shapes, nothing dynamo cannot trace), recompile (dynamic=False and a batch size
-that changes every two steps), break (`.item()` inside forward: a graph break on that line).
+that changes every two steps, the model inside torch's own `nn.Sequential`: dynamo compiles it through a
+frame in torch's files), break (`.item()` inside forward: a graph break on that line).
 """
 
 import sys
@@ -27,7 +28,8 @@ class Net(torch.nn.Module):
 
 
 model = Net(sync=case == "break")
-compiled = torch.compile(model, backend=backend, dynamic=False)
+target = torch.nn.Sequential(model) if case == "recompile" else model
+compiled = torch.compile(target, backend=backend, dynamic=False)
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 for i in range(steps):
     batch = 4 + 2 * (i // 2) if case == "recompile" else 8  # a new size every two steps

@@ -10,7 +10,6 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from gpuadvise.analyzer.model.report import overhead_words
-from gpuadvise.analyzer.report.json import trace_summary
 
 from ..text import clean, ms, pct, short_source
 from ..widgets.charts import BusyChart, breakdown_bar, breakdown_legend
@@ -71,7 +70,9 @@ idle; and GPU busy % per step (0–100 % scale).
         self.app.jump_to(Jump(report=self.data.current, step=step if step >= 0 else None))
 
     def _facts(self) -> Text:
-        r = self.data.report
+        """The trace's summary (the figures every report format quotes), with the device details and
+        versions its model records."""
+        r, summary = self.data.report, self.data.current_summary
         t = Text(no_wrap=False, end="")
 
         def row(label: str, value: Text | str) -> None:
@@ -80,18 +81,18 @@ idle; and GPU busy % per step (0–100 % scale).
             t.append(f"{label:<10} ", style="bold")
             t.append_text(value if isinstance(value, Text) else Text(value))
 
-        rank = f"  (rank {r.rank})" if r.rank is not None else ""
-        row("Trace", Text(clean(short_source(r.source)) + rank))
-        if r.model is None or r.metrics is None:
-            row("Kind", "memory snapshot" if r.kind == "snapshot" else r.kind)
-            for note in r.notes:
+        rank = f"  (rank {summary.rank})" if summary.rank is not None else ""
+        row("Trace", Text(clean(short_source(summary.source)) + rank))
+        if r.model is None or r.metrics is None or not summary.timed:
+            row("Kind", "memory snapshot" if summary.kind == "snapshot" else summary.kind)
+            for note in summary.notes:
                 row("Note", Text(clean(note)))
             return t
-        s = trace_summary(r)
+        s = summary.figures
         m, meta = r.metrics, r.model.meta
         dev = r.model.device
-        if s.get("device_description"):
-            row("Device", clean(s["device_description"]))
+        if s.device_description:
+            row("Device", clean(s.device_description))
         elif dev is not None:
             parts = [clean(dev.name)]
             if dev.compute_major is not None:
@@ -106,26 +107,26 @@ idle; and GPU busy % per step (0–100 % scale).
             row("Device", "not recorded in the trace")
         versions = ", ".join(f"{clean(k)} {clean(v)}" for k, v in meta.versions.items()) or "not recorded"
         row("Versions", versions)
-        if m.steps:
-            nums = s["step_numbers"]
-            row("Steps", f"{len(m.steps)} (#{nums[0]}–#{nums[-1]}) · median step {ms(m.median_step_us)} ms · "
-                         f"window {ms(m.window_us)} ms")
+        if s.steps:
+            nums = s.step_numbers
+            row("Steps", f"{s.steps} (#{nums[0]}–#{nums[-1]}) · median step {s.median_step_ms:,.2f} ms · "
+                         f"window {s.window_ms:,.2f} ms")
         else:
-            row("Steps", f"no ProfilerStep marks: the whole trace ({ms(m.window_us)} ms) is one window")
-        if s.get("one_time_note"):
-            row("One-time", clean(s["one_time_note"]))
-        if s.get("unprofiled_median_step_ms"):
-            row("Unprofiled", f"median step {s['unprofiled_median_step_ms']:.2f} ms outside the window · "
-                              f"{overhead_words(s['profiler_overhead_x'])}")
+            row("Steps", f"no ProfilerStep marks: the whole trace ({s.window_ms:,.2f} ms) is one window")
+        if s.one_time_note:
+            row("One-time", clean(s.one_time_note))
+        if s.unprofiled_median_step_ms:
+            row("Unprofiled", f"median step {s.unprofiled_median_step_ms:.2f} ms outside the window · "
+                              f"{overhead_words(s.profiler_overhead_x)}")
         if m.has_gpu:
-            temporal = m.temporal
-            row("GPU", f"busy {pct(m.busy_in_steps_pct)} inside the steps, {pct(m.gpu_busy_pct)} of its active span · "
+            temporal = s.temporal_breakdown
+            row("GPU", f"busy {pct(s.gpu_busy_in_steps_pct)} inside the steps, {pct(s.gpu_busy_pct)} of its active span · "
                        f"compute {pct(temporal.get('compute_pct'))} · idle {pct(temporal.get('idle_pct'))}")
         else:
             row("GPU", Text("no GPU activity in this trace", style="yellow"))
-        row("Events", f"{meta.events_total:,} · {len(r.model.kernels):,} kernels of {len(m.kernels):,} kinds · "
+        row("Events", f"{s.events:,} · {s.kernels:,} kernels of {len(m.kernels):,} kinds · "
                       f"{len(r.model.copies):,} copies")
-        for note in r.notes:
+        for note in summary.notes:
             row("Note", Text(clean(note), style="yellow"))
         return t
 

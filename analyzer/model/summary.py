@@ -1,0 +1,135 @@
+"""The summary of an analysis, as typed data: what every output reads. The text, markdown and HTML
+reports, the TUI's overview and `gpuadvise compare` read it, and the JSON report is its serialisation
+(`RunSummary.to_dict`, plus the tool and version): one summary, so every output quotes the same figures.
+
+- `TraceSummary`: one trace or snapshot: where it came from (source, rank, kind, the allocator snapshot
+  read with it), its memory summary, its figures (`TraceFigures`; None for a snapshot on its own or a
+  rank whose analysis failed) and its notes.
+- `RunSummary`: the whole analysis: every trace, the findings in report order, the job-level report of
+  two or more ranks, which trace heads it (the slowest one: it sets the job's pace) and the run's own
+  figures (`RunFigures`).
+
+`summarize(reports)` builds it once from `Reports` (or any list of `TraceReport`s).
+
+Adding a field:
+- a figure of each trace: a field of `model.report.TraceFigures`, computed in `run/figures.py`. Every
+  reader finds it at `trace.figures.<name>`, and the JSON's `traces[i]` carries it. To repeat the heading
+  trace's value in the JSON's top `summary` as well, add its name to `HEADLINE`.
+- a figure of the run (across ranks, over time): a field of `RunFigures`, given its value in `summarize`.
+  Readers find it at `summary.figures.<name>`, and the JSON's top `summary` carries it after the
+  headline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+from .findings import Finding
+from .report import TraceFigures, TraceReport, all_findings
+
+if TYPE_CHECKING:  # computed upstream; the summary only carries them
+    from gpuadvise.analyzer.measure.job import JobReport
+    from gpuadvise.analyzer.measure.memory import MemorySummary
+
+# The heading trace's figures the JSON repeats in its top `summary`, in this order (a script reading a
+# single-trace report finds its headline there).
+HEADLINE = ("steps", "median_step_ms", "gpu_busy_pct", "gpu_busy_in_steps_pct", "device", "device_description",
+            "platform", "unprofiled_median_step_ms", "profiler_overhead_x")
+
+
+@dataclass(frozen=True)
+class TraceSummary:
+    """One trace's (or snapshot's) summary: its entry under the JSON's `traces`."""
+
+    source: str
+    rank: int | None = None
+    kind: str = "trace"  # "trace" or "snapshot" (a memory snapshot on its own)
+    snapshot: str | None = None  # the allocator snapshot read with the trace (run folder)
+    memory: MemorySummary | None = None
+    figures: TraceFigures | None = None
+    notes: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, r: TraceReport) -> TraceSummary:
+        return cls(source=r.source, rank=r.rank, kind=r.kind, snapshot=r.snapshot, memory=r.memory,
+                   figures=r.figures, notes=tuple(r.notes))
+
+    @property
+    def timed(self) -> bool:
+        """A trace with its figures: it has a step time (a snapshot or a failed rank has none)."""
+        return self.kind == "trace" and self.figures is not None
+
+    def figure(self, name: str):
+        """One of its figures by name (None when it has none)."""
+        return getattr(self.figures, name) if self.figures is not None else None
+
+    def to_dict(self) -> dict:
+        """The JSON's entry: where it came from, its memory, its figures (flat), its notes."""
+        d: dict = {"trace": self.source, "rank": self.rank, "kind": self.kind}
+        if self.snapshot:
+            d["snapshot"] = self.snapshot
+        d["memory"] = self.memory.to_dict() if self.memory is not None else None
+        if self.figures is not None:
+            d.update(asdict(self.figures))
+        d["notes"] = list(self.notes)
+        return d
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """The run's own figures (not one trace's): the JSON's top `summary` carries them after the headline."""
+
+    traces: int = 0  # traces and snapshots analysed
+    findings: int = 0  # findings of every trace and of the job
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """The whole analysis. `heading` indexes the trace that heads it (None when there is none)."""
+
+    traces: tuple[TraceSummary, ...] = ()
+    findings: tuple[Finding, ...] = ()  # every trace's and the job's, in report order (`all_findings`)
+    heading: int | None = None
+    job: JobReport | None = None  # two or more ranks: the per-rank table, the slowest rank per step
+    figures: RunFigures = field(default_factory=RunFigures)
+
+    @property
+    def head(self) -> TraceSummary | None:
+        return self.traces[self.heading] if self.heading is not None else None
+
+    def headline(self) -> dict:
+        """The JSON's top `summary`: the heading trace's headline figures, where it came from and its
+        memory, then the run's figures."""
+        t = self.head
+        top = {name: t.figure(name) if t is not None else None for name in HEADLINE}
+        top["trace"] = t.source if t is not None else None
+        top["rank"] = t.rank if t is not None else None
+        top["memory"] = t.memory.to_dict() if t is not None and t.memory is not None else None
+        top.update(asdict(self.figures))
+        return top
+
+    def to_dict(self) -> dict:
+        """The JSON report's body: `summary`, `findings`, `traces`, and `job` with two or more ranks."""
+        d = {"summary": self.headline(), "findings": [f.to_dict() for f in self.findings],
+             "traces": [t.to_dict() for t in self.traces]}
+        if self.job is not None:
+            d["job"] = self.job.to_dict()
+        return d
+
+
+def summarize(reports: list[TraceReport]) -> RunSummary:
+    """The summary of `reports` (`Reports`, or a plain list of `TraceReport`s: no job then)."""
+    traces = tuple(TraceSummary.of(r) for r in reports)
+    findings = tuple(all_findings(reports))
+    return RunSummary(traces=traces, findings=findings, heading=heading(traces), job=getattr(reports, "job", None),
+                      figures=RunFigures(traces=len(traces), findings=len(findings)))
+
+
+def heading(traces: tuple[TraceSummary, ...]) -> int | None:
+    """The trace that heads the summary: the slowest timed one (with several ranks it sets the job's
+    pace; the first of equals), else the first."""
+    timed = [i for i, t in enumerate(traces) if t.timed]
+    if timed:
+        return max(timed, key=lambda i: traces[i].figures.median_step_ms or 0.0)
+    return 0 if traces else None
