@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 from hypothesis import settings
@@ -63,3 +64,41 @@ def pytest_collection_modifyitems(config, items):
         defs = info.name2fixturedefs.values() if info else ()
         if any(d and d[-1].scope == "module" for d in defs):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+# -- the `slow` mark ----------------------------------------------------------------------------------
+# `python -m pytest -m "not slow"` is the quick subset (README, "Tests"). A test that starts a Python (the
+# real command, a training script: a second or several each) must be marked slow, or it fails here: an
+# audit hook counts the Pythons that subprocess starts, from the test's setup (its module-scoped fixtures
+# included) to its teardown.
+_PYTHONS_STARTED = [0]
+_STARTED_BEFORE = pytest.StashKey[int]()
+
+
+def _count_pythons(event: str, args: tuple) -> None:
+    if event != "subprocess.Popen":
+        return
+    try:  # an exception here would break the Popen call itself
+        executable, argv = args[0], args[1]
+        first = os.fsdecode(executable or (argv if isinstance(argv, (str, bytes)) else list(argv)[0]))
+    except Exception:
+        return
+    if first == sys.executable or os.path.basename(first).startswith("python"):
+        _PYTHONS_STARTED[0] += 1
+
+
+sys.addaudithook(_count_pythons)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_STARTED_BEFORE] = _PYTHONS_STARTED[0]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    started = _PYTHONS_STARTED[0] - item.stash.get(_STARTED_BEFORE, _PYTHONS_STARTED[0])
+    if started and item.get_closest_marker("slow") is None:
+        pytest.fail(f"{item.nodeid} starts {started} Python process(es): mark it @pytest.mark.slow "
+                    "(README, Tests)", pytrace=False)
+

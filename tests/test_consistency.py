@@ -80,7 +80,12 @@ def tmp_root(tmp_path_factory):
     return tmp_path_factory.mktemp("consistency")
 
 
-INPUTS = CORPUS + FIXTURES  # without the corpus, the rule fixtures alone
+def _marked(keys: list[str]) -> list:
+    """The corpus files marked slow (their analyses are the cost of this module); the rules' fixtures quick."""
+    return [pytest.param(k, marks=pytest.mark.slow) if k in CORPUS else k for k in keys]
+
+
+INPUTS = _marked(CORPUS + FIXTURES)  # without the corpus, the rule fixtures alone
 
 
 def _findings(a: dict) -> list[dict]:
@@ -170,7 +175,7 @@ def test_findings_are_ordered_by_severity_then_saving(key, tmp_root):
         assert causes == sorted(causes, reverse=True), (sev, causes)
 
 
-@pytest.mark.parametrize("key", [k for k in INPUTS if k.endswith(SNAPSHOT_NAMES) or "memory" in k])
+@pytest.mark.parametrize("key", _marked([k for k in CORPUS + FIXTURES if k.endswith(SNAPSHOT_NAMES) or "memory" in k]))
 def test_every_snapshot_device_is_reported(key, tmp_root):
     from gpuadvise.analyzer.measure.memory import devices
     from gpuadvise.analyzer.read.snapshot import load_snapshot

@@ -22,7 +22,7 @@ import pytest
 from _cli_support import run_cli
 from _corpus_support import SNAPSHOT_NAMES, TRACES, XDIST_GROUP, analysed, corpus_files
 
-pytestmark = pytest.mark.xdist_group(XDIST_GROUP)
+pytestmark = [pytest.mark.xdist_group(XDIST_GROUP), pytest.mark.slow]  # the whole corpus, and the real command
 
 if not TRACES.is_dir():
     pytest.skip(f"trace corpus not found at {TRACES} (set GPUADVISE_TRACES to its folder)", allow_module_level=True)

@@ -118,6 +118,7 @@ def test_findings_order_by_severity_then_saving():
 # 20 times, would break them.
 
 
+@pytest.mark.slow
 def test_compare_reports_the_fixed_dataloader_stall_resolved(tmp_path, capsys):
     import json
     import subprocess
@@ -320,6 +321,7 @@ def test_a_one_step_warm_up_capture_drives_no_other_finding(load_built):
     assert f.evidence.numbers["cut_from_figures_ms"] == pytest.approx(630.0, abs=1.0)
 
 
+@pytest.mark.slow  # the real H100 runs
 def test_steady_h100_runs_leave_no_step_out():
     """A false drop would change every number of a report: `gpuadvise profile` runs (steady, after
     --wait) keep all their steps."""

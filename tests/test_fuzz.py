@@ -16,8 +16,9 @@ and so is a control character from a trace name reaching the text or markdown re
   overrides the folder) cut at 10 %, 50 % and 90 % of its JSON bytes is salvaged with a note saying so,
   or refused with a one-line `InputError`.
 
-Budget: about 20 s of CPU in the everyday suite (a few hundred examples a test: every run draws new ones);
-`--hypothesis-profile=thorough` runs ten times as many, for a fuzzing session (tests/_hypothesis_support.py).
+Budget: the four property tests take about 20 s of CPU together in the everyday suite (a few hundred
+examples each: every run draws new ones), the corpus cuts about 50 s; `--hypothesis-profile=thorough` runs
+ten times as many examples, for a fuzzing session (tests/_hypothesis_support.py).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from gpuadvise.analyzer.errors import InputError
 from gpuadvise.analyzer.read.loader import load_trace, parse_trace_bytes
 from gpuadvise.rules import find_rule
 
+pytestmark = pytest.mark.slow  # fuzzing, and the whole corpus cut three ways
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 TRACES = Path(os.environ.get("GPUADVISE_TRACES") or REPO.parent / "shared" / "traces").resolve()

@@ -85,6 +85,7 @@ def _def_line(source: str, name: str) -> int:
 
 
 @pytest.mark.parametrize("workers,context", [(0, "default"), (2, "fork"), (2, "spawn")])
+@pytest.mark.slow
 def test_stall_finding_names_the_slow_function_and_the_build_time(tmp_path, workers, context):
     script = tmp_path / "ds.py"
     script.write_text(DATASET)
