@@ -1,12 +1,27 @@
-"""Shared helpers: turn a TraceBuilder (or a hand-written trace) into a loaded model through the real loader."""
+"""Shared helpers: turn a TraceBuilder (or a hand-written trace) into a loaded model through the real loader;
+one-thread ops in every test's subprocesses; the `thorough` Hypothesis profile."""
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import pytest
+from hypothesis import settings
 
-from gpuadvise.analyzer.read.loader import load_trace
+# Every test's subprocesses (a profiled training script, a spawned DataLoader worker) run single-threaded
+# ops: pytest-xdist already keeps every core busy with a test each, and a pool of OpenMP threads per child
+# only spins on the cores the other tests need (examples/train_small_ops.py, 30 steps: 13.7 s of CPU with
+# 2 threads, 3.6 s with 1, on the two-core machine under load). Set when pytest loads this file, before a test
+# imports torch; a value set outside stays.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+# `--hypothesis-profile=thorough`: ten times the examples of every property test (tests/_hypothesis_support.py).
+settings.register_profile("thorough", max_examples=10 * settings.get_profile("default").max_examples)
+
+from gpuadvise.analyzer.read.loader import load_trace  # noqa: E402
 
 
 @pytest.fixture
@@ -34,3 +49,56 @@ def load_built(tmp_path):
 def _no_model_cache(monkeypatch):
     """Tests parse every trace for real (subprocesses inherit this); tests/test_cache.py opts back in."""
     monkeypatch.setenv("GPUADVISE_NO_CACHE", "1")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist with `--dist loadgroup` (the README's test command), the tests of a module that
+    share a module-scoped fixture (a profiled run, analysed traces) run on one worker, so that the fixture
+    runs once rather than once per worker; every other test goes wherever a worker is free. A test that
+    names its own xdist_group keeps it."""
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        info = getattr(item, "_fixtureinfo", None)  # pytest's own record of the fixtures a test uses
+        defs = info.name2fixturedefs.values() if info else ()
+        if any(d and d[-1].scope == "module" for d in defs):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+# -- the `slow` mark ----------------------------------------------------------------------------------
+# `python -m pytest -m "not slow"` is the quick subset (README, "Tests"). A test that starts a Python (the
+# real command, a training script: a second or several each) must be marked slow, or it fails here: an
+# audit hook counts the Pythons that subprocess starts, from the test's setup (its module-scoped fixtures
+# included) to its teardown.
+_PYTHONS_STARTED = [0]
+_STARTED_BEFORE = pytest.StashKey[int]()
+
+
+def _count_pythons(event: str, args: tuple) -> None:
+    if event != "subprocess.Popen":
+        return
+    try:  # an exception here would break the Popen call itself
+        executable, argv = args[0], args[1]
+        first = os.fsdecode(executable or (argv if isinstance(argv, (str, bytes)) else list(argv)[0]))
+    except Exception:
+        return
+    if first == sys.executable or os.path.basename(first).startswith("python"):
+        _PYTHONS_STARTED[0] += 1
+
+
+sys.addaudithook(_count_pythons)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_STARTED_BEFORE] = _PYTHONS_STARTED[0]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    started = _PYTHONS_STARTED[0] - item.stash.get(_STARTED_BEFORE, _PYTHONS_STARTED[0])
+    if started and item.get_closest_marker("slow") is None:
+        pytest.fail(f"{item.nodeid} starts {started} Python process(es): mark it @pytest.mark.slow "
+                    "(README, Tests)", pytrace=False)
+

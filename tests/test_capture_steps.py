@@ -95,6 +95,7 @@ def small_ops_run(tmp_path_factory):
     return cwd / "RUN", proc
 
 
+@pytest.mark.slow
 def test_example_run_json_has_step_times_in_and_out_of_the_window(small_ops_run):
     run_dir, proc = small_ops_run
     assert proc.returncode == 0, show(proc)
@@ -120,6 +121,7 @@ def test_example_run_json_has_step_times_in_and_out_of_the_window(small_ops_run)
     assert steps["overhead_x"] == pytest.approx(prof / unprof, rel=1e-2, abs=1e-3)  # rounded to 3 decimals
 
 
+@pytest.mark.slow
 def test_profiled_steps_are_the_traces_steps(small_ops_run):
     """The steps run.json calls profiled are the trace's ProfilerSteps, and their times fit inside them
     (a step's time excludes gpuadvise's own work at the boundary; the trace's step includes it)."""
@@ -135,6 +137,7 @@ def test_profiled_steps_are_the_traces_steps(small_ops_run):
     assert sum(recorded.values()) >= 0.5 * sum(trace_ms.values()), (recorded, trace_ms)
 
 
+@pytest.mark.slow
 def test_stop_after_capture_counts_the_steps_before_the_window(tmp_path):
     proc = profile(["-q", "-o", "RUN", "--stop-after-capture", str(EXAMPLES / "train_small_ops.py"), "--steps", "500"],
                    tmp_path)
@@ -150,6 +153,7 @@ def test_stop_after_capture_counts_the_steps_before_the_window(tmp_path):
     assert steps["overhead_x"] == pytest.approx(prof / unprof, rel=1e-2, abs=1e-3)  # rounded to 3 decimals
 
 
+@pytest.mark.slow
 def test_a_failed_profiler_still_times_the_run(tmp_path):
     """torch.profiler.profile.step breaks at the first step: the run goes on unprofiled, and run.json
     still has its step times, all unprofiled ("off")."""
@@ -165,6 +169,7 @@ def test_a_failed_profiler_still_times_the_run(tmp_path):
 
 
 # -- shapes: only matmuls, from the probe step ----------------------------------------------------------
+@pytest.mark.slow
 def test_window_has_matmul_shapes_from_the_probe_and_no_other_shapes(small_ops_run):
     run_dir, proc = small_ops_run
     assert proc.returncode == 0, show(proc)
@@ -185,6 +190,7 @@ def test_window_has_matmul_shapes_from_the_probe_and_no_other_shapes(small_ops_r
     assert len(others) and not any("Input Dims" in e["args"] for e in others)
 
 
+@pytest.mark.slow
 def test_matmuls_that_change_between_steps_get_no_shapes(tmp_path):
     """One matmul in odd steps, two in even ones: the probe step does not match every recorded step,
     so the window's matmuls get no shapes rather than wrong ones."""
@@ -211,6 +217,7 @@ def test_matmuls_that_change_between_steps_get_no_shapes(tmp_path):
     assert len(mm) and not any("Input Dims" in e["args"] for e in mm)
 
 
+@pytest.mark.slow
 def test_record_shapes_records_every_op_and_skips_the_probe(tmp_path):
     proc = profile(["-q", "-o", "RUN", "--record-shapes", str(EXAMPLES / "train_small_ops.py"), "--steps", "20"],
                    tmp_path)
@@ -221,6 +228,7 @@ def test_record_shapes_records_every_op_and_skips_the_probe(tmp_path):
     assert len(ln) and all(e["args"]["Input Dims"][0] == [16, 64] for e in ln)
 
 
+@pytest.mark.slow
 def test_window_without_warmup_records_shapes_itself_instead_of_probing(tmp_path):
     """--warmup 0 would start the window at the very boundary where the probe stops; torch segfaults
     when one profiler stops and another starts inside one open record_function (the optimizer hook
@@ -253,6 +261,7 @@ HAND_SGD = """
 """
 
 
+@pytest.mark.slow
 def test_hand_written_update_loop_is_stepped_by_backward(tmp_path):
     script(tmp_path, "sgd.py", HAND_SGD)
     proc = profile(["-q", "-o", "RUN", "sgd.py", "25"], tmp_path)
@@ -271,6 +280,7 @@ def test_hand_written_update_loop_is_stepped_by_backward(tmp_path):
     assert any("backward()" in line and "gpuadvise.step()" in line for line in ours), proc.stderr
 
 
+@pytest.mark.slow
 def test_optimizer_takes_over_from_backward_under_gradient_accumulation(tmp_path):
     """Four backward() per optimizer step: the early backward() calls may mark steps until the first
     optimizer step, which then marks every step; the recorded window is optimizer steps."""
@@ -298,6 +308,7 @@ def test_optimizer_takes_over_from_backward_under_gradient_accumulation(tmp_path
     assert "gpuadvise.step()" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_fallback_takes_over_when_the_optimizer_falls_silent(tmp_path):
     """A few optimizer steps, then a loop the hooks don't see (as a CUDA-graph loop is: eager warm-up
     steps, one captured step, then only replays; here backward() plays the replay, which a CPU cannot
@@ -329,6 +340,7 @@ def test_fallback_takes_over_when_the_optimizer_falls_silent(tmp_path):
     assert "gpuadvise.step()" in proc.stderr
 
 
+@pytest.mark.slow
 def test_loop_without_any_step_signal_says_to_call_gpuadvise_step(tmp_path):
     script(tmp_path, "nosteps.py", """
         import torch
@@ -365,33 +377,41 @@ NOISY = """
         if i == 13:  # inside the recorded window: a line shaped like kineto's own, but the user's
             sys.stderr.write("USDT:2026-01-01 00:00:00 1:1 mine.cpp:1] the user's own line\\n")
             warnings.warn("Warning: Profiler clears events at the end of each cycle. (the user's)")
-    if sys.argv[1:] == ["torch-warning"]:  # the same warning as torch.profiler raises it
-        warnings.warn_explicit("Warning: Profiler clears events at the end of each cycle. (torch's)",
-                               UserWarning, "profiler.py", 300, module="torch.profiler.profiler")
+    # the same warning as torch.profiler raises it
+    warnings.warn_explicit("Warning: Profiler clears events at the end of each cycle. (torch's)",
+                           UserWarning, "profiler.py", 300, module="torch.profiler.profiler")
     print("done", flush=True)
 """
 
 
-def test_users_stderr_passes_untouched_and_the_profilers_noise_does_not(tmp_path):
-    script(tmp_path, "noisy.py", NOISY)
-    plain = native(["noisy.py"], tmp_path)
-    proc = profile(["-q", "-o", "RUN", "noisy.py"], tmp_path)
+@pytest.fixture(scope="module")
+def noisy_runs(tmp_path_factory):
+    """The noisy script run by python and under `gpuadvise profile`, in one folder: (plain, profiled, run folder)."""
+    cwd = tmp_path_factory.mktemp("noisy")
+    script(cwd, "noisy.py", NOISY)
+    return native(["noisy.py"], cwd), profile(["-q", "-o", "RUN", "noisy.py"], cwd), cwd / "RUN"
+
+
+@pytest.mark.slow
+def test_users_stderr_passes_untouched_and_the_profilers_noise_does_not(noisy_runs):
+    plain, proc, run_dir = noisy_runs
     assert plain.returncode == 0 and proc.returncode == 0, show(proc)
     assert proc.stdout == plain.stdout
     ours = [line for line in proc.stderr.splitlines(keepends=True) if line.startswith(PREFIX)]
     theirs = "".join(line for line in proc.stderr.splitlines(keepends=True) if not line.startswith(PREFIX))
-    assert theirs == plain.stderr
+    torchs = [line for line in plain.stderr.splitlines(keepends=True) if "(torch's)" in line]
+    assert len(torchs) == 1, plain.stderr  # the one line python prints for torch's own warning
+    assert theirs == plain.stderr.replace(torchs[0], "")  # every byte of the user's, in order; only torch's gone
     assert "the user's own line" in theirs and "(the user's)" in theirs
     assert any("captured" in line for line in ours)
-    assert run_json(tmp_path / "RUN")["capture"]["state"] == "captured"
+    assert run_json(run_dir)["capture"]["state"] == "captured"
     # torch 2.13's kineto writes "USDT:… profiler_start" at each transition: none of it shows
     assert "profiler_start" not in proc.stderr and "profiler_stop" not in proc.stderr
 
 
-def test_the_profilers_own_warning_is_silenced(tmp_path):
-    script(tmp_path, "noisy.py", NOISY)
-    plain = native(["noisy.py", "torch-warning"], tmp_path)
-    proc = profile(["-q", "-o", "RUN", "noisy.py", "torch-warning"], tmp_path)
+@pytest.mark.slow
+def test_the_profilers_own_warning_is_silenced(noisy_runs):
+    plain, proc, _ = noisy_runs
     assert "(torch's)" in plain.stderr  # the probe does raise it
     assert proc.returncode == 0, show(proc)
     assert "(torch's)" not in proc.stderr

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch")
+pytestmark = pytest.mark.slow  # every test runs the real command
 
 WAIT, WARMUP, ACTIVE = 3, 1, 2
 

@@ -130,6 +130,7 @@ def test_top_limits_the_text_findings(capsys, stall_trace):
     assert "… and 2 more" in out
 
 
+@pytest.mark.slow
 def test_console_command_end_to_end(tmp_path, stall_trace):
     """The real entry point, in a subprocess: report on stdout, nothing on stderr (not a terminal)."""
     run = run_cli("analyze", stall_trace, "--format", "json", cwd=tmp_path)
@@ -291,6 +292,7 @@ BAD_INPUTS = {
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
+@pytest.mark.slow
 def test_bad_input_is_one_clean_error_line(tmp_path, case):
     make, name = BAD_INPUTS[case]
     path = make(tmp_path)
@@ -301,6 +303,7 @@ def test_bad_input_is_one_clean_error_line(tmp_path, case):
     single_error_line(run.stderr, name)
 
 
+@pytest.mark.slow
 def test_explain_unknown_rule(tmp_path):
     run = run_cli("explain", "no-such-rule", cwd=tmp_path)
     assert run.returncode == 2
@@ -310,6 +313,7 @@ def test_explain_unknown_rule(tmp_path):
     assert "dataloader-stall" in line, "the error lists the known rules"
 
 
+@pytest.mark.slow
 def test_output_into_missing_folder(tmp_path, stall_trace):
     target = tmp_path / "reports" / "out.md"
     run = run_cli("analyze", stall_trace, "-o", target, cwd=tmp_path)
@@ -320,6 +324,7 @@ def test_output_into_missing_folder(tmp_path, stall_trace):
     assert run.stdout == ""
 
 
+@pytest.mark.slow
 def test_output_to_a_folder(tmp_path, stall_trace):
     run = run_cli("analyze", stall_trace, "-o", tmp_path, cwd=tmp_path)
     assert run.returncode == 2
@@ -328,6 +333,7 @@ def test_output_to_a_folder(tmp_path, stall_trace):
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
 @pytest.mark.parametrize("fmt", ["md", "json"])
+@pytest.mark.slow
 def test_output_to_a_full_device(tmp_path, stall_trace, fmt):
     run = run_cli("analyze", stall_trace, "-f", fmt, "-o", "/dev/full", cwd=tmp_path)
     assert run.returncode == 2, (run.returncode, run.stderr)
@@ -336,6 +342,7 @@ def test_output_to_a_full_device(tmp_path, stall_trace, fmt):
     assert run.stdout == ""
 
 
+@pytest.mark.slow
 def test_failed_analysis_leaves_existing_output_untouched(tmp_path):
     out = tmp_path / "report.md"
     out.write_text("yesterday's report\n")
@@ -384,6 +391,7 @@ def test_rules_lists_every_rule(capsys):
         assert r.name in line and r.title in line
 
 
+@pytest.mark.slow
 def test_rules_subprocess():
     run = run_cli("rules")
     assert run.returncode == 0 and run.stderr == ""
@@ -466,6 +474,7 @@ def test_run_folder_points_at_the_dataloader_line(capsys, tmp_path):
     assert "num_workers=0" in dl[0]["recommendation"]
 
 
+@pytest.mark.slow
 def test_run_json_alone_is_not_a_trace(tmp_path):
     d = tmp_path / "run"
     d.mkdir()

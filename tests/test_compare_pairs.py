@@ -24,6 +24,8 @@ TRACES = Path(os.environ.get("GPUADVISE_TRACES") or REPO.parent / "shared" / "tr
 H100 = TRACES / "h100"
 if not (H100 / "pairs.json").is_file():
     pytest.skip(f"H100 pairs not found at {H100} (set GPUADVISE_TRACES to the corpus folder)", allow_module_level=True)
+# the real H100 run folders; on one xdist worker, which analyses each folder once (`side`)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("compare-pairs")]
 
 from gpuadvise.analyzer.compare import diff as cm  # noqa: E402
 from gpuadvise.analyzer.compare.load import load_side  # noqa: E402

@@ -85,6 +85,7 @@ def compile_line(path: Path) -> int:
     return line_of(path, lambda n: isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "compile")
 
 
+@pytest.mark.slow
 def test_changing_batch_size_recompiles_with_the_size_in_the_reason(runs):
     script, run, findings = runs("recompile")
     recompiles = run["compiled"]["recompiles"]
@@ -111,6 +112,7 @@ def test_changing_batch_size_recompiles_with_the_size_in_the_reason(runs):
     assert not by_rule(findings, "GA151")
 
 
+@pytest.mark.slow
 def test_item_in_forward_is_a_graph_break_at_its_line(runs):
     script, run, findings = runs("break", "aot_eager")
     where = f"{script.name}:{item_line(script)}"
@@ -125,6 +127,7 @@ def test_item_in_forward_is_a_graph_break_at_its_line(runs):
     assert f["impact"]["est_step_saving_pct"] == pytest.approx(f["evidence"]["numbers"]["island_pct"], abs=0.05)
 
 
+@pytest.mark.slow
 def test_window_on_the_first_compiled_steps_is_a_capture_problem(runs):
     script, run, findings = runs("clean", window=["--wait", "0", "--warmup", "0", "--active", "2"])
     (f,) = by_rule(findings, "GA152")
@@ -134,6 +137,7 @@ def test_window_on_the_first_compiled_steps_is_a_capture_problem(runs):
     assert 0 < f["evidence"]["numbers"]["share_of_recorded_pct"] <= 100  # compiling is part of the recorded time
 
 
+@pytest.mark.slow
 def test_clean_compiled_loop_gets_no_compile_finding(runs):
     script, run, findings = runs("clean")
     assert run["compiled"]["frames"][0]["where"] == f"{script.name}:{forward_line(script)}"
@@ -143,6 +147,7 @@ def test_clean_compiled_loop_gets_no_compile_finding(runs):
     assert not names & {"GA150", "GA151", "GA152", "GA153"}
 
 
+@pytest.mark.slow
 def test_uncompiled_script_has_no_compiled_section(tmp_path):
     import shutil
 

@@ -16,31 +16,24 @@ engineer checks at once, never values:
 - findings are ordered by severity, then saving;
 - a snapshot of several devices reports every one of them.
 
-Each input is analysed once per module; the renders are cached with it.
+Each input is analysed once per test process (a corpus file's analysis is shared with test_corpus.py,
+tests/_corpus_support.py); the renders are cached with it.
 """
 
 from __future__ import annotations
 
 import html as htmlmod
 import json
-import os
 import re
 from pathlib import Path
 
 import pytest
 
-from _cli_support import REPO, is_corpus_trace, library_pointers
+from _cli_support import library_pointers
+from _corpus_support import SNAPSHOT_NAMES, TRACES, XDIST_GROUP, analysed as analysed_path, corpus_files
 from gpuadvise.analyzer.model.findings import SEVERITIES
 
-TRACES = Path(os.environ.get("GPUADVISE_TRACES") or REPO.parent / "shared" / "traces").resolve()
-SNAPSHOT_NAMES = (".pickle", ".pkl")
-
-
-def _corpus() -> list[str]:
-    if not TRACES.is_dir():
-        return []
-    files = [p for p in TRACES.rglob("*") if is_corpus_trace(p) or (p.is_file() and p.name.endswith(SNAPSHOT_NAMES))]
-    return sorted(p.relative_to(TRACES).as_posix() for p in files)
+pytestmark = pytest.mark.xdist_group(XDIST_GROUP)
 
 
 def _fixtures() -> list[str]:
@@ -50,7 +43,7 @@ def _fixtures() -> list[str]:
             for side in ("positive", "negative")]
 
 
-CORPUS = _corpus()
+CORPUS = corpus_files()
 FIXTURES = _fixtures()
 _CACHE: dict[str, dict] = {}
 
@@ -71,10 +64,9 @@ def _input_path(key: str, tmp_root: Path) -> Path:
 def analysed(key: str, tmp_root: Path) -> dict:
     if key not in _CACHE:
         from gpuadvise.analyzer.report import render
-        from gpuadvise.analyzer.run.engine import analyze_paths
 
         path = _input_path(key, tmp_root)
-        reports = analyze_paths([str(path)])
+        reports = list(analysed_path(str(path)))
         out = {fmt: render(reports, fmt, top=100) for fmt in ("text", "md", "json", "html")}
         out["doc"] = json.loads(out["json"])
         out["reports"] = list(reports)
@@ -88,7 +80,12 @@ def tmp_root(tmp_path_factory):
     return tmp_path_factory.mktemp("consistency")
 
 
-INPUTS = CORPUS + FIXTURES  # without the corpus, the rule fixtures alone
+def _marked(keys: list[str]) -> list:
+    """The corpus files marked slow (their analyses are the cost of this module); the rules' fixtures quick."""
+    return [pytest.param(k, marks=pytest.mark.slow) if k in CORPUS else k for k in keys]
+
+
+INPUTS = _marked(CORPUS + FIXTURES)  # without the corpus, the rule fixtures alone
 
 
 def _findings(a: dict) -> list[dict]:
@@ -178,7 +175,7 @@ def test_findings_are_ordered_by_severity_then_saving(key, tmp_root):
         assert causes == sorted(causes, reverse=True), (sev, causes)
 
 
-@pytest.mark.parametrize("key", [k for k in INPUTS if k.endswith(SNAPSHOT_NAMES) or "memory" in k])
+@pytest.mark.parametrize("key", _marked([k for k in CORPUS + FIXTURES if k.endswith(SNAPSHOT_NAMES) or "memory" in k]))
 def test_every_snapshot_device_is_reported(key, tmp_root):
     from gpuadvise.analyzer.measure.memory import devices
     from gpuadvise.analyzer.read.snapshot import load_snapshot

@@ -7,62 +7,53 @@
   25 % of what `num_workers=4` really saved (measured from the paired trace);
 - a trace with no GPU events never gets a low-GPU-utilization verdict.
 
-Each file is analysed once per session, in-process; its rendered reports are cached in `_CACHE`.
-Without the corpus the whole module is skipped.
+Each file is analysed once per test process, in-process, and shared with test_consistency.py
+(tests/_corpus_support.py). Without the corpus the whole module is skipped.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-import os
 import re
-from pathlib import Path
 
 import pytest
 
-from _cli_support import REPO, is_corpus_trace, run_cli
+from _cli_support import run_cli
+from _corpus_support import SNAPSHOT_NAMES, TRACES, XDIST_GROUP, analysed, corpus_files
 
-TRACES = Path(os.environ.get("GPUADVISE_TRACES") or REPO.parent / "shared" / "traces").resolve()
+pytestmark = [pytest.mark.xdist_group(XDIST_GROUP), pytest.mark.slow]  # the whole corpus, and the real command
+
 if not TRACES.is_dir():
     pytest.skip(f"trace corpus not found at {TRACES} (set GPUADVISE_TRACES to its folder)", allow_module_level=True)
 
 LABELS_FILE = TRACES.parent / "checks" / "labels.json"
 TRACE_NAMES = (".json", ".json.gz")
-SNAPSHOT_NAMES = (".pickle", ".pkl")
 
 NW0 = "kineto/tb_plugin/samples/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"
 NW4 = "kineto/tb_plugin/samples/resnet50_num_workers_4/worker0.1623212756351.pt.trace.json.gz"
 PREDICTION_TOLERANCE = 0.25  # relative
 
 
-def _corpus_files() -> list[str]:
-    files = [p for p in TRACES.rglob("*") if is_corpus_trace(p) or (p.is_file() and p.name.endswith(SNAPSHOT_NAMES))]
-    return sorted(p.relative_to(TRACES).as_posix() for p in files)
-
-
-FILES = _corpus_files()
+FILES = corpus_files()
 OPEN = [f for f in FILES if not f.startswith("holdout/")]
 OPEN_TRACES = [f for f in OPEN if f.endswith(TRACE_NAMES)]
 LABELS: dict = json.loads(LABELS_FILE.read_text())["cases"] if LABELS_FILE.is_file() else {}
 
-_CACHE: dict[str, dict] = {}
+_RENDERED: dict[str, dict] = {}
 
 
 def report(rel: str) -> dict:
-    """Analyse one corpus file in-process (once per session): the three rendered reports and a few facts.
-
-    The models themselves are dropped: the corpus is large and only the reports are needed."""
-    if rel not in _CACHE:
+    """One corpus file's analysis (shared, tests/_corpus_support.py) rendered in the three formats, and its notes."""
+    if rel not in _RENDERED:
         from gpuadvise.analyzer.report import render
-        from gpuadvise.analyzer.run.engine import analyze_paths
 
-        reports = analyze_paths([str(TRACES / rel)])
+        reports = list(analysed(str(TRACES / rel)))
         out = {fmt: render(reports, fmt) for fmt in ("text", "md", "json")}
         out["doc"] = json.loads(out["json"])
         out["notes"] = [n for r in reports for n in r.notes]
-        _CACHE[rel] = out
-    return _CACHE[rel]
+        _RENDERED[rel] = out
+    return _RENDERED[rel]
 
 
 def topics(rel: str) -> set[str]:

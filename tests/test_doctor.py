@@ -54,6 +54,7 @@ def planted():
 # The command
 
 
+@pytest.mark.slow
 def test_json_has_every_field(planted):
     torch = pytest.importorskip("torch")
     assert set(planted) == {"gpuadvise", "facts", "checks", "summary"}
@@ -83,6 +84,7 @@ def test_json_has_every_field(planted):
         assert required in ids, required
 
 
+@pytest.mark.slow
 def test_planted_environment_variables_get_their_verdicts(planted):
     c = by_id(planted)
     assert planted["facts"]["env"] == PLANTED  # recorded as set, nothing else (the test cleared the rest)
@@ -97,6 +99,7 @@ def test_planted_environment_variables_get_their_verdicts(planted):
     assert planted["summary"]["bad"] >= 2
 
 
+@pytest.mark.slow
 def test_near_misses_are_not_flagged():
     proc = doctor("--format", "json", env={"CUDA_LAUNCH_BLOCKING": "0", "NCCL_DEBUG": "WARN",
                                            "TORCH_DISTRIBUTED_DEBUG": "OFF", "TORCH_SHOW_CPP_STACKTRACES": "0"})
@@ -107,6 +110,7 @@ def test_near_misses_are_not_flagged():
     assert c["alloc_conf"]["value"] == "(defaults)"
 
 
+@pytest.mark.slow
 def test_text_report(tmp_path):
     torch = pytest.importorskip("torch")
     proc = doctor(env={"CUDA_LAUNCH_BLOCKING": "1"})
@@ -120,6 +124,7 @@ def test_text_report(tmp_path):
         assert "No GPU is visible" in lines[-1]
 
 
+@pytest.mark.slow
 def test_a_crafted_value_cannot_drive_the_terminal():
     proc = doctor(env={"TORCH_LOGS": "+dynamo\x1b]0;pwned\x07\x1b[2J"})
     assert proc.returncode == 0, proc.stderr
@@ -127,6 +132,7 @@ def test_a_crafted_value_cannot_drive_the_terminal():
     assert any("TORCH_LOGS" in l and "+dynamo" in l for l in proc.stdout.splitlines())
 
 
+@pytest.mark.slow
 def test_workers_are_checked_against_the_cores():
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     too_many = doctor("--format", "json", "--workers", str(cores + 4))
@@ -136,6 +142,7 @@ def test_workers_are_checked_against_the_cores():
 
 
 @pytest.mark.parametrize("args", [["--workers", "-1"], ["--workers", "many"], ["--format", "xml"]])
+@pytest.mark.slow
 def test_bad_arguments_exit_2_with_one_line(args):
     proc = doctor(*args)
     assert proc.returncode == 2
@@ -153,6 +160,7 @@ sys.exit(rc)
 """
 
 
+@pytest.mark.slow
 def test_works_without_torch_and_says_so():
     proc = doctor(code=WITHOUT_TORCH, env={"CUDA_LAUNCH_BLOCKING": "1"})
     assert proc.returncode == 0, proc.stderr
@@ -166,6 +174,7 @@ def test_works_without_torch_and_says_so():
     assert {"cpu", "shm", "triton", "alloc_conf"} <= set(c)
 
 
+@pytest.mark.slow
 def test_importing_doctor_imports_no_torch():
     code = ("import sys; import gpuadvise.doctor.cli, gpuadvise.doctor.probe, gpuadvise.doctor.checks, "
             "gpuadvise.analyzer.model.runfacts; print('torch' in sys.modules)")

@@ -24,6 +24,7 @@ import pandas as pd
 import pytest
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.slow  # every test reads a real profiled run
 
 from gpuadvise.analyzer.run.engine import analyze_paths  # noqa: E402
 from gpuadvise.analyzer.read.loader import load_trace  # noqa: E402

@@ -16,12 +16,14 @@ and so is a control character from a trace name reaching the text or markdown re
   overrides the folder) cut at 10 %, 50 % and 90 % of its JSON bytes is salvaged with a note saying so,
   or refused with a one-line `InputError`.
 
-Budget: a few thousand examples in about two minutes on a 2-core CI machine; `GPUADVISE_FUZZ_SCALE`
-multiplies the example counts (e.g. 10 for a long local run).
+Budget: the four property tests take about 20 s of CPU together in the everyday suite (a few hundred
+examples each: every run draws new ones), the corpus cuts about 50 s; `--hypothesis-profile=thorough` runs
+ten times as many examples, for a fuzzing session (tests/_hypothesis_support.py).
 """
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import math
@@ -35,6 +37,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _cli_support import REPO, is_corpus_trace
+from _hypothesis_support import examples
 from gpuadvise.analyzer.report import json as render_json
 from gpuadvise.analyzer.report import markdown as render_markdown
 from gpuadvise.analyzer.report import text as render_text
@@ -44,7 +47,7 @@ from gpuadvise.analyzer.errors import InputError
 from gpuadvise.analyzer.read.loader import load_trace, parse_trace_bytes
 from gpuadvise.rules import find_rule
 
-SCALE = float(os.environ.get("GPUADVISE_FUZZ_SCALE", "1"))
+pytestmark = pytest.mark.slow  # fuzzing, and the whole corpus cut three ways
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 TRACES = Path(os.environ.get("GPUADVISE_TRACES") or REPO.parent / "shared" / "traces").resolve()
@@ -52,7 +55,7 @@ ALEXNET = TRACES / "hta/tests/data/critical_path/alexnet/benchmark_result_286922
 
 
 def fuzz_settings(n: int):
-    return settings(max_examples=max(1, int(n * SCALE)), deadline=None, print_blob=True,
+    return settings(max_examples=examples(n), deadline=None, print_blob=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                            HealthCheck.filter_too_much, HealthCheck.large_base_example])
 
@@ -137,6 +140,9 @@ def value(base, nan_ok: bool):
     return st.one_of(*options)
 
 
+# The strategies are built once per nan_ok and reused: building one validates it, which cost more than
+# drawing from it when every event built its own.
+@functools.cache
 def time_values(nan_ok: bool):
     return value(st.one_of(st.floats(min_value=0, max_value=5e4, allow_nan=False), st.integers(0, 50_000),
                            st.sampled_from(["1012.5", "soon", "-3"]), st.just(1.7e12)), nan_ok)
@@ -157,19 +163,25 @@ ARG_KEYS = {
     "name": st.sampled_from(["python", "GPU 0", "thread 1 (python)"]),
     "labels": st.text(max_size=5),
 }
+arg_keys = st.lists(st.sampled_from(sorted(ARG_KEYS)), max_size=6, unique=True)
+
+
+@functools.cache
+def arg_values(nan_ok: bool) -> dict:
+    return {k: value(s, nan_ok) for k, s in ARG_KEYS.items()}
 
 
 @st.composite
 def args(draw, nan_ok: bool):
     if draw(st.integers(0, 9)) == 0:
         return draw(junk)
-    keys = draw(st.lists(st.sampled_from(sorted(ARG_KEYS)), max_size=6, unique=True))
-    return {k: draw(value(ARG_KEYS[k], nan_ok)) for k in keys}
+    values = arg_values(nan_ok)
+    return {k: draw(values[k]) for k in draw(arg_keys)}
 
 
-@st.composite
-def event(draw, nan_ok: bool):
-    fields = {
+@functools.cache
+def event_fields(nan_ok: bool) -> dict:
+    return {
         "ph": st.sampled_from(["X", "X", "X", "i", "M", "f", "s", "B", "E", ""]),
         "cat": st.one_of(st.sampled_from(REAL_CATS), st.text(max_size=6), junk),
         "name": st.one_of(st.sampled_from(NAMES), st.text(max_size=12), junk),
@@ -178,7 +190,18 @@ def event(draw, nan_ok: bool):
         "args": args(nan_ok),
         "s": st.just("t"), "id": st.integers(0, 40), "bp": st.just("e"),
     }
-    keep = draw(st.lists(st.sampled_from(list(fields)), min_size=0, max_size=len(fields), unique=True))
+
+
+@functools.cache
+def field_subsets(nan_ok: bool):
+    fields = list(event_fields(nan_ok))
+    return st.lists(st.sampled_from(fields), min_size=0, max_size=len(fields), unique=True)
+
+
+@st.composite
+def event(draw, nan_ok: bool):
+    fields = event_fields(nan_ok)
+    keep = draw(field_subsets(nan_ok))
     # most events carry the core fields, so that the analysis (not just the loader) gets exercised
     if draw(st.integers(0, 3)):
         keep = list(dict.fromkeys(["ph", "cat", "name", "ts", "dur", "pid", "tid", "args", *keep]))
@@ -188,27 +211,39 @@ def event(draw, nan_ok: bool):
     return ev
 
 
+@functools.cache
+def header_values(nan_ok: bool) -> dict:
+    return {
+        "id": value(st.integers(0, 3), nan_ok),
+        "name": st.one_of(st.sampled_from(["NVIDIA A100-SXM4-80GB", "Tesla V100", "AMD Instinct MI300X",
+                                           "Quadro GP100", ""]), junk),
+        "computeMajor": value(st.integers(0, 12), nan_ok),
+        "computeMinor": value(st.integers(0, 9), nan_ok),
+        "totalGlobalMem": value(st.integers(0, 2**37), nan_ok),
+        "numSms": value(st.integers(0, 200), nan_ok),
+        "distributedInfo": st.one_of(
+            st.fixed_dictionaries({"rank": value(st.integers(0, 8), nan_ok), "world_size": value(st.integers(1, 8), nan_ok)}),
+            junk),
+    }
+
+
+header_scalar = st.one_of(st.integers(0, 13000), junk)
+
+
 @st.composite
 def header(draw, nan_ok: bool):
     h = {}
+    values = header_values(nan_ok)
     if draw(st.booleans()):
-        prop = {"id": draw(value(st.integers(0, 3), nan_ok)),
-                "name": draw(st.one_of(st.sampled_from(["NVIDIA A100-SXM4-80GB", "Tesla V100", "AMD Instinct MI300X",
-                                                         "Quadro GP100", ""]), junk)),
-                "computeMajor": draw(value(st.integers(0, 12), nan_ok)),
-                "computeMinor": draw(value(st.integers(0, 9), nan_ok)),
-                "totalGlobalMem": draw(value(st.integers(0, 2**37), nan_ok)),
-                "numSms": draw(value(st.integers(0, 200), nan_ok))}
+        prop = {k: draw(values[k]) for k in ("id", "name", "computeMajor", "computeMinor", "totalGlobalMem", "numSms")}
         h[draw(st.sampled_from(["deviceProperties", "computeProperties"]))] = draw(
             st.one_of(st.just([prop]), st.just(prop), junk))
     if draw(st.booleans()):
-        h["distributedInfo"] = draw(st.one_of(
-            st.fixed_dictionaries({"rank": value(st.integers(0, 8), nan_ok), "world_size": value(st.integers(1, 8), nan_ok)}),
-            junk))
+        h["distributedInfo"] = draw(values["distributedInfo"])
     for key in ("schemaVersion", "cuda_runtime_version", "hip_runtime_version", "cupti_version", "record_shapes",
                 "with_stack", "baseTimeNanoseconds", "displayTimeUnit"):
         if draw(st.integers(0, 3)) == 0:
-            h[key] = draw(st.one_of(st.integers(0, 13000), junk))
+            h[key] = draw(header_scalar)
     return h
 
 
@@ -230,7 +265,7 @@ def kineto_document(draw) -> bytes:
     return json.dumps(doc, allow_nan=True).encode()
 
 
-@fuzz_settings(1500)
+@fuzz_settings(300)
 @given(kineto_document())
 def test_generated_traces_load(data):
     """The loader alone (fast): parsed into a model, or refused with a one-line InputError."""
@@ -240,7 +275,7 @@ def test_generated_traces_load(data):
         _refused(exc)
 
 
-@fuzz_settings(500)
+@fuzz_settings(150)
 @given(kineto_document())
 def test_generated_traces(data):
     """The whole pipeline (about 0.1 s an example): load, analyse, render in the three formats."""
@@ -337,7 +372,7 @@ def apply(recipe: tuple) -> bytes:
 GZ_BYTES = gzip.compress(BASE_BYTES, 6)
 
 
-@fuzz_settings(200)
+@fuzz_settings(80)
 @given(mutation())
 def test_mutated_real_trace(recipe):
     data = apply(recipe)

@@ -36,6 +36,7 @@ TRACES = Path(os.environ.get("GPUADVISE_TRACES") or REPO.parent / "shared" / "tr
 H100 = TRACES / "h100"
 if not (H100 / "pairs.json").is_file():
     pytest.skip(f"H100 pairs not found at {H100}", allow_module_level=True)
+pytestmark = pytest.mark.slow  # the real H100 run folders, three ways
 
 # bench/accuracy.py writes docs/accuracy.md from the same analyses: its modes, tolerance and pair tables
 _spec = importlib.util.spec_from_file_location("accuracy", REPO / "bench" / "accuracy.py")

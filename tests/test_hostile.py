@@ -354,6 +354,7 @@ SUBPROCESS_SAMPLE = ["not-json", "traceEvents-object", "event-name-null", "nan-t
 
 
 @pytest.mark.parametrize("case", SUBPROCESS_SAMPLE)
+@pytest.mark.slow
 def test_bad_input_real_command_has_no_traceback(tmp_path, case):
     c = BAD_INPUT[case]
     path = c.make(tmp_path)
@@ -369,6 +370,7 @@ def test_bad_input_real_command_has_no_traceback(tmp_path, case):
             assert run.stderr == "", run.stderr
 
 
+@pytest.mark.slow
 def test_trace_with_out_of_range_ids_prints_no_warnings(tmp_path):
     """A 10**30 correlation id is read as "no id", quietly: no numpy RuntimeWarning on the user's stderr."""
     path = mutated(tmp_path / "bigid.json", lambda doc: [k["args"].update(correlation=10**30) for k in kernels(doc)[:3]])
@@ -448,6 +450,7 @@ def test_one_bad_path_among_good_ones_writes_nothing(capsys, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["good.json"], "stray files left behind"
 
 
+@pytest.mark.slow
 def test_trace_read_from_a_pipe(tmp_path):
     """`gpuadvise analyze /dev/stdin < <(zcat t.json.gz)` and process substitution hand over a pipe: it
     cannot seek, but it holds a perfectly good trace."""
@@ -471,6 +474,7 @@ def stall_trace(tmp_path) -> Path:
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+@pytest.mark.slow
 def test_text_report_to_dev_full(tmp_path, stall_trace):
     run = run_cli("analyze", stall_trace, "-o", "/dev/full", cwd=tmp_path)  # md and json: tests/test_cli.py
     assert run.returncode == 2, run.stderr
@@ -563,6 +567,7 @@ def bombs(tmp_path) -> tuple[Path, Path]:
     return small, big
 
 
+@pytest.mark.slow
 def test_gzip_bomb_is_refused_with_a_clear_message(tmp_path, bombs):
     """A .gz that inflates past GPUADVISE_MAX_TRACE_BYTES (1 MB here) is refused, in units that show the limit."""
     small, _ = bombs
@@ -574,6 +579,7 @@ def test_gzip_bomb_is_refused_with_a_clear_message(tmp_path, bombs):
     assert not _ZERO_UNITS.search(line), f"the limit is shown as zero: {line}"
 
 
+@pytest.mark.slow
 def test_gzip_bomb_is_refused_before_it_is_inflated(tmp_path, bombs):
     """Refusing a bomb must not cost memory in proportion to what it would inflate to: a 200 MB bomb is
     refused at about the same peak memory as a 5 MB one (limit 1 MB)."""
@@ -587,6 +593,7 @@ def test_gzip_bomb_is_refused_before_it_is_inflated(tmp_path, bombs):
     assert grew < 64, f"refusing the bomb cost {grew:.0f} MiB more than refusing a small one: it was inflated first"
 
 
+@pytest.mark.slow
 def test_plain_file_over_the_limit_is_refused_in_sensible_units(tmp_path):
     path = write(tmp_path / "big.json", b'{"traceEvents": [], "pad": "' + b"A" * 5_000_000 + b'"}')
     run = _limited("analyze", path, limit=1_000_000, cwd=tmp_path)
@@ -598,6 +605,7 @@ def test_plain_file_over_the_limit_is_refused_in_sensible_units(tmp_path):
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="needs /dev/zero")
+@pytest.mark.slow
 def test_endless_device_is_refused_not_read_forever(tmp_path):
     """/dev/zero reports size 0 and never ends: it must be refused at the size limit, not read until the
     machine runs out of memory (the address space is capped at 3 GiB here so CI survives the bug)."""
@@ -607,6 +615,7 @@ def test_endless_device_is_refused_not_read_forever(tmp_path):
     one_error_line(err, "/dev/zero")
 
 
+@pytest.mark.slow
 def test_single_huge_string_is_handled_or_refused_quickly(tmp_path):
     """One 50 MB kernel name (a 50 MB file): analysed or refused in bounded time and memory, and never
     copied whole into a report. A 50 MB trace of ordinary events takes a couple of seconds."""
@@ -750,6 +759,7 @@ def test_ill_typed_run_json_facts_in_every_format(capsys, tmp_path, fmt):
     assert "dataloader-stall" in out
 
 
+@pytest.mark.slow
 def test_crafted_names_real_terminal(tmp_path, evil_trace):
     run = run_cli("analyze", evil_trace, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
@@ -820,6 +830,7 @@ TRAIN_STEP = """
 
 
 @torch_missing
+@pytest.mark.slow
 def test_profiler_failing_at_start_leaves_the_script_alone(tmp_path):
     """torch.profiler.profile.start raising (a CUPTI init failure, say), made to happen in the profiled
     process only through a sitecustomize module: the script runs unprofiled, its output and exit code are
@@ -893,6 +904,7 @@ MID_WINDOW = TRAIN_STEP + """
 
 @torch_missing
 @pytest.mark.parametrize("how, signum", [("ctrl-c", signal.SIGINT), ("sigterm", signal.SIGTERM)])
+@pytest.mark.slow
 def test_signal_during_the_window(tmp_path, how, signum):
     _script(tmp_path, "midwin.py", MID_WINDOW)
     native_rc, _, _ = _signal_mid_window([sys.executable, "midwin.py", "wait"], tmp_path, how)
@@ -909,6 +921,7 @@ def test_signal_during_the_window(tmp_path, how, signum):
 
 
 @torch_missing
+@pytest.mark.slow
 def test_os_exit_during_the_window(tmp_path):
     """os._exit skips every handler: the exit code still comes back, and run.json (and the summary) say the
     window was cut short after the step that was taken, not that no step was ever seen."""
@@ -928,6 +941,7 @@ def test_os_exit_during_the_window(tmp_path):
 
 
 @torch_missing
+@pytest.mark.slow
 def test_dataloader_workers_forked_during_the_window(tmp_path):
     """num_workers=2, a fresh iterator (and so freshly forked workers) every two batches, all inside the
     window: the workers neither hang nor write anything of ours; the capture completes."""
@@ -959,6 +973,7 @@ def test_dataloader_workers_forked_during_the_window(tmp_path):
 
 
 @torch_missing
+@pytest.mark.slow
 def test_multiprocessing_spawn_with_a_worker_defined_in_the_script(tmp_path):
     """spawn re-imports the script as __mp_main__ in fresh interpreters: `square` must be found there."""
     _script(tmp_path, "spawn.py", TRAIN_STEP + """
@@ -986,6 +1001,7 @@ def test_multiprocessing_spawn_with_a_worker_defined_in_the_script(tmp_path):
 
 
 @torch_missing
+@pytest.mark.slow
 def test_script_reading_stdin_during_the_window(tmp_path):
     """One training step per line of stdin: the lines arrive unchanged, in order, while the profiler runs."""
     _script(tmp_path, "lines.py", TRAIN_STEP + """

@@ -88,6 +88,7 @@ CORPUS = Path(os.environ.get("GPUADVISE_TRACES", Path(__file__).resolve().parent
 
 pytestmark = [
     pytest.mark.skipif(not CORPUS.is_dir(), reason=f"trace corpus not found at {CORPUS}"),
+    pytest.mark.slow,  # HTA on real traces
     # HTA 0.6.1 on pandas 2/3 emits Future/Deprecation/Performance warnings from its own code.
     pytest.mark.filterwarnings("ignore::FutureWarning"),
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),

@@ -24,7 +24,13 @@ from gpuadvise import analyze  # noqa: E402  (public API only)
 from gpuadvise.fixtures.builder import TraceBuilder  # noqa: E402
 
 BATCH = 4
-SLEEP_S = 0.03  # per sample: 120 ms per batch, 60 ms from 2 workers: above even a busy machine's 40 ms step, so the workers lag (not only a hand-over)
+# Per sample: 200 ms of sleep per batch, one batch every 100 ms from 2 workers: far above the tiny step's
+# own time even on a loaded machine, so the workers lag whatever the load (not only a hand-over).
+SLEEP_S = 0.05
+WAIT, WARMUP, ACTIVE = 3, 1, 5
+# One batch in flight per worker: a pause of the training process (the profiler starting, a busy machine)
+# lets the 2 workers get at most 2 batches ahead, so most of the 5 recorded steps still wait on them.
+PREFETCH = 1
 
 DATASET = f'''
 import os, sys, time
@@ -58,6 +64,8 @@ def user_init(worker_id):  # the user's own worker_init_fn: must still run
 if __name__ == "__main__":
     workers, context = int(sys.argv[1]), sys.argv[2]
     kw = dict(num_workers=workers, worker_init_fn=user_init if workers else None)
+    if workers:
+        kw["prefetch_factor"] = {PREFETCH}
     if workers and context != "default":
         kw["multiprocessing_context"] = context
     model = torch.nn.Linear(16, 2)
@@ -67,7 +75,7 @@ if __name__ == "__main__":
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if n == 40:
+        if n == {WAIT + WARMUP + ACTIVE + 2}:  # a couple of steps past the window, then done
             break
 '''
 
@@ -77,6 +85,7 @@ def _def_line(source: str, name: str) -> int:
 
 
 @pytest.mark.parametrize("workers,context", [(0, "default"), (2, "fork"), (2, "spawn")])
+@pytest.mark.slow
 def test_stall_finding_names_the_slow_function_and_the_build_time(tmp_path, workers, context):
     script = tmp_path / "ds.py"
     script.write_text(DATASET)
@@ -86,8 +95,8 @@ def test_stall_finding_names_the_slow_function_and_the_build_time(tmp_path, work
     env = dict(__import__("os").environ, DS_LOG=str(log))
     for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
         env.pop(var, None)
-    proc = subprocess.run([sys.executable, "-m", "gpuadvise", "profile", "-q", "-o", str(run), "--wait", "3",
-                           "--warmup", "1", "--active", "5", str(script), str(workers), context],
+    proc = subprocess.run([sys.executable, "-m", "gpuadvise", "profile", "-q", "-o", str(run), "--wait", str(WAIT),
+                           "--warmup", str(WARMUP), "--active", str(ACTIVE), str(script), str(workers), context],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr
     if workers:

@@ -88,6 +88,7 @@ def test_the_payload_really_is_live(tmp_path):
     assert marker.exists()
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_code_carrying_snapshot_in_one_line(tmp_path):
     marker = tmp_path / "pwned"
     evil = tmp_path / "evil.pickle"
@@ -529,6 +530,7 @@ MEMORY_TRACES = ["hta/tests/data/df_index_resolver/df_index_resolver.json.gz",
 
 
 @needs_corpus
+@pytest.mark.slow
 @pytest.mark.parametrize("rel", SNAPSHOTS or ["<none>"])
 def test_real_snapshots_analyse_cleanly(rel, capsys):
     if rel == "<none>":
@@ -544,6 +546,7 @@ def test_real_snapshots_analyse_cleanly(rel, capsys):
 
 
 @needs_corpus
+@pytest.mark.slow
 @pytest.mark.parametrize("rel", sorted(FRAGMENTED))
 def test_real_fragmented_snapshots(rel):
     if not (TRACES / rel).is_file():
@@ -556,6 +559,7 @@ def test_real_fragmented_snapshots(rel):
 
 
 @needs_corpus
+@pytest.mark.slow
 def test_real_control_snapshot_is_not_fragmented():
     if not (TRACES / CONTROL).is_file():
         pytest.skip(f"{CONTROL} not in the corpus")
@@ -565,6 +569,7 @@ def test_real_control_snapshot_is_not_fragmented():
 
 
 @needs_corpus
+@pytest.mark.slow
 @pytest.mark.parametrize("rel", MEMORY_TRACES)
 def test_real_memory_events_without_false_alarms(rel):
     if not (TRACES / rel).is_file():

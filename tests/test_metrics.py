@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from _hypothesis_support import examples
 from gpuadvise.analyzer.measure import intervals as iv
 from gpuadvise.analyzer.measure.metrics import compute
 from gpuadvise.analyzer.measure.tables import copy_table
@@ -37,7 +38,7 @@ def cells(intervals) -> np.ndarray:
     return grid
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(interval_lists)
 def test_union_matches_brute_force(ivs):
     s = [a for a, _ in ivs]
@@ -56,7 +57,7 @@ def test_union_matches_brute_force(ivs):
     assert set(ms) <= set(s) and set(me) <= set(e)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(interval_lists, st.lists(st.tuples(st.integers(-5, SPAN + 25), st.integers(0, 40)), min_size=1, max_size=8))
 def test_covered_matches_brute_force(ivs, windows):
     ms, me = iv.union([a for a, _ in ivs], [b for _, b in ivs])
@@ -68,7 +69,7 @@ def test_covered_matches_brute_force(ivs, windows):
     assert np.array_equal(got, np.array(want, dtype=float))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(st.tuples(st.floats(0, 1e6, allow_nan=False), st.floats(0, 1e4, allow_nan=False)), max_size=30))
 def test_union_float_total_and_overlap_each(pairs):
     s = np.array([a for a, _ in pairs])
@@ -388,7 +389,7 @@ def test_inside_any_agrees_with_checking_every_span():
 # Subtracting and intersecting unions (the idle explanation's arithmetic) vs brute force
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(interval_lists, interval_lists)
 def test_subtract_and_intersect_match_brute_force(a, b):
     ua = iv.union([x for x, _ in a], [y for _, y in a])

@@ -63,6 +63,7 @@ def stall_trace(tmp_path_factory) -> Path:
 
 # -- files and formats ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("umask", [0o022, 0o027])
+@pytest.mark.slow
 def test_reports_written_with_o_follow_the_umask(tmp_path, stall_trace, umask):
     for name in ("report.md", "report.html", "report.json"):
         proc = gpuadvise(["analyze", stall_trace, "-o", tmp_path / name], tmp_path, umask=umask)
@@ -89,6 +90,7 @@ def test_model_cache_follows_the_umask(tmp_path, stall_trace, monkeypatch):
     assert stat.S_IMODE(saved.stat().st_mode) == 0o640  # not mkstemp's 0600
 
 
+@pytest.mark.slow
 def test_bare_command_and_analyse_spelling(tmp_path, stall_trace):
     bare = gpuadvise([], tmp_path)
     assert bare.returncode == 2 and bare.stderr.startswith("usage: gpuadvise")
@@ -106,6 +108,7 @@ def _events(path: Path) -> list:
     return doc["traceEvents"] if isinstance(doc, dict) else doc
 
 
+@pytest.mark.slow
 def test_perfetto_track_holds_one_slice_per_finding_over_its_evidence(tmp_path, stall_trace):
     out = tmp_path / "timeline.json"
     proc = gpuadvise(["analyze", stall_trace, "--perfetto", out, "--format", "json"], tmp_path)
@@ -132,6 +135,7 @@ def test_perfetto_track_holds_one_slice_per_finding_over_its_evidence(tmp_path, 
     assert any(f["evidence"]["time_ranges_ms"] for f in report["findings"])
 
 
+@pytest.mark.slow
 def test_perfetto_file_loads_back_with_the_same_analysis(tmp_path, stall_trace):
     out = tmp_path / "timeline.json"
     assert gpuadvise(["analyze", stall_trace, "--perfetto", out], tmp_path).returncode == 0
@@ -148,6 +152,7 @@ def test_perfetto_file_loads_back_with_the_same_analysis(tmp_path, stall_trace):
     assert not b.meta.unknown_categories
 
 
+@pytest.mark.slow
 def test_perfetto_refuses_several_traces_in_one_line(tmp_path, stall_trace):
     other = tmp_path / "rank1.json.gz"
     other.write_bytes(stall_trace.read_bytes())
@@ -184,6 +189,7 @@ def handler_log(tmp_path_factory) -> Path:
     return d / "log"
 
 
+@pytest.mark.slow
 def test_analyze_a_tensorboard_log_folder_finds_repeated_captures(tmp_path, handler_log):
     files = sorted((handler_log / "run1").glob("worker0.*.pt.trace.json*"))
     assert len(files) == 2
@@ -204,6 +210,7 @@ torch_needed = pytest.mark.skipif(not __import__("importlib").util.find_spec("to
 
 
 @torch_needed
+@pytest.mark.slow
 def test_profile_names_the_trace_for_tensorboard_and_writes_report_and_timeline(tmp_path):
     script(tmp_path, "train.py", LOOP)
     proc = gpuadvise(["profile", "-o", "run", "--report", "report.html", "--perfetto", "timeline.json",
@@ -221,6 +228,7 @@ def test_profile_names_the_trace_for_tensorboard_and_writes_report_and_timeline(
 
 
 @torch_needed
+@pytest.mark.slow
 def test_profile_refuses_an_unknown_report_extension_before_running(tmp_path):
     script(tmp_path, "train.py", LOOP)
     proc = gpuadvise(["profile", "-o", "run", "--report", "report.pdf", "train.py", "1"], tmp_path)
@@ -230,6 +238,7 @@ def test_profile_refuses_an_unknown_report_extension_before_running(tmp_path):
 
 
 @torch_needed
+@pytest.mark.slow
 def test_script_failing_before_its_first_step(tmp_path):
     script(tmp_path, "train.py", "import torch\n\ndef setup():\n    raise ValueError('bad config')\n\nsetup()\n")
     proc = gpuadvise(["profile", "-o", "run", "train.py"], tmp_path)
@@ -247,6 +256,7 @@ def test_script_failing_before_its_first_step(tmp_path):
 
 
 @torch_needed
+@pytest.mark.slow
 def test_traceback_through_the_patched_backward_has_no_gpuadvise_frames(tmp_path):
     script(tmp_path, "train.py", "import torch\nm = torch.nn.Linear(2, 2)\ny = m(torch.randn(1, 2)).sum()\n"
                                  "y.backward()\ny.backward()\n")
@@ -257,6 +267,7 @@ def test_traceback_through_the_patched_backward_has_no_gpuadvise_frames(tmp_path
 
 
 @torch_needed
+@pytest.mark.slow
 def test_missing_module_leaves_no_run_folder(tmp_path):
     proc = gpuadvise(["profile", "-m", "no_such_module_here"], tmp_path)
     plain = subprocess.run([sys.executable, "-m", "no_such_module_here"], cwd=tmp_path, capture_output=True, text=True)
@@ -267,6 +278,7 @@ def test_missing_module_leaves_no_run_folder(tmp_path):
 
 
 @torch_needed
+@pytest.mark.slow
 def test_too_few_steps_says_how_many_the_window_needs(tmp_path):
     script(tmp_path, "train.py", LOOP)
     proc = gpuadvise(["profile", "-o", "run", "train.py", "5"], tmp_path)
@@ -277,6 +289,7 @@ def test_too_few_steps_says_how_many_the_window_needs(tmp_path):
 
 
 @torch_needed
+@pytest.mark.slow
 def test_interrupted_run_says_at_which_step(tmp_path):
     script(tmp_path, "train.py", LOOP.replace("    opt.zero_grad()\n", "    opt.zero_grad()\n    if i == 3:\n"
                                               "        raise KeyboardInterrupt\n"))
@@ -287,6 +300,7 @@ def test_interrupted_run_says_at_which_step(tmp_path):
 
 
 @torch_needed
+@pytest.mark.slow
 def test_with_stack_prints_no_trace_only_warning(tmp_path):
     script(tmp_path, "train.py", LOOP)
     proc = gpuadvise(["profile", "-o", "run", "--with-stack", *SHORT_WINDOW, "train.py", "4"], tmp_path)
@@ -327,6 +341,7 @@ def test_old_run_folders_with_trace_json_gz_still_analyse(tmp_path, capsys):
 
 
 # -- install hints ---------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_view_without_textual_names_the_install_that_fits_a_checkout(tmp_path, stall_trace):
     blocker = tmp_path / "blocked"
     (blocker / "textual").mkdir(parents=True)

@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.slow  # every test runs the real command
 
 HERE = Path(__file__).resolve().parent
 PROBES = HERE / "probes"

@@ -137,6 +137,7 @@ CAPTURE_SCRIPT = textwrap.dedent('''
 
 
 @pytest.mark.parametrize("mode", ["auto", "manual"])
+@pytest.mark.slow
 def test_capture_in_a_plain_python_session(tmp_path, mode):
     pytest.importorskip("torch")
     script = tmp_path / "loop.py"

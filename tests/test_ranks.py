@@ -260,12 +260,14 @@ def _on_a_terminal(*args: str) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
+@pytest.mark.slow
 def test_progress_shows_ranks_done_on_a_terminal_and_quiet_hides_it(job8):
     drawn = _on_a_terminal("analyze", str(job8), "-j", "2")
     assert "ranks 8/8 done" in drawn and "MB/s" in drawn
     assert _on_a_terminal("analyze", str(job8), "-j", "2", "-q") == ""
 
 
+@pytest.mark.slow
 def test_a_bad_rank_is_one_clean_error_line(tmp_path, job8):
     """Bad input stops the run with one line naming the file; with two bad ranks, the first one in
     rank order, as `-j 1` names it, whichever worker finishes first."""
@@ -291,6 +293,7 @@ def test_jobs_must_be_positive(capsys, job8):
     assert rc == 2 and "expected a whole number of workers" in err
 
 
+@pytest.mark.slow
 def test_scheduler_without_dask_is_one_clean_error_line(tmp_path, job8):
     fake = tmp_path / "nodask" / "dask"
     fake.mkdir(parents=True)
@@ -311,6 +314,7 @@ def test_scheduler_without_dask_is_one_clean_error_line(tmp_path, job8):
 
 
 @pytest.mark.parametrize("rel", REAL_PAIRS)
+@pytest.mark.slow  # the real two-rank folders
 def test_real_two_rank_folder_sequential_and_parallel(rel):
     d = real_pair(rel)
     seq, par = analyze_paths([str(d)], jobs=1), analyze_paths([str(d)], jobs=2)
@@ -321,6 +325,7 @@ def test_real_two_rank_folder_sequential_and_parallel(rel):
 
 @pytest.mark.filterwarnings("ignore:The inplace keyword")  # HTA's own pandas usage
 @pytest.mark.parametrize("rel", REAL_PAIRS)
+@pytest.mark.slow  # HTA on the real two-rank folders
 def test_comm_overlap_is_htas(rel):
     d = real_pair(rel)
     try:
@@ -355,6 +360,7 @@ def dask_client():
     cluster.close()
 
 
+@pytest.mark.slow
 def test_dask_names_the_same_straggler(dask_client, local, job8):
     reports = analyze_paths([str(job8)], scheduler=dask_client)
     assert findings_of(reports) == findings_of(local[1])
@@ -362,6 +368,7 @@ def test_dask_names_the_same_straggler(dask_client, local, job8):
     assert [f.rank for f in all_findings(reports) if f.topic == "straggler"] == [5]
 
 
+@pytest.mark.slow
 def test_dask_by_address_from_the_command_line(dask_client, local, job8):
     """The real command, in its own process: it makes its own client of the address (not the default one)."""
     run = run_cli("analyze", job8, "-f", "json", "--scheduler", dask_client.scheduler.address)
@@ -371,6 +378,7 @@ def test_dask_by_address_from_the_command_line(dask_client, local, job8):
 
 
 @pytest.mark.parametrize("rel", REAL_PAIRS)
+@pytest.mark.slow
 def test_dask_real_two_rank_folder(dask_client, rel):
     d = real_pair(rel)
     on_dask = analyze_paths([str(d)], scheduler=dask_client)
@@ -379,6 +387,7 @@ def test_dask_real_two_rank_folder(dask_client, rel):
     assert render(on_dask, "md") == render(here, "md")
 
 
+@pytest.mark.slow
 def test_unusable_scheduler_address_is_one_clean_error_line(job8):
     pytest.importorskip("dask.distributed")
     run = run_cli("analyze", job8, "--scheduler", "127.0.0.1")

@@ -194,7 +194,7 @@ def _corpus_files():
 
 
 @pytest.mark.skipif(not CORPUS.is_dir(), reason="needs ../shared/traces (not part of the project)")
-@pytest.mark.parametrize("path", _corpus_files(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) for p in _corpus_files()], ids=lambda p: p.name)
 def test_real_traces_stream_to_the_same_model(path, monkeypatch):
     ref = _careful(path, monkeypatch)
     model, streamed, _ = _streamed(path, monkeypatch, workers=2, window=256 << 10)

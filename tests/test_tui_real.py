@@ -26,6 +26,7 @@ NW0 = TRACES / "kineto/tb_plugin/samples/resnet50_num_workers_0/worker0.16231430
 
 if not NW0.is_file():
     pytest.skip(f"real trace not found at {NW0} (set GPUADVISE_TRACES to the corpus folder)", allow_module_level=True)
+pytestmark = pytest.mark.slow  # a real ResNet-50 trace on every screen
 
 
 async def settle(pilot) -> None:
