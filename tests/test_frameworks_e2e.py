@@ -31,6 +31,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+pytestmark = pytest.mark.slow  # every test reads a real training run under gpuadvise profile
+
 PROBES = Path(__file__).resolve().parent / "probes" / "frameworks"
 WINDOW = ["--wait", "2", "--warmup", "1", "--active", "3"]  # recorded: steps 3, 4 and 5
 TIMEOUT = 300

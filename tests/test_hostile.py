@@ -984,7 +984,7 @@ def test_multiprocessing_spawn_with_a_worker_defined_in_the_script(tmp_path):
         for i in range(5):
             train_step()
             if i == 1:  # inside the window
-                with mp.get_context("spawn").Pool(2) as pool:
+                with mp.get_context("spawn").Pool(1) as pool:  # one spawned interpreter (each imports torch again)
                     print("squares", pool.map(square, range(5)), flush=True)
         print("done", flush=True)
         sys.exit(6)

@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from gpuadvise.analyzer.read import chunks, loader, parallel
+from gpuadvise.analyzer.read import chunks, forked, loader, parallel
 from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.rules import find_rule
 
@@ -29,6 +29,9 @@ def _load(path, workers, monkeypatch):
     monkeypatch.setenv("GPUADVISE_LOAD_WORKERS", str(workers))
     monkeypatch.setattr(parallel, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setattr(chunks, "CHUNK_BYTES", 4096)
+    # The loader never forks a process that runs threads; an idle one an earlier test left in this
+    # worker (Dask's offload pool, after tests/test_ranks.py) must not make this a one-process load.
+    monkeypatch.setattr(forked.threading, "active_count", lambda: 1)
     used = []
     real = parallel.build_parallel
     monkeypatch.setattr(parallel, "build_parallel", lambda *a: used.append(real(*a)) or used[-1])

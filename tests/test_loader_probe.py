@@ -11,6 +11,7 @@ Rule level: the "more workers" prediction follows the measured build time and th
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -166,3 +167,20 @@ def test_more_workers_prediction_follows_the_free_cores(tmp_path):
     assert "no free core" in none.recommendation.lower()
     assert none.saving_pct < few.saving_pct
     assert "71% of the build is in `decode_image` (dataset.py:41)" in few.message
+
+
+def test_a_killed_runs_folder_is_removed_by_the_next_run(tmp_path):
+    """SIGKILL, SIGTERM's default action or os._exit inside the window leave the probe's temporary folder
+    behind; the next run removes the folders whose process no longer runs, and only those."""
+    from gpuadvise.harness.loaderprobe import FOLDER_PREFIX, sweep_dead_runs
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # reaped: its pid runs nothing now
+    gone = tmp_path / f"{FOLDER_PREFIX}{dead.pid}-0000aaaa"
+    running = tmp_path / f"{FOLDER_PREFIX}{os.getpid()}-0000bbbb"
+    other = tmp_path / "gpuadvise-loader-notes"
+    for folder in (gone, running, other):
+        folder.mkdir()
+        (folder / "recording").touch()
+    assert sweep_dead_runs(str(tmp_path)) == [str(gone)]
+    assert not gone.exists() and running.exists() and other.exists()

@@ -28,6 +28,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+pytestmark = pytest.mark.slow  # every test reads a real run of a training script
+
 TIMEOUT = 300
 SLOW_FROM = 40  # the drift script's first slow step
 

@@ -29,6 +29,8 @@ if not torch.distributed.is_available():  # pragma: no cover - a torch built wit
 from gpuadvise.analyzer.model.report import all_findings  # noqa: E402
 from gpuadvise.analyzer.run.engine import analyze_paths  # noqa: E402
 
+pytestmark = pytest.mark.slow  # every test runs a two-rank job under torchrun
+
 PROBE = Path(__file__).resolve().parent / "probes" / "ddp_job.py"
 WINDOW = ["--wait", "2", "--warmup", "1", "--active", "3"]  # the script runs 8 steps
 PREFIX = "gpuadvise> "

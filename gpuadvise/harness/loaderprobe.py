@@ -29,7 +29,7 @@ import time
 
 from gpuadvise.analyzer.model import frames
 
-FOLDER_PREFIX = "gpuadvise-loader-"  # a temporary folder, never the run folder (a killed run leaves nothing there)
+FOLDER_PREFIX = "gpuadvise-loader-"  # + pid: a temporary folder, never the run folder (a killed run leaves nothing there)
 FLAG = "recording"
 INTERVAL_S = 0.001  # pyinstrument's sampling interval
 TOP_FUNCTIONS = 12
@@ -174,6 +174,7 @@ class Probe:
         # the flag and one file per process; outside `out`, so a run killed mid-window (SIGKILL,
         # os._exit) leaves no stray files in the run folder. Made when the window opens.
         self.folder = os.path.join(tempfile.gettempdir(), f"{FOLDER_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        sweep_dead_runs(tempfile.gettempdir())
         self.main = Recorder(self.folder, "main", flag_file=False)
         self.waits_ns: list[int] = []
         self.gaps_ns: list[int] = []
@@ -280,6 +281,37 @@ class Probe:
             if not os.path.exists(self.folder):
                 return
             time.sleep(0.02)
+
+
+def sweep_dead_runs(tmp: str) -> list[str]:
+    """Remove the folders of runs that ended without cleaning up (SIGTERM's default action, SIGKILL,
+    os._exit inside the window): the pid in the name no longer runs. Returns the folders removed."""
+    import shutil
+
+    removed = []
+    try:
+        names = [n for n in os.listdir(tmp) if n.startswith(FOLDER_PREFIX)]
+    except OSError:
+        return removed
+    for name in names:
+        pid = name[len(FOLDER_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        path = os.path.join(tmp, name)
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.exists(path):
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process (EPERM): not ours to judge
+        return True
+    return True
 
 
 def attach(session, torch) -> Probe | None:
