@@ -34,14 +34,20 @@ does, or for CPU contention on that node (other processes, too few cores per ran
 ## Thresholds
 Fires when one rank is the straggler in at least half of the matched steps (and at least one), and
 either the other ranks wait for it a median of at least 10 % of the job's step or it does at least 10 %
-more work than the median of the other ranks. The predicted saving is the job's step time if that rank
-ran at the speed of the others (the next slowest rank then sets the pace), over the matched steps. Needs
-at least two ranks with a known rank (distributedInfo or a rank in the file name) and a common
-ProfilerStep. With only some of the job's ranks traced, the waits are for the last traced rank.
+more work than the median of the other ranks, and the lead is no accident: it is the last rank in more
+steps than chance would give with that many ranks (at most a 5 % chance for any rank), or its lead (the
+wait it causes; in a job without collectives, its extra work) is at least 3 times the step-to-step
+jitter of the other ranks' work (the standard deviation of each rank's work over the steps, pooled; with
+one step only the thresholds above decide). Two ranks over three steps cannot show the first, so there
+the lead must stand out. The predicted saving is the job's step time if that rank ran at the speed of
+the others (the next slowest rank then sets the pace), over the matched steps. Needs at least two ranks
+with a known rank (distributedInfo or a rank in the file name) and a common ProfilerStep. With only some
+of the job's ranks traced, the waits are for the last traced rank.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import numpy as np
@@ -56,7 +62,8 @@ class Straggler(JobRule):
     code = "GA130"
     name = "straggler"
     title = "One rank is slower than the others and the job waits for it"
-    thresholds = {"min_slowest_share": 0.5, "min_slower_pct": 10.0, "min_waited_share_pct": 10.0}
+    thresholds = {"min_slowest_share": 0.5, "min_slower_pct": 10.0, "min_waited_share_pct": 10.0,
+                  "max_chance": 0.05, "min_jitters": 3.0}
 
     def check(self, a):
         job = a.job
@@ -74,6 +81,8 @@ class Straggler(JobRule):
         t = self.thresholds
         if count / len(job.stragglers) < t["min_slowest_share"] or (
                 slower < t["min_slower_pct"] and waited_share < t["min_waited_share_pct"]):
+            return []
+        if not _beyond_jitter(job, rank, count, max(work - ref, 0.0), mine, t):
             return []
         ids = job.rank_ids
         i = ids.index(rank)
@@ -125,6 +134,27 @@ class Straggler(JobRule):
 
     def negative(self) -> RankFolder:
         return job_folder(ranks=8, straggler=5, slowdown=1.05)  # 5 % slower: within normal jitter
+
+
+def _beyond_jitter(job, rank: int, count: int, extra_work_us: float, mine: list, t: dict) -> bool:
+    """A rank that is last by chance is no straggler. Either it is last in more steps than chance gives
+    (with R ranks each is last in 1/R of the steps when they only jitter: 2 ranks over 3 steps always give
+    one of them 2), or its lead (the wait it causes; without collectives, its extra work) stands out of the
+    step-to-step jitter of the other ranks' work."""
+    n, ranks = len(job.stragglers), len(job.rank_ids)
+    p = 1.0 / max(ranks, 1)
+    chance = sum(math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(count, n + 1))
+    if ranks * chance <= t["max_chance"]:  # any of the ranks could have been the one
+        return True
+    work = job.grid["work_us"][[j for j, r in enumerate(job.rank_ids) if r != rank]]
+    free = work.size - work.shape[0]  # each rank's own mean taken out
+    if free < 1:
+        return True  # one step: no jitter to measure, the thresholds alone decide
+    # the standard deviation, pooled over the other ranks: with three steps a median of deviations is
+    # one of two numbers and misses the step that jittered
+    jitter = math.sqrt(float(np.square(work - work.mean(axis=1, keepdims=True)).sum()) / free)
+    lead = max(float(np.median([s.caused_us for s in mine])), extra_work_us)
+    return lead >= t["min_jitters"] * max(jitter, 1.0)
 
 
 # Where a rank's step time goes (per-step grid columns of the job view), and how each part reads

@@ -114,6 +114,23 @@ def test_balanced_job_has_no_straggler(balanced8):
     assert "balanced: in every step the slowest rank is less than 1% slower than the others" in render(reports, "text")
 
 
+# Two ranks over three steps, each step's compute 10 ms × these factors: jitter alone makes rank 1 the
+# last rank in two steps, the other rank waiting 2.2 and 1.5 ms for it (15 % of the step, above the
+# thresholds on size). A real straggler is 1.4× slower in every step under the same jitter.
+JITTER = [[1.00, 1.22], [1.20, 1.00], [0.95, 1.10]]
+
+
+@pytest.mark.parametrize("slowdown, named", [(1.0, False), (1.4, True)])
+def test_a_rank_that_is_last_by_chance_is_no_straggler(tmp_path, slowdown, named):
+    folder = write_job_folder(tmp_path / "job", ranks=2, straggler=1, slowdown=slowdown, steps=3, jitter=JITTER)
+    reports = analyze_paths([str(folder)], jobs=1)
+    assert [s.rank for s in reports.job.view.stragglers].count(1) == (2 if slowdown == 1.0 else 3)
+    found = [f for f in all_findings(reports) if f.topic == "straggler"]
+    assert bool(found) == named
+    if named:
+        assert found[0].rank == 1 and found[0].evidence.numbers["slowest_in_steps"] == 3
+
+
 def test_results_come_back_in_rank_order(tmp_path):
     """File names say nothing (the rank is in distributedInfo), and the ranks finish in any order."""
     d = tmp_path / "job"
