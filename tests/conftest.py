@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 
 import pytest
@@ -17,6 +18,12 @@ from hypothesis import settings
 # imports torch; a value set outside stays.
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
+
+# A suite started in the background by a script (`cmd &` without job control) inherits SIGINT ignored,
+# and so would every Python the tests start: the Ctrl-C tests' scripts would never see their Ctrl-C. The
+# tests' children get the disposition a terminal gives.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # `--hypothesis-profile=thorough`: ten times the examples of every property test (tests/_hypothesis_support.py).
 settings.register_profile("thorough", max_examples=10 * settings.get_profile("default").max_examples)
