@@ -159,7 +159,9 @@ def _weights(replay: Replay, s: Scenario) -> np.ndarray:
         if s.unscaled is not None:
             keep = np.asarray(s.unscaled(calls), dtype=bool)
             scaled &= ~np.isin(e["call"], calls.index[keep].to_numpy())
-        stall = np.zeros(len(w)) if replay._stall_us is None else np.where(call, replay._stall_us[np.maximum(e["call"], 0)], 0.0)
+        stall = np.zeros(len(w))
+        if replay._stall_us is not None:  # indexed at the calls only: a trace may have none to index
+            stall[call] = replay._stall_us[e["call"][call]]
         stall = np.minimum(stall, w)  # the call's own cost once any wait is taken out
         w[scaled] = (w[scaled] - stall[scaled]) * s.cpu_scale + stall[scaled]
     if s.unblock is not None:
