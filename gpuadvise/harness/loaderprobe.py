@@ -10,8 +10,9 @@ only while the window records:
 - workers get the wrapper through the DataLoader's `worker_init_fn`, chained: the user's own function
   still runs, first (`WorkerInit`, picklable, so spawned workers get it too); it is put in place only
   while the iterator starts its workers, so the user's DataLoader object keeps its own;
-- workers learn that the window records from a flag file in the run folder (they are separate
-  processes, forked or spawned) and each writes what it measured to a small JSON file beside it;
+- workers learn that the window records from a flag file in a temporary folder (they are separate
+  processes, forked or spawned) and each writes what it measured to a small JSON file beside it; a
+  run killed inside the window leaves that folder, and the next run removes it (`sweep_dead_runs`);
 - the training process times its wait for each batch (`__next__`) and the time between batches
   (what one step spends on each batch when it does not wait).
 
