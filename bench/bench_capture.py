@@ -29,7 +29,7 @@ Part 2 (`--e2e N`): the whole `gpuadvise profile` command, old and new defaults,
 ratio it writes into run.json (`steps.overhead_x`, recorded steps over the same run's unprofiled
 ones) and the wall time of the run.
 
-Part 3 (`--compiled N`): the torch.compile recorder (gpuadvise/harness/compiled.py) on its own: an
+Part 3 (`--compiled N`): the torch.compile recorder (gpuadvise/harness/facts/compiled.py) on its own: an
 uncompiled loop (train_healthy.py) and a compiled one (train_compiled.py, `--backend`), each run N
 times in fresh processes with the recorder installed and without, alternating: the first step
 (compilation) and the median of steps 10+ (steady state), in thread CPU time at the optimizer hook.
@@ -220,7 +220,7 @@ def compile_child(example: str, mode: str, backend: str) -> None:
     # thread CPU time: on a shared machine wall time mostly measures the wait for a core
     stamps = [time.thread_time()]
     register_optimizer_step_post_hook(lambda *a: stamps.append(time.thread_time()))
-    from gpuadvise.harness import compiled  # imported in both modes: only the install differs
+    from gpuadvise.harness.facts import compiled  # imported in both modes: only the install differs
 
     if mode == "recorder":
         compiled.install(torch, lambda: (len(stamps) - 1, "wait"))
@@ -259,10 +259,10 @@ LONG_MODES = ["timing only", "+ step record", "+ long-run triggers"]
 
 def _long_boundary(mode: str, folder: str, torch):
     """The per-boundary work of `mode` after the window (what session._boundary does there)."""
-    from gpuadvise.harness.requests import Requests
-    from gpuadvise.harness.steprecord import StepRecord
-    from gpuadvise.harness.steptimes import StepTimes
-    from gpuadvise.harness.triggers import Triggers
+    from gpuadvise.harness.windows.requests import Requests
+    from gpuadvise.harness.steps.record import StepRecord
+    from gpuadvise.harness.steps.times import StepTimes
+    from gpuadvise.harness.windows.triggers import Triggers
 
     record = StepRecord(os.path.join(folder, f"steps-{LONG_MODES.index(mode)}.jsonl")) if mode != "timing only" else None
     triggers = None

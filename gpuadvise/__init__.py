@@ -47,7 +47,7 @@ def step() -> None:
     Only needed for loops that call no `optimizer.step()` and read no DataLoader; once called, it is
     the only step signal. Outside `gpuadvise profile` it does nothing.
     """
-    from gpuadvise.harness.session import active
+    from gpuadvise.harness.active import active
 
     session = active()
     if session is not None:

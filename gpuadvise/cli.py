@@ -5,7 +5,7 @@
 | analyze | analyzer/run/cli.py | read → model → measure → rules → report |
 | compare | analyzer/compare/cli.py | two analyses → what changed, predicted vs measured |
 | profile | gpuadvise/harness/cli.py | the user's script under torch.profiler, then analyze |
-| trigger | gpuadvise/harness/trigger.py | a window now, in a running `profile --on-signal` job |
+| trigger | gpuadvise/harness/windows/trigger_command.py | a window now, in a running `profile --on-signal` job |
 | view | gpuadvise/tui/cli.py | the Textual browser of an analysis |
 | doctor | gpuadvise/doctor/cli.py | the machine and torch build checks (facts shared with run.json) |
 | rules, explain | rules/cli.py | the rule catalog |
@@ -29,7 +29,7 @@ COMMANDS = {
     "analyze": ("gpuadvise.analyzer.run.cli", "main", "analyse a trace, a folder of per-rank traces, or a run folder"),
     "compare": ("gpuadvise.analyzer.compare.cli", "main", "compare two runs: did the fix work as predicted, did anything regress"),
     "profile": ("gpuadvise.harness.cli", "main", "run a training script under the profiler and report"),
-    "trigger": ("gpuadvise.harness.trigger", "main", "ask a running `profile --on-signal` job to record a window now"),
+    "trigger": ("gpuadvise.harness.windows.trigger_command", "main", "ask a running `profile --on-signal` job to record a window now"),
     "view": ("gpuadvise.tui.cli", "main", "browse findings and the trace in a terminal UI"),
     "doctor": ("gpuadvise.doctor.cli", "main", "check this machine and its torch build: versions, GPUs, flags, env vars"),
     "rules": ("gpuadvise.rules.cli", "rules_main", "list the rule catalog"),

@@ -10,6 +10,7 @@ packages around its target, except those around the importer itself (already run
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -121,7 +122,7 @@ def test_capture_is_a_plain_function():
     import inspect
 
     import gpuadvise
-    import gpuadvise.harness.session  # noqa: F401 - importing the harness must not replace it
+    import gpuadvise.harness.session.session  # noqa: F401 - importing the harness must not replace it
 
     assert inspect.isfunction(gpuadvise.capture)
 
@@ -204,3 +205,67 @@ def test_consumers_analyse_only_through_run(consumer):
 def test_the_consumer_rule_sees_imports():
     # guards the test above: the TUI's load goes through run/, so the scan must see that edge
     assert "gpuadvise.analyzer.run" in set(GRAPH.successors("gpuadvise.tui.app"))
+
+
+# -- the harness by concern: each sub-package's docstring says what it may import ----------------------
+HARNESS = "gpuadvise.harness"
+HARNESS_PARTS = sorted(mod for mod in MODULES if mod.count(".") == 2 and _inside(mod, HARNESS))  # packages and lone modules
+
+
+def _part(mod: str) -> str | None:
+    """The harness part (sub-package or lone module) `mod` belongs to; None outside the parts."""
+    return next((p for p in HARNESS_PARTS if _inside(mod, p)), None)
+
+
+def _may_import(package: str) -> list[str]:
+    """The `May import:` paragraph of a package's docstring (names under gpuadvise, each maybe followed by
+    a note in brackets), as full module names."""
+    doc = ast.get_docstring(ast.parse(MODULES[package].read_text())) or ""
+    _, found, rest = doc.partition("May import:")
+    assert found, f"{package}'s docstring says nothing of what it may import"
+    names = re.sub(r"\([^)]*\)", "", rest.split("\n\n")[0]).replace("\n", " ").rstrip(". ")
+    return [f"gpuadvise.{name.strip()}" for name in names.split(",")]
+
+
+SUBPACKAGES = [p for p in HARNESS_PARTS if MODULES[p].name == "__init__.py"]
+
+
+def test_the_harness_is_grouped_by_concern():
+    # guards the tests below: they read every sub-package's docstring
+    assert {"gpuadvise.harness.windows", "gpuadvise.harness.frameworks", "gpuadvise.harness.steps"} <= set(SUBPACKAGES)
+    assert "gpuadvise.harness.windows.slowwatch" in MODULES
+    assert "gpuadvise.harness.windows" in set(GRAPH.successors("gpuadvise.harness.steps.sources"))
+
+
+@pytest.mark.parametrize("package", SUBPACKAGES)
+def test_a_harness_package_imports_only_what_its_docstring_allows(package):
+    allowed = _may_import(package)
+    assert all(a in MODULES for a in allowed), f"{package}'s docstring names a module that does not exist: {allowed}"
+    bad = [f"{mod} → {dep}" for mod in MODULES if _inside(mod, package) for dep in GRAPH.successors(mod)
+           if not _inside(dep, package) and not _inside(package, dep)  # its own packages around it
+           and not any(_inside(dep, a) or _inside(a, dep) for a in allowed)]  # or a package around it
+    assert not bad, f"imports {package}'s docstring does not allow:\n" + "\n".join(bad)
+
+
+def test_no_part_of_the_harness_imports_the_rules_or_the_tui():
+    bad = [f"{mod} → {dep}" for mod in MODULES if _inside(mod, HARNESS) for dep in GRAPH.successors(mod)
+           if _inside(dep, "gpuadvise.rules") or _inside(dep, "gpuadvise.tui")]
+    assert not bad, "the harness reaching the rules or the TUI:\n" + "\n".join(bad)
+
+
+def test_the_harness_parts_are_layered():
+    """Between its parts, the harness's imports point one way: the session ties the parts together,
+    no part below it reaches back up (a cycle between two packages, even with no cycle between modules)."""
+    parts = nx.DiGraph()
+    for mod in MODULES:
+        here = _part(mod)
+        if here is None:
+            continue
+        parts.add_node(here)
+        for dep in GRAPH.successors(mod):
+            there = _part(dep)
+            if there is not None and there != here:
+                parts.add_edge(here, there)
+    assert parts.has_edge("gpuadvise.harness.session", "gpuadvise.harness.steps")  # guards the scan
+    cycles = [sorted(c) for c in nx.strongly_connected_components(parts) if len(c) > 1]
+    assert not cycles, f"harness packages importing each other: {cycles}"

@@ -20,8 +20,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpuadvise.harness import quiet  # noqa: E402
-from gpuadvise.harness.steptimes import StepTimes  # noqa: E402
+from gpuadvise.harness.windows import quiet  # noqa: E402
+from gpuadvise.harness.steps.times import StepTimes  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 EXAMPLES = HERE.parent / "examples"
@@ -569,7 +569,7 @@ def _mm(name, ts, tid=1, **args):
 
 @pytest.mark.parametrize("indent", [None, 2], ids=["compact", "pretty"])
 def test_annotate_copy_adds_the_probes_shapes_and_changes_nothing_else(tmp_path, indent):
-    from gpuadvise.harness import shapes
+    from gpuadvise.harness.facts import shapes
 
     dims_a = {"Input Dims": [[8, 24], [24, 24]], "Input type": ["c10::BFloat16", "c10::BFloat16"]}
     dims_b = {"Input Dims": [[8, 24], [24, 7]], "Input type": ["c10::BFloat16", "c10::BFloat16"]}
@@ -592,7 +592,7 @@ def test_annotate_copy_adds_the_probes_shapes_and_changes_nothing_else(tmp_path,
 
 
 def test_annotate_copy_leaves_a_thread_whose_matmuls_differ(tmp_path):
-    from gpuadvise.harness import shapes
+    from gpuadvise.harness.facts import shapes
 
     dims = {"Input Dims": [[8, 24], [24, 24]], "Input type": ["float", "float"]}
     probe = tmp_path / "probe.json"

@@ -21,7 +21,7 @@ WAIT, WARMUP, ACTIVE = 3, 1, 2
 SCRIPT = """
 import sys
 import torch
-from gpuadvise.harness.session import active
+from gpuadvise.harness.active import active
 
 def on_start(session, k):
     session.status.setdefault("test_hooks", []).append(["start", k])

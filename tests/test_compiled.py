@@ -21,7 +21,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpuadvise.harness import compiled  # noqa: E402
+from gpuadvise.harness.facts import compiled  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PROBE = HERE / "probes" / "compiled_train.py"

@@ -480,9 +480,10 @@ def test_profile_prints_the_profilers_overhead_once(tmp_path, capsys, load_built
     the same overhead (1.17× and 1.18×, from the harness's timing and from the trace); the header's stays."""
     import json
 
-    from gpuadvise.harness import cli, runfolder
+    from gpuadvise.harness import cli
+    from gpuadvise.harness.runfolder import layout
 
-    _uneven_idle().write(tmp_path / runfolder.trace_name(None))
+    _uneven_idle().write(tmp_path / layout.trace_name(None))
     traced_ms = 4.0  # about the fixture's median step; the harness's own figure differs a little, as it does
     (tmp_path / "run.json").write_text(json.dumps({"steps": {
         "clock": "cpu", "unprofiled_median_ms": traced_ms / 1.5, "unprofiled_n": 4,

@@ -127,7 +127,7 @@ def test_a_users_folder_called_torch_on_this_machine_is_theirs(tmp_path):
 def test_a_framework_built_object_is_placed_at_the_users_call_with_the_framework_beside_it(tmp_path, monkeypatch):
     """The harness's constructor patch: a DataLoader a framework builds for the user (Trainer's
     get_train_dataloader) is created at the user's line, through the framework's call."""
-    from gpuadvise.harness import facts as harness_facts
+    from gpuadvise.harness.facts import general as harness_facts
 
     lib = tmp_path / "env" / "lib" / "python3.11" / "site-packages" / "fakefw"
     lib.mkdir(parents=True)

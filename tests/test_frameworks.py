@@ -53,10 +53,10 @@ def _finding(load_built, builder: TraceBuilder, facts: dict, topic: str):
 
 # -- steps: a framework's own step wins ------------------------------------------------------------------------
 class _Session:
-    """What frameworks.py needs of a session: its step sources and the step count."""
+    """What frameworks/loop.py needs of a session: its step sources and the step count."""
 
     def __init__(self):
-        from gpuadvise.harness.stepsources import StepSources
+        from gpuadvise.harness.steps.sources import StepSources
 
         self.boundaries: list[str] = []
         self.sources = StepSources(self.boundaries.append)
@@ -68,54 +68,54 @@ class _Session:
 
 @pytest.fixture
 def session():
-    from gpuadvise.harness import frameworks
+    from gpuadvise.harness.frameworks import loop
     from gpuadvise.harness.active import set_active
 
     s = _Session()
     set_active(s)
-    frameworks.reset()
+    loop.reset()
     yield s
     set_active(None)
-    frameworks.reset()
+    loop.reset()
 
 
 def test_a_framework_step_replaces_the_other_sources(session):
-    from gpuadvise.harness import frameworks
+    from gpuadvise.harness.frameworks import loop
 
-    frameworks.started("lightning", "2.6.6", "Trainer.fit()", {"accumulate_grad_batches": 2})
+    loop.started("lightning", "2.6.6", "Trainer.fit()", {"accumulate_grad_batches": 2})
     src = session.sources
     src._after_optimizer_step(object(), (), {})  # an optimizer step inside the framework's loop
     src._fallback_event("backward")
     src._fallback_event("backward")
-    frameworks.step("lightning")
+    loop.step("lightning")
     assert session.boundaries == ["lightning"]
     src.manual()  # gpuadvise.step() still wins over everything
-    frameworks.step("lightning")
+    loop.step("lightning")
     assert session.boundaries == ["lightning", "manual"]
 
 
 def test_the_trainers_steps_win_over_the_accelerate_it_runs_on(session):
-    from gpuadvise.harness import frameworks
+    from gpuadvise.harness.frameworks import loop
 
     # transformers' Trainer prepares its optimizer through Accelerate, then starts its own loop
-    frameworks.started("accelerate", "1.15.0", "Accelerator.prepare()", {}, first_batch_starts=True)
-    frameworks.started("transformers", "5.24.0", "Trainer.train()", {"gradient_accumulation_steps": 2})
-    frameworks.step("accelerate")
-    frameworks.step("transformers")
-    frameworks.started("accelerate", "1.15.0", "Accelerator.prepare()", {})  # a later prepare() changes nothing
-    frameworks.step("accelerate")
+    loop.started("accelerate", "1.15.0", "Accelerator.prepare()", {}, first_batch_starts=True)
+    loop.started("transformers", "5.24.0", "Trainer.train()", {"gradient_accumulation_steps": 2})
+    loop.step("accelerate")
+    loop.step("transformers")
+    loop.started("accelerate", "1.15.0", "Accelerator.prepare()", {})  # a later prepare() changes nothing
+    loop.step("accelerate")
     assert session.boundaries == ["transformers"]
-    assert frameworks.summary()["name"] == "transformers"
+    assert loop.summary()["name"] == "transformers"
 
 
 def test_accelerate_starts_its_first_step_at_the_first_batch(session):
-    from gpuadvise.harness import frameworks
+    from gpuadvise.harness.frameworks import loop
 
-    frameworks.started("accelerate", "1.15.0", "Accelerator.prepare()", {}, first_batch_starts=True)
+    loop.started("accelerate", "1.15.0", "Accelerator.prepare()", {}, first_batch_starts=True)
     # Accelerate's loader asks for a batch ahead: only the first batch starts a step, as in a hand-written loop
     session.sources.batch()
     session.sources.batch()
-    frameworks.step("accelerate")
+    loop.step("accelerate")
     session.sources.batch()
     assert session.boundaries == ["accelerate", "accelerate"]
 
@@ -129,22 +129,22 @@ def test_without_a_framework_batches_start_steps_until_an_optimizer_steps(sessio
 
 
 def test_phases_are_recorded_with_their_step(session):
-    from gpuadvise.harness import frameworks
+    from gpuadvise.harness.frameworks import loop
 
-    frameworks.started("transformers", "5.24.0", "Trainer.train()", {})
+    loop.started("transformers", "5.24.0", "Trainer.train()", {})
     session.steps = 5
-    with frameworks.Phase("evaluation"):
+    with loop.Phase("evaluation"):
         pass
-    frameworks.Phase("checkpoint").end()  # an end without a begin records nothing
-    [phase] = frameworks.summary()["phases"]
+    loop.Phase("checkpoint").end()  # an end without a begin records nothing
+    [phase] = loop.summary()["phases"]
     assert (phase["kind"], phase["step"], phase["window"]) == ("evaluation", 5, "wait") and phase["ms"] >= 0
 
 
 def test_framework_facts_record_the_users_line(session):
-    from gpuadvise.harness import frameworks
+    from gpuadvise.harness.frameworks import loop
 
-    frameworks.started("lightning", "2.6.6", "Trainer.fit()", {"strategy": _Enum("ddp"), "devices": (0, 1)})
-    fw = frameworks.summary()
+    loop.started("lightning", "2.6.6", "Trainer.fit()", {"strategy": _Enum("ddp"), "devices": (0, 1)})
+    fw = loop.summary()
     assert fw["called_at"].endswith(f"test_frameworks.py:{sys._getframe().f_lineno - 2}")
     assert fw["settings"] == {"strategy": "ddp", "devices": [0, 1]}  # as JSON holds them
 
@@ -164,11 +164,11 @@ def fake_framework(tmp_path, monkeypatch):
     (site / "fakefw").mkdir(parents=True)
     (site / "fakefw" / "__init__.py").write_text(textwrap.dedent('''
         import sys
-        from gpuadvise.harness import facts
+        from gpuadvise.harness.facts import general
 
         class Loader:
             def __init__(self):
-                self.origin = facts.built(self, sys._getframe(1))
+                self.origin = general.built(self, sys._getframe(1))
 
         def train():
             return _make()
@@ -177,7 +177,7 @@ def fake_framework(tmp_path, monkeypatch):
             return Loader()
 
         def wrapped_init(obj):
-            obj.origin = facts.built(obj, sys._getframe(0))
+            obj.origin = general.built(obj, sys._getframe(0))
     '''))
     monkeypatch.syspath_prepend(str(site))
     sys.modules.pop("fakefw", None)
@@ -201,7 +201,7 @@ def test_a_wrapper_holding_the_object_builds_nothing(fake_framework):
 
 # -- the import watcher -------------------------------------------------------------------------------------------
 def test_a_watched_module_is_attached_after_the_scripts_import(tmp_path, monkeypatch):
-    from gpuadvise.harness import importwatch
+    from gpuadvise.harness.frameworks import importwatch
 
     (tmp_path / "watchedfw.py").write_text("VALUE = 42\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -222,7 +222,7 @@ def test_a_watched_module_is_attached_after_the_scripts_import(tmp_path, monkeyp
 
 
 def test_a_failing_attach_never_breaks_the_import(tmp_path, monkeypatch):
-    from gpuadvise.harness import importwatch
+    from gpuadvise.harness.frameworks import importwatch
 
     (tmp_path / "brokenfw.py").write_text("VALUE = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))

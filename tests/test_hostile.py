@@ -837,7 +837,7 @@ def test_profiler_failing_at_start_leaves_the_script_alone(tmp_path):
     its own, run.json says the start failed and why."""
     _script(tmp_path / "site", "sitecustomize.py", """
         import sys
-        if any("gpuadvise.harness.bootstrap" in a for a in getattr(sys, "orig_argv", [])):
+        if any("gpuadvise.harness.session.bootstrap" in a for a in getattr(sys, "orig_argv", [])):
             import torch.profiler
             def _broken(self, *args, **kwargs):
                 raise RuntimeError("probe: profiler start broken on purpose")

@@ -12,10 +12,10 @@ import pytest
 from gpuadvise.analyzer.errors import InputError
 from gpuadvise.analyzer.measure.longrun import RunAnalysis, nearby_median
 from gpuadvise.analyzer.read.steprecord import load_step_record
-from gpuadvise.harness.requests import REQUESTS, Requests, append
-from gpuadvise.harness.slowwatch import SlowWatch
-from gpuadvise.harness.steprecord import StepRecord, bucket_width
-from gpuadvise.harness.windows import Plan
+from gpuadvise.harness.windows.requests import REQUESTS, Requests, append
+from gpuadvise.harness.windows.slowwatch import SlowWatch
+from gpuadvise.harness.steps.record import StepRecord, bucket_width
+from gpuadvise.harness.windows.plan import Plan
 
 
 # -- the step record ---------------------------------------------------------------------------------------

@@ -310,7 +310,7 @@ def test_with_stack_prints_no_trace_only_warning(tmp_path):
 
 
 def test_profiler_log_lines_go_to_the_run_folder_log(tmp_path, capfd):
-    from gpuadvise.harness import quiet
+    from gpuadvise.harness.windows import quiet
 
     log = tmp_path / "profiler.log"
     noise = b"ERROR:2026-01-01 10:00:00 123:456 DeviceProperties.cpp:47] gpuGetDeviceCount failed with code 35\n"

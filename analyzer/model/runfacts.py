@@ -227,7 +227,7 @@ def optimizers(facts: dict, cls: str | None = None) -> list[OptimizerFact]:
     return [o for o in out if cls is None or o.cls == cls]
 
 
-# -- the training framework that ran the loop (run.json `framework`, written by harness/frameworks.py) ------
+# -- the training framework that ran the loop (run.json `framework`, written by harness/frameworks/loop.py) ------
 
 FRAMEWORK_LABELS = {"transformers": "transformers' Trainer", "lightning": "Lightning's Trainer", "accelerate": "Accelerate"}
 

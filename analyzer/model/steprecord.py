@@ -1,5 +1,5 @@
 """The whole run's step times and memory samples, as `gpuadvise profile` recorded them in the run folder's
-step record (`steps.jsonl`; the format is in gpuadvise/harness/steprecord.py), read by read/steprecord.py.
+step record (`steps.jsonl`; the format is in gpuadvise/harness/steps/record.py), read by read/steprecord.py.
 
 Times are ms by the run's clock: the GPU's (CUDA events) where the script ran on one, else the wall
 clock. Exact steps come one by one; from `exact_steps` on, buckets of steps summarised by their median,

@@ -1,5 +1,5 @@
 """Read a run folder's step record (`steps.jsonl`, written while the script ran; the format is in
-gpuadvise/harness/steprecord.py) into a `model.steprecord.StepRecord`.
+gpuadvise/harness/steps/record.py) into a `model.steprecord.StepRecord`.
 
 The file is appended to until the script ends, and a crash can cut its last line: a line that is not
 JSON is skipped and counted (`damaged_lines`), never fatal. A file that is not a step record at all

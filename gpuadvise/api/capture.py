@@ -40,17 +40,17 @@ class Capture:
 
     def __enter__(self) -> Capture:
         from gpuadvise.analyzer.errors import InputError
-        from gpuadvise.harness import runfolder
-        from gpuadvise.harness.session import Session, set_active
+        from gpuadvise.harness.runfolder import layout
+        from gpuadvise.harness.session.session import Session, set_active
 
         if _RUNNING:
             raise RuntimeError("gpuadvise.capture: another capture is running in this process (one at a time)")
-        r = runfolder.rank()
-        mine = [self.path / runfolder.trace_name(r), self.path / runfolder.run_json_name(r)]
+        r = layout.rank()
+        mine = [self.path / layout.trace_name(r), self.path / layout.run_json_name(r)]
         if any(p.exists() for p in mine):
             if not self.force:
                 raise InputError(self.path, "run folder already holds a capture; pass force=True to replace it")
-            for p in mine + [self.path / runfolder.snapshot_name(r)] + runfolder.later_traces(self.path, r):
+            for p in mine + [self.path / layout.snapshot_name(r)] + layout.later_traces(self.path, r):
                 p.unlink(missing_ok=True)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -77,9 +77,9 @@ class Capture:
             self._session.manual_step()
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        from gpuadvise.harness import runfolder
+        from gpuadvise.harness.runfolder import layout
         from gpuadvise.harness.cli import _finish_run_json
-        from gpuadvise.harness.session import set_active
+        from gpuadvise.harness.session.session import set_active
 
         session, self._session = self._session, None
         code = 0 if exc_type is None else 130 if issubclass(exc_type, KeyboardInterrupt) else 1
@@ -91,7 +91,7 @@ class Capture:
             _restore_torch_hooks(self._saved)
             _detach_frameworks()
             _RUNNING.clear()
-            _finish_run_json(self.path, runfolder.rank(), code, self._started)
+            _finish_run_json(self.path, layout.rank(), code, self._started)
 
     def report(self) -> Report:
         """The findings for what this capture wrote (`gpuadvise.analyze(path)`)."""
@@ -152,22 +152,24 @@ def _restore_torch_hooks(saved: list) -> None:
 
 
 def _reset_facts() -> None:
-    from gpuadvise.harness import distfacts, facts, frameworks, importwatch
+    from gpuadvise.harness.facts import distributed as distfacts
+    from gpuadvise.harness.facts import general
+    from gpuadvise.harness.frameworks import importwatch, loop
 
-    for v in facts._FACTS.values():
+    for v in general._FACTS.values():
         v.clear()
-    facts._WINDOW.clear()
+    general._WINDOW.clear()
     distfacts.reset()
-    frameworks.reset()
+    loop.reset()
     importwatch.ERRORS.clear()
 
 
 def _detach_frameworks() -> None:
     """Take the session's patches off the framework classes and stop watching imports."""
-    from gpuadvise.harness import frameworks, importwatch
+    from gpuadvise.harness.frameworks import importwatch, loop
 
     importwatch.uninstall()
-    frameworks.unpatch_all()
+    loop.unpatch_all()
 
 
 _MISSING = object()

@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import distributed, runfolder
-from .triggers import signal_number
+from .runfolder import jobfolder, layout
+from .windows.triggers import signal_number
 
 PREFIX = "gpuadvise> "
 
@@ -148,22 +148,22 @@ def main(argv: list[str]) -> int:
             print(f"gpuadvise: error: {script}: no such script", file=sys.stderr)
             return 2
     report_fmt = _check_outputs(args)  # a bad --report/--perfetto path fails before the script runs
-    job = distributed.job_env()  # under torchrun: one folder and one report for the job (distributed.py)
+    job = jobfolder.job_env()  # under torchrun: one folder and one report for the job (distributed.py)
     if args.output:
         out = Path(args.output)
     elif job is not None:
-        out = distributed.job_run_dir(args.module or target[0])
+        out = jobfolder.job_run_dir(args.module or target[0])
     else:
-        out = runfolder.new_run_dir(args.module or target[0])
-    r = runfolder.rank()
+        out = layout.new_run_dir(args.module or target[0])
+    r = layout.rank()
     speaks = not args.quiet and (job is None or job.reports)  # a job's other ranks print nothing of ours
-    mine = [out / runfolder.trace_name(r), out / runfolder.old_trace_name(r), out / runfolder.run_json_name(r)]
+    mine = [out / layout.trace_name(r), out / layout.old_trace_name(r), out / layout.run_json_name(r)]
     if any(p.exists() for p in mine) and not args.force:
         print(f"gpuadvise: error: {out}: run folder already holds a capture; use --force to replace it or -o for another",
               file=sys.stderr)
         return 2
     if args.force:
-        for p in mine + runfolder.later_traces(out, r) + [out / runfolder.snapshot_name(r), out / runfolder.log_name(r), out / runfolder.steps_name(r)]:
+        for p in mine + layout.later_traces(out, r) + [out / layout.snapshot_name(r), out / layout.log_name(r), out / layout.steps_name(r)]:
             if p.exists():
                 p.unlink()
     made = not out.exists() or (job is not None and not args.output and _only_mark(out))
@@ -197,8 +197,8 @@ def main(argv: list[str]) -> int:
         print(f"{PREFIX}profiling {shlex.join(target)}{ranks} (steps: wait {args.wait}, warm-up {args.warmup}, "
               f"record {args.active}) → {out}", file=sys.stderr, flush=True)
     forward = [signal_number(args.signal)] if args.on_signal else []
-    code = _run_child([sys.executable, "-m", "gpuadvise.harness.bootstrap", config_path] + target, forward)
-    if not (out / runfolder.run_json_name(r)).exists():
+    code = _run_child([sys.executable, "-m", "gpuadvise.harness.session.bootstrap", config_path] + target, forward)
+    if not (out / layout.run_json_name(r)).exists():
         # the script never started (python -m found no module): leave nothing behind
         if made:
             _remove_empty(out)
@@ -209,7 +209,7 @@ def main(argv: list[str]) -> int:
     if job is not None:
         return _finish_job(out, job, args, report_fmt, code)
     reports = None if args.quiet else _summary(out, r)
-    if (args.report or args.perfetto) and (out / runfolder.trace_name(r)).exists():
+    if (args.report or args.perfetto) and (out / layout.trace_name(r)).exists():
         _write_extras(out, args, report_fmt, reports)
     return _exit_as(code)  # a script that died by a signal: die the same way, as the unwrapped script would
 
@@ -224,10 +224,10 @@ def _finish_job(out: Path, job, args, report_fmt, code: int) -> int:
                   f"the report; a job on several nodes: gpuadvise analyze FOLDER FOLDER …)", file=sys.stderr)
         return _exit_as(code)
     waited = time.monotonic()
-    statuses, pending = distributed.wait_for_ranks(out, job, code)
+    statuses, pending = jobfolder.wait_for_ranks(out, job, code)
     waited = time.monotonic() - waited
     if not args.quiet:
-        for line in distributed.status_lines(statuses, pending, waited if pending else None):
+        for line in jobfolder.status_lines(statuses, pending, waited if pending else None):
             print(f"{PREFIX}{line}", file=sys.stderr)
     captured = [s.rank for s in statuses if s.trace]
     if code < 0:  # stopped by a signal (the launcher ends every rank once one fails): no analysis under its deadline
@@ -393,8 +393,8 @@ def no_trace_reason(run: dict, code: int) -> str:
 
 
 def _finish_run_json(out: Path, r, code: int, started: float) -> None:
-    path = out / runfolder.run_json_name(r)
-    data = runfolder.read_json(path)
+    path = out / layout.run_json_name(r)
+    data = layout.read_json(path)
     data["exit_code"] = code
     if code < 0:
         data["exit_signal"] = signal.Signals(-code).name
@@ -403,10 +403,10 @@ def _finish_run_json(out: Path, r, code: int, started: float) -> None:
     capture = data.setdefault("capture", {"state": "not started: the script ended before the profiler could start"})
     if capture.get("state") in ("waiting for steps", "not started"):
         capture["state"] = "incomplete: the script ended before the window completed"
-    if not (out / runfolder.trace_name(r)).exists():
+    if not (out / layout.trace_name(r)).exists():
         capture["reason"] = no_trace_reason(data, code)  # `gpuadvise analyze RUN` says the same
     try:
-        runfolder.write_json_atomic(path, data)
+        layout.write_json_atomic(path, data)
     except OSError as exc:
         print(f"{PREFIX}could not write {path}: {exc}", file=sys.stderr)
 
@@ -414,10 +414,10 @@ def _finish_run_json(out: Path, r, code: int, started: float) -> None:
 def _summary(out: Path, r, job: bool = False):
     """Print the top findings (of every rank's trace in the folder for a job); returns the analysis (None
     when there was none)."""
-    trace = out / runfolder.trace_name(r)
-    run = runfolder.read_json(out / runfolder.run_json_name(r))
+    trace = out / layout.trace_name(r)
+    run = layout.read_json(out / layout.run_json_name(r))
     status = run.get("capture", {})
-    if not trace.exists() and not (job and runfolder.rank_traces(out)):
+    if not trace.exists() and not (job and layout.rank_traces(out)):
         _step_times_line(run.get("steps") or {})
         print(f"{PREFIX}no trace captured: {status.get('reason') or status.get('state', 'unknown')}", file=sys.stderr)
         return None

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from gpuadvise.api.capture import Capture
-from gpuadvise.harness import runfolder
+from gpuadvise.harness.runfolder import layout
 from gpuadvise.harness.active import active
 
 PREFIX = "gpuadvise> "
@@ -28,7 +28,7 @@ class CallbackCapture:
         """Start a session of our own, unless one already runs in this process."""
         if self.capture is not None or active() is not None:
             return
-        out = self.out or runfolder.new_run_dir(sys.argv[0] if sys.argv and sys.argv[0] else "train")
+        out = self.out or layout.new_run_dir(sys.argv[0] if sys.argv and sys.argv[0] else "train")
         self.path = Path(out)
         capture = Capture(out, **self.options)
         capture.command = [self.name, str(out)]
@@ -50,13 +50,13 @@ class CallbackCapture:
         if cap is None:
             return
         cap.__exit__(RuntimeError if failed else None, None, None)
-        if runfolder.rank() not in (None, 0):
+        if layout.rank() not in (None, 0):
             return
         print(f"{PREFIX}run folder: {cap.path}", file=sys.stderr, flush=True)
         if self.summary:
             from gpuadvise.harness.cli import _summary
 
-            self.reports = _summary(cap.path, runfolder.rank())
+            self.reports = _summary(cap.path, layout.rank())
 
     def top_findings(self, n: int = 3) -> list[str]:
         """The summary's first findings, one line each ("[high] Training waits on the DataLoader (~23% of

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 try:
     import transformers
-    from gpuadvise.harness.hf_trainer import StepCallback
+    from gpuadvise.harness.frameworks.hf_trainer import StepCallback
 except ImportError as exc:  # pragma: no cover - exercised in a process without transformers
     raise ImportError("gpuadvise.integrations.huggingface needs transformers: pip install 'gpuadvise[hf]'") from exc
 

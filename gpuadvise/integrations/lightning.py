@@ -20,7 +20,7 @@ try:
     except ImportError:
         import pytorch_lightning  # noqa: F401 - Lightning's older package name
         _PACKAGE = "pytorch_lightning"
-    from gpuadvise.harness.lightning_trainer import step_callback_class
+    from gpuadvise.harness.frameworks.lightning_trainer import step_callback_class
 except ImportError as exc:  # pragma: no cover - exercised in a process without lightning
     raise ImportError("gpuadvise.integrations.lightning needs Lightning: pip install 'gpuadvise[lightning]'") from exc
 

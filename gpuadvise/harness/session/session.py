@@ -8,7 +8,7 @@ The parts live in their own modules:
   the callbacks at the edges of the recorded steps;
 - writers.py: the run folder's files (trace, memory snapshot, run.json);
 - steprecord.py: every step's time and memory samples for the whole run, in a sidecar file;
-- laterwindows.py (with windows.py, triggers.py, requests.py, slowwatch.py): the windows after the first
+- later.py (with windows.py, triggers.py, requests.py, slowwatch.py): the windows after the first
   (`--on-signal`, `--when-slower`, `--every`), recorded by the same profiler.
 This module is what happens at each boundary, and the session's start and end.
 
@@ -30,15 +30,19 @@ import time
 import traceback
 from pathlib import Path
 
-from . import compiled  # torch.compile recording
-from . import facts as facts_mod
-from . import distfacts, distributed, importwatch, laterwindows, loaderprobe, quiet, runfolder, writers
-from .active import active, set_active  # noqa: F401 - where gpuadvise.step() and the bootstrap find them
-from .requests import REQUESTS
-from .steprecord import StepRecord
-from .stepsources import SOURCES, StepSources
-from .steptimes import StepTimes
-from .window import ShapeProbe, Window, WindowHooks, cuda
+from .. import loaderprobe
+from ..active import active, set_active  # noqa: F401 - where gpuadvise.step() and the bootstrap find them
+from ..facts import compiled  # torch.compile recording
+from ..facts import distributed as distfacts
+from ..facts import general
+from ..frameworks import importwatch
+from ..runfolder import jobfolder, layout, writers
+from ..steps.record import StepRecord
+from ..steps.sources import SOURCES, StepSources
+from ..steps.times import StepTimes
+from ..windows import later, quiet
+from ..windows.requests import REQUESTS
+from ..windows.window import ShapeProbe, Window, WindowHooks, cuda
 
 # run.json's unprofiled median counts the steps before window 1 and this many after it (and its memory
 # history): the level window 1 ran at, which a run that drifts later does not move
@@ -55,7 +59,7 @@ class Session:
     def __init__(self, config: dict):
         self.config = config
         self.out = Path(config["out"])
-        self.rank = runfolder.rank()
+        self.rank = layout.rank()
         self.prof = None
         self.torch = None
         self.steps = 0  # step boundaries seen (= ProfilerStep numbers while the window runs)
@@ -65,7 +69,7 @@ class Session:
         self.memory_history = False
         self.finishing = False  # set before the final stop: a partial window must not become a trace
         self._next_after_write = 1
-        self.record = StepRecord(self.out / runfolder.steps_name(self.rank))
+        self.record = StepRecord(self.out / layout.steps_name(self.rank))
         self.times = StepTimes(on_final=self._final_step)
         self.memory_steps = 0  # CUDA memory history steps after the window (set at start: GPU only)
         self.window = Window(config)
@@ -75,7 +79,7 @@ class Session:
         # Capture features that must run only while the window records add their callbacks here.
         self.hooks = WindowHooks()
         self.started = time.time()
-        self.later: laterwindows.LaterWindows | None = None  # windows after the first, when an option asks
+        self.later: later.LaterWindows | None = None  # windows after the first, when an option asks
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -87,14 +91,14 @@ class Session:
         self.torch = torch
         w = self.window
         self.times = StepTimes(torch, keep_head=w.end + self.config.get("keep_after", 100),
-                               keep_tail=max(50, 2 * laterwindows.CONTEXT_STEPS + w.w + w.a + 10),
+                               keep_tail=max(50, 2 * later.CONTEXT_STEPS + w.w + w.a + 10),
                                on_final=self._final_step)
         self.memory_steps = self.config.get("memory_steps", 2) if self.config["memory_history"] and cuda(torch) else 0
         self._start_long_run()
         quiet.ignore_profiler_warnings()
-        quiet.set_log(self.out / runfolder.log_name(self.rank), errors_to_stderr=cuda(torch))
+        quiet.set_log(self.out / layout.log_name(self.rank), errors_to_stderr=cuda(torch))
         try:
-            facts_mod.install(torch)
+            general.install(torch)
             distfacts.install(torch)  # DDP/FSDP/DeepSpeed settings and the job's process group
             compiled.install(torch, lambda: (self.steps, self._phase(self.steps)))  # compile facts
             schedule = self.later.plan.schedule if self.later is not None else None
@@ -120,11 +124,11 @@ class Session:
     def _start_long_run(self) -> None:
         """With --on-signal, --when-slower or --every: the windows after the first. A fresh run starts with a
         fresh step record (and rank 0 with a fresh request file)."""
-        for name in [runfolder.steps_name(self.rank)] + ([REQUESTS] if self.rank in (None, 0) else []):
+        for name in [layout.steps_name(self.rank)] + ([REQUESTS] if self.rank in (None, 0) else []):
             with contextlib.suppress(OSError):
                 os.unlink(self.out / name)
-        if laterwindows.wanted(self.config):
-            self.later = laterwindows.LaterWindows(self)
+        if later.wanted(self.config):
+            self.later = later.LaterWindows(self)
             self.later.triggers.install()
 
     def finish(self, exit_code=None) -> None:
@@ -258,11 +262,11 @@ class Session:
     def _on_trace_ready(self, prof) -> None:
         if self.finishing:  # stopped mid-window at exit: torch still calls us; keep no partial trace
             return
-        later = self.later.ending(prof.step_num) if self.later is not None else None
-        if later is not None:
-            self.later.trace_ready(prof, later)
+        ending = self.later.ending(prof.step_num) if self.later is not None else None
+        if ending is not None:
+            self.later.trace_ready(prof, ending)
             return
-        facts_mod.end_of_window(self.torch)  # the settings the traced steps ran with, not those at exit
+        general.end_of_window(self.torch)  # the settings the traced steps ran with, not those at exit
         distfacts.end_of_window(self.torch)
         try:
             final = writers.write_trace(prof, self.out, self.rank, self.probe.events, self.window.a, self.status)
@@ -275,7 +279,7 @@ class Session:
             self.status["captured_at"] = time.time()
             self.hooks.stop(self, self.steps, captured=True)
             self._write_status()
-            job = distributed.job_env()
+            job = jobfolder.job_env()
             if job is None or job.reports:  # a job's report is the reporting rank's to print
                 print(f"{PREFIX}captured {self.window.a} steps → {final}{self.sources.note()}", file=sys.stderr, flush=True)
         except Exception as exc:  # the window is lost, the training is not
@@ -347,7 +351,7 @@ class Session:
                        memory_steps=self.memory_steps)
         if importwatch.ERRORS:
             capture["framework_errors"] = list(importwatch.ERRORS)
-        capture["files"] = dict(capture.get("files") or {}, step_record=runfolder.steps_name(self.rank))
+        capture["files"] = dict(capture.get("files") or {}, step_record=layout.steps_name(self.rank))
         if self.record.error:
             capture["step_record_error"] = self.record.error
         if self.later is not None:

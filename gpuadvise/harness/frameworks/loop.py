@@ -24,8 +24,8 @@ import time
 
 from gpuadvise.analyzer.model.calls import PHASE_PREFIX
 
-from . import facts as facts_mod
-from .active import active
+from ..active import active
+from ..facts import general
 
 # A framework running inside another one's loop leaves the steps to it: transformers' Trainer drives its
 # optimizer through Accelerate, whose steps then must not count twice.
@@ -64,7 +64,7 @@ def started(name: str, version: str | None, entry: str, settings: dict, frame=No
         session = active()
         if session is not None:
             session.sources.claim(name, first_batch_starts)
-        where = facts_mod.user_call(frame or sys._getframe(1))
+        where = general.user_call(frame or sys._getframe(1))
         _FRAMEWORK.update({"name": name, "version": version, "entry": entry, "called_at": where["called_at"],
                            "call": where["call"], "settings": _plain(settings)})
     except Exception:
@@ -86,10 +86,10 @@ def loader_built(loader, package: str, frame) -> None:
     with training, after the Trainer made its loader): recorded as if seen being built, at the user's line
     that started the framework. Nothing when DataLoaders were recorded already."""
     try:
-        if loader is None or facts_mod.facts()["dataloaders"] or not hasattr(loader, "num_workers"):
+        if loader is None or general.facts()["dataloaders"] or not hasattr(loader, "num_workers"):
             return
-        where = facts_mod.user_call(frame)
-        facts_mod.add_dataloader(loader, {"created_at": where["called_at"], "in_function": where["in_function"],
+        where = general.user_call(frame)
+        general.add_dataloader(loader, {"created_at": where["called_at"], "in_function": where["in_function"],
                                           "built_by": package, "call": where["call"]})
     except Exception:
         pass

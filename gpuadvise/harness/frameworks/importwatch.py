@@ -33,13 +33,13 @@ def _accelerate(module) -> None:
 
 
 def _fsdp(module) -> None:
-    from . import distfacts
+    from ..facts import distributed as distfacts
 
     distfacts.patch_fsdp(module)
 
 
 def _deepspeed(module) -> None:
-    from . import distfacts
+    from ..facts import distributed as distfacts
 
     distfacts.patch_deepspeed(module)
 

@@ -20,8 +20,8 @@ import functools
 import importlib
 import sys
 
-from . import frameworks
-from .active import active
+from ..active import active
+from . import loop
 
 _CLASSES: dict = {}  # the step callback class, per Lightning package ("lightning.pytorch", "pytorch_lightning")
 
@@ -31,25 +31,25 @@ class StepCallbackMixin:
 
     _package = "lightning.pytorch"
     _last_global_step: int | None = None
-    _validation: frameworks.Phase | None = None
+    _validation: loop.Phase | None = None
 
     def on_fit_start(self, trainer, pl_module):
         top = sys.modules.get(self._package.split(".")[0])
-        frameworks.started("lightning", getattr(top, "__version__", None), "Trainer.fit()", trainer_settings(trainer),
+        loop.started("lightning", getattr(top, "__version__", None), "Trainer.fit()", trainer_settings(trainer),
                            frame=sys._getframe(1))
 
     def on_train_start(self, trainer, pl_module):
-        frameworks.record("settings", {"train_dataloader_num_workers": loader_workers(trainer)})
+        loop.record("settings", {"train_dataloader_num_workers": loader_workers(trainer)})
         self._last_global_step = trainer.global_step
-        frameworks.step("lightning")  # the first step starts here, as a hand-written loop's first batch would
+        loop.step("lightning")  # the first step starts here, as a hand-written loop's first batch would
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_step != self._last_global_step:  # an optimizer step ran (not an accumulation batch)
             self._last_global_step = trainer.global_step
-            frameworks.step("lightning")
+            loop.step("lightning")
 
     def on_validation_start(self, trainer, pl_module):
-        self._validation = frameworks.Phase("evaluation")
+        self._validation = loop.Phase("evaluation")
         self._validation.begin()
 
     def on_validation_end(self, trainer, pl_module):
@@ -108,7 +108,7 @@ def loader_workers(trainer) -> list:
 def attach(module) -> None:
     """Patch the Trainer class of the package the script imported (once per session and package)."""
     package = module.__name__[: -len(".trainer.trainer")]
-    if not frameworks.attach_once(package):
+    if not loop.attach_once(package):
         return
     trainer = module.Trainer
     cls = step_callback_class(package)
@@ -124,11 +124,11 @@ def attach(module) -> None:
             pass
         return original_fit(self, *args, **kwargs)
 
-    frameworks.patch(trainer, "fit", fit)
+    loop.patch(trainer, "fit", fit)
     _profile_every_rank(package)
     method = trainer.__dict__.get("save_checkpoint")
     if method is not None and not hasattr(method, "__gpuadvise_phase__"):
-        frameworks.patch(trainer, "save_checkpoint", frameworks.in_phase("checkpoint", method))
+        loop.patch(trainer, "save_checkpoint", loop.in_phase("checkpoint", method))
 
 
 def _profile_every_rank(package: str) -> None:
@@ -150,4 +150,4 @@ def _profile_every_rank(package: str) -> None:
         # [python, script.py, args…] or [python, -m, module, args…]: profile reads both after its options
         return [cmd[0], "-m", "gpuadvise", "profile", *argv, *cmd[1:]]
 
-    frameworks.patch(launcher, "_basic_subprocess_cmd", command)
+    loop.patch(launcher, "_basic_subprocess_cmd", command)

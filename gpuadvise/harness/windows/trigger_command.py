@@ -21,7 +21,8 @@ from pathlib import Path
 
 from gpuadvise.analyzer.errors import InputError
 
-from . import requests, runfolder
+from ..runfolder import layout
+from . import requests
 
 PREFIX = "gpuadvise> "
 
@@ -76,7 +77,7 @@ def _records(run: Path) -> list[dict]:
         raise InputError(run, "no such run folder")
     records = []
     for p in sorted(run.glob("run*.json")):
-        if p.name == runfolder.run_json_name(None) or p.name.startswith("run.rank"):
+        if p.name == layout.run_json_name(None) or p.name.startswith("run.rank"):
             try:
                 data = json.loads(p.read_text())
             except (OSError, ValueError) as exc:
@@ -130,5 +131,5 @@ def _wait(run: Path, before: set, seconds: float) -> int:
             return 0
         time.sleep(0.2)
     print(f"{PREFIX}no window written within {seconds:g} s (the job writes one when its steps are recorded; "
-          f"check {run / runfolder.run_json_name(None)})", file=sys.stderr)
+          f"check {run / layout.run_json_name(None)})", file=sys.stderr)
     return 1

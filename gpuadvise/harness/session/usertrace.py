@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import sys
 
-_OURS = os.path.dirname(os.path.abspath(__file__))  # gpuadvise/harness: the bootstrap and the hooks
+_OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # gpuadvise/harness: the bootstrap and the hooks
 
 
 def _is_ours(filename: str) -> bool:
-    return filename.startswith("<frozen runpy>") or os.path.dirname(os.path.abspath(filename)) == _OURS
+    folder = os.path.dirname(os.path.abspath(filename))
+    return filename.startswith("<frozen runpy>") or folder == _OURS or folder.startswith(_OURS + os.sep)
 
 
 def strip_our_frames(tb):

@@ -14,17 +14,17 @@ import socket
 import tempfile
 from pathlib import Path
 
-from . import compiled, distfacts
-from . import facts as facts_mod
-from . import frameworks
-from . import runfolder, shapes
+from ..facts import compiled, general, shapes
+from ..facts import distributed as distfacts
+from ..frameworks import loop
+from . import layout
 
 
 def write_trace(prof, out: Path, rank, probe_events: list | None, active: int, status: dict, window: int = 1) -> Path:
     """Export window `window`'s trace to `out`/trace….json.gz; returns its path. Raises when it cannot be
     written, after removing its temporary files. `status` gets the shape merge's report (`shapes`)."""
     out.mkdir(parents=True, exist_ok=True)
-    final = out / runfolder.trace_name(rank, window)
+    final = out / layout.trace_name(rank, window)
     tmp_json = out / f".{final.name}.json.tmp"
     tmp_gz = out / f".{final.name}.tmp"
     try:
@@ -62,7 +62,7 @@ def _copy_trace(src: Path, dst, out: Path, probe_events: list | None, active: in
 
 def dump_memory_snapshot(torch, out: Path, rank) -> str:
     """Dump the CUDA memory history recorded so far; returns the snapshot's file name."""
-    final = out / runfolder.snapshot_name(rank)
+    final = out / layout.snapshot_name(rank)
     tmp = out / f".{final.name}.tmp"
     torch.cuda.memory._dump_snapshot(str(tmp))
     os.replace(tmp, final)
@@ -77,8 +77,8 @@ def memory_stats(torch) -> dict:
 
 def write_run_json(out: Path, rank, config: dict, capture: dict, steps: dict, torch, exit_code=None) -> None:
     """Merge this rank's capture, step times and facts into its run.json (the CLI wrote the rest)."""
-    path = out / runfolder.run_json_name(rank)
-    data = runfolder.read_json(path)
+    path = out / layout.run_json_name(rank)
+    data = layout.read_json(path)
     data.update(config.get("run", {}))
     data["rank"] = rank
     data["pid"] = os.getpid()  # the training process: `gpuadvise trigger` signals it
@@ -89,11 +89,11 @@ def write_run_json(out: Path, rank, config: dict, capture: dict, steps: dict, to
     data["steps"] = steps
     if torch is not None:
         try:
-            data["environment"] = facts_mod.environment(torch)
-            data["settings"] = facts_mod.backend_flags(torch)
+            data["environment"] = general.environment(torch)
+            data["settings"] = general.backend_flags(torch)
         except Exception:
             pass
-    f = facts_mod.facts()
+    f = general.facts()
     data.update({k: [dict((kk, vv) for kk, vv in d.items() if kk != "id") for d in v] for k, v in f.items()})
     if torch is not None:
         try:
@@ -102,7 +102,7 @@ def write_run_json(out: Path, rank, config: dict, capture: dict, steps: dict, to
             job = None
         if job:
             data["distributed"] = job
-    framework = frameworks.summary()  # None unless a training framework ran the loop
+    framework = loop.summary()  # None unless a training framework ran the loop
     if framework is not None:
         data["framework"] = framework
     compile_facts = compiled.summary()  # None unless the script called torch.compile
@@ -110,4 +110,4 @@ def write_run_json(out: Path, rank, config: dict, capture: dict, steps: dict, to
         data["compiled"] = compile_facts
     if exit_code is not None:
         data["script_exit_code"] = exit_code
-    runfolder.write_json_atomic(path, data)
+    layout.write_json_atomic(path, data)

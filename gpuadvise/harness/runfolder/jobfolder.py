@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import runfolder
+from . import layout
 
 WAIT_S = 60.0  # how long the reporting rank waits for the others (GPUADVISE_JOB_WAIT)
 WAIT_AFTER_OWN_FAILURE_S = 3.0  # when its own script failed, the others may be blocked on it
@@ -199,11 +199,11 @@ def ranks_in(out: Path) -> list[int]:
 
 
 def status_of(out: Path, rank: int) -> RankStatus:
-    data = runfolder.read_json(out / runfolder.run_json_name(rank))
+    data = layout.read_json(out / layout.run_json_name(rank))
     capture = data.get("capture") or {}
     return RankStatus(rank=rank, finished="exit_code" in data, exit_code=data.get("exit_code"),
                       signal=data.get("exit_signal"), state=str(capture.get("state", "not started")),
-                      steps=int(capture.get("steps_stepped") or 0), trace=(out / runfolder.trace_name(rank)).exists())
+                      steps=int(capture.get("steps_stepped") or 0), trace=(out / layout.trace_name(rank)).exists())
 
 
 def wait_for_ranks(out: Path, env: JobEnv, own_code: int, timeout: float | None = None,

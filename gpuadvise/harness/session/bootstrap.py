@@ -1,5 +1,5 @@
 """The child process of `gpuadvise profile`: runs the user's script as `python script.py` would,
-under a profiling session. Usage (internal): python -m gpuadvise.harness.bootstrap CONFIG.json (-m MODULE | SCRIPT) [ARGS...]
+under a profiling session. Usage (internal): python -m gpuadvise.harness.session.bootstrap CONFIG.json (-m MODULE | SCRIPT) [ARGS...]
 """
 
 from __future__ import annotations

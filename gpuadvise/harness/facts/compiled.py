@@ -17,7 +17,7 @@ import re
 
 from gpuadvise.analyzer.model import frames
 
-from .facts import caller
+from .general import caller
 
 MAX_ITEMS = 200  # compiles / breaks kept in run.json: a recompiling loop must not grow it forever
 

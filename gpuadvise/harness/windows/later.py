@@ -15,10 +15,11 @@ from __future__ import annotations
 import sys
 import time
 
-from . import quiet, writers
+from ..runfolder import writers
+from . import quiet
+from .plan import Plan, Planned
 from .requests import Requests
 from .triggers import Triggers
-from .windows import Plan, Planned
 
 PREFIX = "gpuadvise> "
 # the unprofiled steps on each side of a later window that its recorded steps are compared with (run.json

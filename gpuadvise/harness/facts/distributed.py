@@ -31,7 +31,7 @@ import sys
 import weakref
 from collections import deque
 
-from . import facts as facts_mod
+from . import general
 
 _DDP: list[tuple] = []  # (weakref to the module, its facts dict)
 _FSDP: list[dict] = []
@@ -215,7 +215,7 @@ def patch_fsdp(fsdp) -> None:
         def fully_shard(module, *a, **k):
             name = type(module).__name__  # before fully_shard swaps in its FSDP subclass
             out = original(module, *a, **k)
-            _safe(_record_fully_shard)(name, k, facts_mod.caller())
+            _safe(_record_fully_shard)(name, k, general.caller())
             return out
 
         fully_shard._gpuadvise = True
@@ -279,7 +279,7 @@ def patch_deepspeed(ds) -> None:
 
     @functools.wraps(original)
     def initialize(*a, **k):
-        _safe(_record_deepspeed)(k, facts_mod.caller())
+        _safe(_record_deepspeed)(k, general.caller())
         return original(*a, **k)
 
     ds.initialize = initialize
@@ -303,11 +303,11 @@ def _record_deepspeed(k: dict, where: str) -> None:
 
 
 def _safe(fn):
-    return facts_mod._safe(fn)
+    return general._safe(fn)
 
 
 def _wrap_init(cls, record) -> None:
-    facts_mod._wrap_init(cls, record)
+    general._wrap_init(cls, record)
 
 
 def _wrap_method(cls, name: str, record) -> None:

@@ -19,7 +19,7 @@ import sys
 import transformers
 from transformers import TrainerCallback
 
-from . import frameworks
+from . import loop
 
 # The TrainingArguments that decide how fast a step is (run.json `framework.settings`, as the Trainer
 # reports them: `dataloader_pin_memory` is already False there on a CPU run).
@@ -36,14 +36,14 @@ class StepCallback(TrainerCallback):
     """Marks the Trainer's steps for the running session (does nothing without one)."""
 
     def on_train_begin(self, args, state, control, **kwargs):
-        frameworks.started("transformers", transformers.__version__, "Trainer.train()", training_arguments(args),
+        loop.started("transformers", transformers.__version__, "Trainer.train()", training_arguments(args),
                            frame=sys._getframe(1))
-        frameworks.record("accelerate", accelerate_state())
-        frameworks.loader_built(kwargs.get("train_dataloader"), "transformers", sys._getframe(1))
-        frameworks.step("transformers")  # the first step starts here, as a hand-written loop's first batch would
+        loop.record("accelerate", accelerate_state())
+        loop.loader_built(kwargs.get("train_dataloader"), "transformers", sys._getframe(1))
+        loop.step("transformers")  # the first step starts here, as a hand-written loop's first batch would
 
     def on_step_end(self, args, state, control, **kwargs):
-        frameworks.step("transformers")
+        loop.step("transformers")
 
 
 def training_arguments(args) -> dict:
@@ -66,7 +66,7 @@ def accelerate_state() -> dict:
 
 def attach(module) -> None:
     """Patch the Trainer class the script imported (once per session)."""
-    if not frameworks.attach_once("transformers"):
+    if not loop.attach_once("transformers"):
         return
     trainer = module.Trainer
     original_train = trainer.train
@@ -81,8 +81,8 @@ def attach(module) -> None:
             pass
         return original_train(self, *args, **kwargs)
 
-    frameworks.patch(trainer, "train", train)
+    loop.patch(trainer, "train", train)
     for name, kind in (("evaluate", "evaluation"), ("_save_checkpoint", "checkpoint")):
         method = trainer.__dict__.get(name)
         if method is not None and not hasattr(method, "__gpuadvise_phase__"):
-            frameworks.patch(trainer, name, frameworks.in_phase(kind, method))
+            loop.patch(trainer, name, loop.in_phase(kind, method))

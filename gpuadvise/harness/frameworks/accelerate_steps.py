@@ -8,7 +8,7 @@ skip even that. The step is the iteration either way: a boundary after each call
 synced, whether or not the update ran. `prepare()` with an optimizer hands the loop to Accelerate; its
 prefetching DataLoader asks for a batch ahead, so only the first batch starts a step, as the first batch
 of a hand-written loop does. Inside transformers' Trainer (which prepares through Accelerate) the
-Trainer's steps win (frameworks.PRIORITY).
+Trainer's steps win (loop.PRIORITY).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import sys
 
-from . import frameworks
+from . import loop
 
 
 def settings(accelerator) -> dict:
@@ -30,7 +30,7 @@ def settings(accelerator) -> dict:
 
 
 def attach(module) -> None:
-    if not frameworks.attach_once("accelerate"):
+    if not loop.attach_once("accelerate"):
         return
     import accelerate
     from accelerate.optimizer import AcceleratedOptimizer
@@ -44,7 +44,7 @@ def attach(module) -> None:
         try:
             prepared = result if isinstance(result, tuple) else (result,)
             if any(isinstance(r, AcceleratedOptimizer) for r in prepared):
-                frameworks.started("accelerate", accelerate.__version__, "Accelerator.prepare()", settings(self),
+                loop.started("accelerate", accelerate.__version__, "Accelerator.prepare()", settings(self),
                                    frame=sys._getframe(1), first_batch_starts=True)
         except Exception:
             pass
@@ -57,10 +57,10 @@ def attach(module) -> None:
         out = original_step(self, *args, **kwargs)
         try:
             if self.gradient_state.sync_gradients:
-                frameworks.step("accelerate")
+                loop.step("accelerate")
         except Exception:
             pass
         return out
 
-    frameworks.patch(accelerator, "prepare", prepare)
-    frameworks.patch(AcceleratedOptimizer, "step", step)
+    loop.patch(accelerator, "prepare", prepare)
+    loop.patch(AcceleratedOptimizer, "step", step)

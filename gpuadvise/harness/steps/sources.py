@@ -27,8 +27,8 @@ import statistics
 import time
 from collections import deque
 
-from . import facts as facts_mod
-from .window import cuda
+from ..facts import general
+from ..windows.window import cuda
 
 # source key → what run.json's capture.step_source and the messages call it
 SOURCES = {
@@ -101,7 +101,7 @@ class StepSources:
     # -- the hooks ---------------------------------------------------------------------------------
     def _after_optimizer_step(self, opt, args, kwargs) -> None:
         try:
-            facts_mod.record_optimizer(opt)
+            general.record_optimizer(opt)
         except Exception:
             pass
         self.optimizer_steps += 1

@@ -20,7 +20,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from . import quiet, shapes
+from ..facts import shapes
+from . import quiet
 
 
 class Window:
