@@ -36,7 +36,7 @@ times in fresh processes with the recorder installed and without, alternating: t
 
 Part 4 (`--long N`): what every step pays after the window, where a run spends almost all its steps:
 the step timing as it was before the whole-run record ("timing only"), the timing plus the step record
-(steprecord.py: the sidecar appended every second, a memory sample every 5 steps; what every `gpuadvise
+(harness/steps/record.py: the sidecar appended every second, a memory sample every 5 steps; what every `gpuadvise
 profile` run does now), and that plus the long-run triggers (`--on-signal --when-slower --every`: the
 slowdown watch, the request file stat'ed every 4 steps). Side by side in one process per example, the
 modes cycling every `--seg` steps for N rounds, thread CPU time per step at the optimizer hook (the

@@ -148,7 +148,7 @@ def main(argv: list[str]) -> int:
             print(f"gpuadvise: error: {script}: no such script", file=sys.stderr)
             return 2
     report_fmt = _check_outputs(args)  # a bad --report/--perfetto path fails before the script runs
-    job = jobfolder.job_env()  # under torchrun: one folder and one report for the job (distributed.py)
+    job = jobfolder.job_env()  # under torchrun: one folder and one report for the job (runfolder/jobfolder.py)
     if args.output:
         out = Path(args.output)
     elif job is not None:
@@ -217,7 +217,7 @@ def main(argv: list[str]) -> int:
 def _finish_job(out: Path, job, args, report_fmt, code: int) -> int:
     """Under a launcher: the reporting rank waits for the others and prints the one report of the job;
     the other ranks print nothing (one line per other node naming its folder) and exit as their script
-    did (distributed.py)."""
+    did (runfolder/jobfolder.py)."""
     if not job.reports:
         if job.names_its_folder and not args.quiet:
             print(f"{PREFIX}ranks {min(job.node_ranks())}–{max(job.node_ranks())} wrote to {out} (rank 0 prints "
@@ -359,7 +359,7 @@ def _write_extras(out: Path, args, fmt: str | None, reports=None) -> None:
 
 def _remove_empty(folder: Path) -> None:
     try:
-        if _only_mark(folder):  # the job's claim on the folder (distributed.py): nothing of the user's
+        if _only_mark(folder):  # the job's claim on the folder (runfolder/jobfolder.py): nothing of the user's
             (folder / distributed.JOB_MARK).unlink()
         folder.rmdir()  # only if empty: never delete anything the user put there
         if folder.parent.name == runfolder.RUNS_DIR:

@@ -18,7 +18,7 @@ recorded while the script runs and written to run.json's `distributed` (README, 
   `reduce_dtype`, `offload`; `prefetch` counts the `set_modules_to_forward/backward_prefetch` calls;
 - `deepspeed`: `zero_stage` and where `deepspeed.initialize` was called.
 
-FSDP and DeepSpeed are patched only when the user's code imports them (importwatch.py). Every recording
+FSDP and DeepSpeed are patched only when the user's code imports them (frameworks/importwatch.py). Every recording
 is wrapped: a failure here never reaches the user's code.
 """
 
@@ -64,7 +64,7 @@ def install(torch) -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     register_optimizer_step_post_hook(lambda opt, args, kwargs: _safe(_after_optimizer_step)())
-    # FSDP and DeepSpeed: patch_fsdp / patch_deepspeed, once the script imports them (importwatch.py)
+    # FSDP and DeepSpeed: patch_fsdp / patch_deepspeed, once the script imports them (frameworks/importwatch.py)
 
 
 def summary(torch) -> dict | None:

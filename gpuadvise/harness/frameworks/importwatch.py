@@ -49,7 +49,7 @@ WATCHED = {
     "lightning.pytorch.trainer.trainer": _lightning,
     "pytorch_lightning.trainer.trainer": _lightning,
     "accelerate.accelerator": _accelerate,
-    # FSDP's and DeepSpeed's settings (distfacts.py): importing FSDP ourselves would cost every script a second
+    # FSDP's and DeepSpeed's settings (facts/distributed.py): importing FSDP ourselves would cost every script a second
     "torch.distributed.fsdp": _fsdp,
     "deepspeed": _deepspeed,
 }

@@ -3,7 +3,7 @@ Accelerate): what it knows, its steps, and what it does between them.
 
 hf_trainer.py, lightning_trainer.py and accelerate_steps.py attach to a framework when the script imports
 it (importwatch.py; nothing is imported before) and report here:
-- `started(...)`: the framework runs the loop from now on. Its own step is the step (stepsources.py:
+- `started(...)`: the framework runs the loop from now on. Its own step is the step (steps/sources.py:
   the framework source outranks optimizer hooks and DataLoader batches, so gradient-accumulation
   micro-batches and an optimizer that Accelerate wraps or a grad scaler skips count right), and run.json's
   `framework` records its name, version, its settings as it reports them and the user's line that started

@@ -3,7 +3,7 @@ LOCAL_RANK) writes one run folder for the job and prints one report.
 
 - Every rank runs the same `gpuadvise profile` command and counts the same steps (SPMD), so every
   rank records the same step numbers; each writes its own trace, run.json and snapshot
-  (`trace.rank3.pt.trace.json.gz`, runfolder.py).
+  (`trace.rank3.pt.trace.json.gz`, layout.py).
 - The folder: `-o DIR` (all ranks, all nodes if DIR is on a shared filesystem), else one folder per node,
   chosen by every rank of the node alike (`job_run_dir`) without talking to the others: the candidates are
   the same on every rank, and the first rank to claim one writes the job's id into it (an exclusive

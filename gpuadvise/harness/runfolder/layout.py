@@ -2,8 +2,8 @@
 
 Files: `trace.pt.trace.json.gz` (the recorded window, named as TensorBoard's profiler plugin and HTA
 expect; run folders written before used `trace.json.gz`, still read), `trace.wN.pt.trace.json.gz` (a long
-run's later windows), `steps.jsonl` (every step's time and memory samples, steprecord.py),
-`capture-requests.jsonl` (window requests every rank follows, requests.py), `memory.pickle` (GPU: CUDA memory snapshot),
+run's later windows), `steps.jsonl` (every step's time and memory samples, steps/record.py),
+`capture-requests.jsonl` (window requests every rank follows, windows/requests.py), `memory.pickle` (GPU: CUDA memory snapshot),
 `run.json` (what happened; rewritten atomically while the script runs, so it is true even after a
 crash or `os._exit`). Under torchrun they carry the rank (`trace.rank3.pt.trace.json.gz`, `run.rank3.json`).
 `profiler.log`: the profiler's own log lines (kineto), kept off the user's stderr.
@@ -13,9 +13,9 @@ run.json, the keys the capture writes:
   `exit_signal` (if killed by one), `script_exit_code` (as the child saw it), `rank`, `pid` (the training
   process), `hostname`, `launcher_pid` (the `gpuadvise profile` process that runs it);
 - `environment` (torch/CUDA/cuDNN/Python versions, device), `settings` (TF32, cudnn.benchmark),
-  `dataloaders`, `optimizers`, `autocast`, `compile`, `wrappers` (facts.py); `distributed` (the job's
-  process group, DDP/FSDP/DeepSpeed settings, backward passes per optimizer step: distfacts.py);
-- `framework` (frameworks.py; only when transformers' Trainer, Lightning or Accelerate ran the loop):
+  `dataloaders`, `optimizers`, `autocast`, `compile`, `wrappers` (facts/general.py); `distributed` (the job's
+  process group, DDP/FSDP/DeepSpeed settings, backward passes per optimizer step: facts/distributed.py);
+- `framework` (frameworks/loop.py; only when transformers' Trainer, Lightning or Accelerate ran the loop):
   `name`, `version`, `entry`, `called_at`, `call`, `settings` (as the framework reports them),
   `accelerate` (under the Trainer), `phases` (evaluation and checkpoints: `kind`, `step`, `window`, `ms`);
 - `capture`: `state` ("captured", "waiting for steps", "incomplete: …", "failed: …"), `error`,
@@ -109,7 +109,7 @@ def later_traces(folder: Path, r: int | None) -> list[Path]:
 
 
 def steps_name(r: int | None) -> str:
-    """The whole run's step record (steprecord.py)."""
+    """The whole run's step record (steps/record.py)."""
     return f"steps{suffix(r)}.jsonl"
 
 

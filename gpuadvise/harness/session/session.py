@@ -2,17 +2,17 @@
 run folder.
 
 The parts live in their own modules:
-- stepsources.py: where step boundaries come from (gpuadvise.step(), optimizer hook, DataLoader,
+- steps/sources.py: where step boundaries come from (gpuadvise.step(), optimizer hook, DataLoader,
   backward/CUDA-graph fallbacks);
-- window.py: the schedule (wait, warm-up, record), the profiler, the shape probe, and `WindowHooks`,
+- windows/window.py: the schedule (wait, warm-up, record), the profiler, the shape probe, and `WindowHooks`,
   the callbacks at the edges of the recorded steps;
-- writers.py: the run folder's files (trace, memory snapshot, run.json);
-- steprecord.py: every step's time and memory samples for the whole run, in a sidecar file;
-- later.py (with windows.py, triggers.py, requests.py, slowwatch.py): the windows after the first
+- runfolder/writers.py: the run folder's files (trace, memory snapshot, run.json);
+- steps/record.py: every step's time and memory samples for the whole run, in a sidecar file;
+- windows/later.py (with plan.py, triggers.py, requests.py, slowwatch.py there): the windows after the first
   (`--on-signal`, `--when-slower`, `--every`), recorded by the same profiler.
 This module is what happens at each boundary, and the session's start and end.
 
-Every boundary is timed (steptimes.py), also outside the profiler's window, so run.json can tell the
+Every boundary is timed (steps/times.py), also outside the profiler's window, so run.json can tell the
 unprofiled step time from the profiled one. On a GPU, CUDA memory history runs for `memory_steps`
 steps after the window and is dumped (it is not on during the recorded steps: it slows them); further
 steps are timed as unprofiled, until the script ends.

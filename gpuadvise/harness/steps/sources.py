@@ -2,7 +2,7 @@
 
 In order of precedence:
 - `gpuadvise.step()`: once called, the only signal;
-- a training framework's own step, once the framework runs the loop (frameworks.py: transformers'
+- a training framework's own step, once the framework runs the loop (frameworks/loop.py: transformers'
   Trainer, Lightning's Trainer, Accelerate): its optimizer step after gradient accumulation, counted even
   when a grad scaler skipped the update; the sources below are then ignored (an evaluation loop's
   batches and accumulation micro-batches are no steps);
@@ -37,7 +37,7 @@ SOURCES = {
     "dataloader": "DataLoader batch",
     "cuda_graph": "CUDA graph replay",
     "backward": "backward()",
-    # a framework's step (frameworks.py), keyed by the framework
+    # a framework's step (frameworks/loop.py), keyed by the framework
     "transformers": "transformers Trainer step",
     "lightning": "Lightning Trainer step",
     "accelerate": "Accelerate optimizer step",

@@ -12,7 +12,7 @@ the elapsed time between them: what the GPU took for that step, with no synchron
 Events are resolved lazily (`query()` says they are done) and, at the end of the run, waited for.
 
 Memory stays bounded on long runs: the first `keep_head` steps and the last `keep_tail` are kept (the
-whole run's times go to the step record, steprecord.py, through `on_final`: each step once its time is
+whole run's times go to the step record, record.py, through `on_final`: each step once its time is
 final, in step order).
 """
 
@@ -140,7 +140,7 @@ class StepTimes:
         return self.head + list(self.tail)
 
     def summary(self, first: int | None = None, last: int | None = None, median_upto: int | None = None) -> dict:
-        """run.json's `steps` (the keys are documented in runfolder.py): of every kept step, or of the
+        """run.json's `steps` (the keys are documented in runfolder/layout.py): of every kept step, or of the
         kept steps numbered `first` … `last` (a later window and the unprofiled steps around it). The
         unprofiled median counts the steps up to `median_upto` only: the level the window ran at, not
         where a long run drifted to later."""

@@ -2,7 +2,7 @@
 what the session does for them at a step boundary and when one's trace is ready.
 
 - At each boundary, the triggers' requests (triggers.py, requests.py) become planned windows
-  (windows.py); the profiler is stepped through a planned window's boundaries only, its step counter
+  (plan.py); the profiler is stepped through a planned window's boundaries only, its step counter
   moved to the window's first step (no per-step cost in between);
 - a window's hooks (loader sampling, …) record into that window's run.json entry, not window 1's;
 - its trace is written as `trace.wN…`, and its `step_times` (its recorded steps and the unprofiled

@@ -2,11 +2,11 @@
 that schedule; the one-step shape probe; and the callbacks at the edges of the recorded steps.
 
 The window (default: wait 10, warm-up 2, record 3), by step boundary k (step k starts at boundary k):
-- steps 1 … wait−1 are unprofiled, except the last one when the shape probe runs (shapes.py): a
+- steps 1 … wait−1 are unprofiled, except the last one when the shape probe runs (facts/shapes.py): a
   separate CPU-only profiler with shapes on, for that one step;
 - warm-up steps are traced and discarded by torch.profiler, then `active` steps are recorded,
   without shapes, and written (with the probe's matmul shapes merged in) the moment the window ends;
-- after the window: CUDA memory history on a GPU (see session.py), then unprofiled steps.
+- after the window: CUDA memory history on a GPU (see session/session.py), then unprofiled steps.
 
 Kept apart from the session so that the schedule's arithmetic, and the place where other capture
 features hook into the recorded steps (`WindowHooks`), can be read without the step detection or the
