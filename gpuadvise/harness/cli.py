@@ -252,7 +252,7 @@ def _exit_as(code: int) -> int:
 
 def _only_mark(folder: Path) -> bool:
     try:
-        return [p.name for p in folder.iterdir()] == [distributed.JOB_MARK]
+        return [p.name for p in folder.iterdir()] == [jobfolder.JOB_MARK]
     except OSError:
         return False
 
@@ -360,9 +360,9 @@ def _write_extras(out: Path, args, fmt: str | None, reports=None) -> None:
 def _remove_empty(folder: Path) -> None:
     try:
         if _only_mark(folder):  # the job's claim on the folder (runfolder/jobfolder.py): nothing of the user's
-            (folder / distributed.JOB_MARK).unlink()
+            (folder / jobfolder.JOB_MARK).unlink()
         folder.rmdir()  # only if empty: never delete anything the user put there
-        if folder.parent.name == runfolder.RUNS_DIR:
+        if folder.parent.name == layout.RUNS_DIR:
             folder.parent.rmdir()
     except OSError:
         pass

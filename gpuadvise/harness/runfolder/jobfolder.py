@@ -115,7 +115,7 @@ def launcher_started() -> float:
 
 def job_run_dir(script: str, base: Path | None = None, ident: str | None = None, started: float | None = None) -> Path:
     """./gpuadvise-runs/<script>-<launcher start>[-N]: the folder this node's ranks share (module docstring)."""
-    base = base or Path(runfolder.RUNS_DIR)
+    base = base or Path(layout.RUNS_DIR)
     ident = ident or job_id()
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started if started is not None else launcher_started()))
     stem = Path(script).stem or "run"
