@@ -76,7 +76,7 @@ def rule_page(rule) -> str:
     """A rule's documentation page: its docstring under a title and a line of facts."""
     source = "rules/" + type(rule).__module__.rsplit(".", 1)[-1] + ".py"
     body = rule.docs.split("\n", 1)[1].strip() if "\n" in rule.docs else ""
-    body = re.sub(r"^(## .+)\n(?!\n)", r"\1\n\n", body, flags=re.M)  # a blank line under each heading
+    body = _blank_lines_for_blocks(body)
     if rule.job_level:
         runs = "on the job view of ≥2 ranks, once per job"
     elif "run" in rule.requires:
@@ -98,6 +98,25 @@ def rule_page(rule) -> str:
         body,
         "",
     ])
+
+
+def _blank_lines_for_blocks(text: str) -> str:
+    """The docstring as MkDocs' Markdown reads it: a blank line under each heading and before a list
+    that follows a paragraph (GitHub's Markdown and `gpuadvise explain` do without; Python-Markdown
+    would run the list into the paragraph). Fenced code is left as it is."""
+    out, fence = [], None
+    item = re.compile(r"^\s*(?:[-*]|\d+\.) ")
+    for line in text.splitlines():
+        m = re.match(r"^\s*(`{3,}|~{3,})", line)
+        if m and (fence is None or m.group(1)[0] == fence[0]):
+            fence = m.group(1) if fence is None else None
+        elif fence is None and out and out[-1].strip() and item.match(line) and not item.match(out[-1]) \
+                and not out[-1].startswith((" ", "\t")):
+            out.append("")
+        out.append(line)
+        if fence is None and line.startswith("## "):
+            out.append("")
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(out))
 
 
 def pages() -> dict[str, str]:

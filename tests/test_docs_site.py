@@ -112,3 +112,18 @@ def test_every_page_is_in_the_nav():
     listed = set(re.findall(r"([\w/-]+\.md)\s*$", nav, flags=re.M))
     on_disk = {p.relative_to(DOCS).as_posix() for p in pages() if p.is_relative_to(DOCS)}
     assert on_disk == listed
+
+
+def test_lists_start_after_a_blank_line():
+    """Python-Markdown (the site's) runs a list that follows a paragraph line into the paragraph, where
+    GitHub would show a list: every list starts after a blank line, a heading or another item."""
+    item = re.compile(r"^(?:[-*]|\d+\.) ")
+    problems = []
+    for page in pages():
+        prev = ""
+        for line, fence in lines(page.read_text(encoding="utf-8")):
+            if fence is None and item.match(line) and prev.strip() and not item.match(prev) \
+                    and not prev.startswith((" ", "#", "<!--")):
+                problems.append(f"{page.relative_to(REPO)}: {line[:60]!r} runs into the line before it")
+            prev = line if fence is None else "code"
+    assert not problems, "\n".join(problems)
