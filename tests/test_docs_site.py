@@ -127,3 +127,18 @@ def test_lists_start_after_a_blank_line():
                 problems.append(f"{page.relative_to(REPO)}: {line[:60]!r} runs into the line before it")
             prev = line if fence is None else "code"
     assert not problems, "\n".join(problems)
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else None]
+
+
+def test_the_sites_home_says_what_the_readme_says():
+    """docs/index.md is the README for the site: its install, quick start and report excerpt are the
+    README's, with the links made relative to docs/."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8").replace("](docs/", "](")
+    home = (DOCS / "index.md").read_text(encoding="utf-8")
+    for heading in ("Install", "Quick start", "What a report looks like", "Commands"):
+        assert _section(home, heading) == _section(readme, heading), f"docs/index.md's {heading} differs from README.md's"
