@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import unicodedata
+from pathlib import Path
 
 import pytest
 
@@ -142,3 +143,25 @@ def test_the_sites_home_says_what_the_readme_says():
     home = (DOCS / "index.md").read_text(encoding="utf-8")
     for heading in ("Install", "Quick start", "What a report looks like", "Commands"):
         assert _section(home, heading) == _section(readme, heading), f"docs/index.md's {heading} differs from README.md's"
+
+
+def test_the_readme_report_excerpt_is_what_gpuadvise_prints(capsys):
+    """The README's excerpt is real output: `gpuadvise analyze` on the corpus run it names prints those
+    lines, in that order (a change to the report's words shows here; paste the new output). Skipped
+    without the corpus."""
+    from _cli_support import call_main
+    from _corpus_support import TRACES
+
+    block = _section((REPO / "README.md").read_text(encoding="utf-8"), "What a report looks like")
+    excerpt = block.split("```text\n", 1)[1].split("\n```", 1)[0].splitlines()
+    command = excerpt[0].removeprefix("$ ").split()
+    assert command[:2] == ["gpuadvise", "analyze"], excerpt[0]
+    run = TRACES / Path(command[2]).relative_to("../shared/traces")
+    if not run.is_dir():
+        pytest.skip(f"{run} not here (the real-trace corpus)")
+    rc, out, _ = call_main(capsys, "analyze", str(run), "--no-cache")  # no cache file written into the corpus
+    assert rc == 0
+    printed = iter(out.splitlines()[1:])  # the first line is the path as given
+    for line in excerpt[2:]:
+        if line != "…":
+            assert any(line == p for p in printed), f"README's excerpt line not printed (in this order): {line!r}"
