@@ -27,12 +27,9 @@ PARSER_BUILDERS = {"rules": "build_rules_parser", "explain": "build_explain_pars
 # Options of other programs the pages mention, and the program: the paragraph that mentions one must
 # name its program, so a reader never takes it for a gpuadvise option.
 FOREIGN = {
-    "--nproc_per_node": "torchrun", "--nproc-per-node": "torchrun", "--nnodes": "torchrun",
-    "--rdzv-id": "torchrun", "--rdzv-backend": "torchrun", "--rdzv-endpoint": "torchrun",
-    "--num_processes": "accelerate", "--multi_gpu": "accelerate",
-    "--index-url": "pip",
+    "--multi_gpu": "accelerate",
     "-n": "pytest", "--dist": "pytest", "--durations": "pytest", "--hypothesis-profile": "pytest",
-    "--strict": "mkdocs", "--cap-add": "container",  # docker's; the page says "in containers"
+    "--cap-add": "container",  # docker's; the page says "in containers"
 }
 
 COMMAND = re.compile(r"(?<![\w./-])gpuadvise\s+([a-z][a-z-]*)")
@@ -113,11 +110,12 @@ def test_every_command_mentioned_exists_and_its_options_too():
     assert not problems, "\n".join(problems)
 
 
-def test_every_option_written_alone_is_a_gpuadvise_option_or_names_its_program():
+def alone_problems(files: list[Path], root: Path = REPO) -> list[str]:
+    """What is wrong with the options written on their own (`--when-slower PCT`) in `files`."""
     known = {s for c in COMMANDS for s in options(c)}
     problems = []
-    for page in pages():
-        where = page.relative_to(REPO)
+    for page in files:
+        where = page.relative_to(root)
         for code, context in code_pieces(page.read_text(encoding="utf-8")):
             if COMMAND.search(code) or not code.startswith("-"):
                 continue
@@ -129,7 +127,25 @@ def test_every_option_written_alone_is_a_gpuadvise_option_or_names_its_program()
                 problems.append(f"{where}: `{code}` is no option of any gpuadvise command")
             elif program not in context.lower():
                 problems.append(f"{where}: `{code}` is {program}'s option, but its paragraph does not say so")
+    return problems
+
+
+def test_every_option_written_alone_is_a_gpuadvise_option_or_names_its_program():
+    problems = alone_problems(pages())
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("paragraph, expected", [
+    ("Record more with `--when-slower 20`.", None),
+    ("Set `--no-such-thing` to go faster.", "no option of any gpuadvise command"),
+    ("Pass `--multi_gpu` to start several processes.", "accelerate's option"),
+    ("`accelerate launch` takes `--multi_gpu` for several processes.", None),
+])
+def test_the_check_of_options_alone_catches_what_a_reader_would(paragraph, expected, tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(f"# A page\n\n{paragraph}\n", encoding="utf-8")
+    found = alone_problems([page], tmp_path)
+    assert (found == []) if expected is None else (len(found) == 1 and expected in found[0]), found
 
 
 def test_every_command_and_option_is_documented():
