@@ -169,8 +169,8 @@ def test_the_schedule_follows_every_window():
 
 # -- run-level measures --------------------------------------------------------------------------------------
 
-def _analysis(tmp_path, ms: dict[int, float], k: int = 10) -> RunAnalysis:
-    path = tmp_path / "steps.jsonl"
+def _analysis(tmp_path, ms: dict[int, float], k: int = 10, name: str = "steps.jsonl") -> RunAnalysis:
+    path = tmp_path / name
     rec = StepRecord(path, flush_s=1e9)
     for n, v in sorted(ms.items()):
         rec.add(n, "after", v, None)
@@ -179,10 +179,13 @@ def _analysis(tmp_path, ms: dict[int, float], k: int = 10) -> RunAnalysis:
 
 
 def test_a_jump_is_dated_to_its_step_and_a_ramp_to_where_it_took_off(tmp_path):
-    jump = _analysis(tmp_path, {n: 2.0 if n < 70 else 5.0 for n in range(1, 150)}).levels
-    assert jump.began_at == 70 and jump.early_ms == 2.0 and jump.slow_ms == 5.0
-    ramp = _analysis(tmp_path, {n: 2.0 if n < 50 else 2.0 + 0.05 * (n - 50) for n in range(1, 150)}).levels
-    assert 50 < ramp.began_at < 80 and ramp.until == 149
+    jump = _analysis(tmp_path, {n: 2.0 if n < 70 else 5.0 for n in range(1, 150)}, name="jump.jsonl").levels
+    assert jump.began_at == 70 and jump.early_ms == 2.0 and jump.slow_ms == 5.0 and jump.shape == "step"
+    ramp = _analysis(tmp_path, {n: 2.0 if n < 50 else 2.0 + 0.05 * (n - 50) for n in range(1, 150)},
+                     name="ramp.jsonl").levels
+    # the climb left its early level at step 50, not where it crossed a threshold; it never came back
+    assert abs(ramp.began_at - 50) <= 2 and ramp.shape == "climb" and ramp.until is None
+    assert ramp.early_ms == 2.0 and ramp.slow_steps[1] == 149
 
 
 def test_a_level_reaches_only_steps_nearby():
