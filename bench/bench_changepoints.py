@@ -278,11 +278,11 @@ def evaluate(method: str, seeds: int) -> list[dict]:
                 stats["period_said_wrongly"] += 1
             wins = watch_windows(new_watch(), t, y)
             stats["windows"] += len(wins)
-            # a trigger is right when it records what is there: a drift after its onset (first one only),
-            # a stall at its period (or a multiple, placed on one)
+            # a trigger is right when it records what is there: a drift after its onset (a climb that goes on
+            # may be recorded again, higher), a stall at its period (or a multiple, placed on one), once
             drift_seen = stall_seen = False
             for step, kind, per in wins:
-                if kind == "slower" and tr["drift"] and step >= tr["onset"] and not drift_seen:
+                if kind == "slower" and tr["drift"] and step >= tr["onset"]:
                     stats["right"] += 1
                     drift_seen = True
                 elif kind == "stall" and tr["stall"] and not stall_seen and (per is None or per % tr["period"] == 0):
