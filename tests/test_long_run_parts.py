@@ -208,3 +208,51 @@ def test_compare_reads_a_long_run_by_its_first_window(tmp_path):
     assert not any("traces" in w for w in cmp["warnings"])  # window 2 is not a second rank
     still = {f["rule"] for f in cmp["findings"]["still_there"]}
     assert "GA160" in still  # the run-level finding is compared like any other
+
+
+# -- windows over the run: their own regime, and each finding once -------------------------------------------
+
+def _straddling_run(tmp_path):
+    from gpuadvise.fixtures.longrun import RunFolder, Window, trace_for
+
+    ms = {n: 2.0 if n < 60 else 6.0 for n in range(1, 131)}  # the step jumps at step 60
+    w1, w2 = Window(1, "schedule", start=3), Window(2, "slower", start=58)  # window 2 records steps 59–61
+    for w in (w1, w2):
+        b = trace_for(w)
+        for _ in range(3):
+            with b.step():
+                b.cpu("aten::addmm", 1_500.0)
+        w.trace = b
+    return RunFolder(ms, [w1, w2]).write(tmp_path / "run")
+
+
+def test_a_window_straddling_the_change_is_measured_against_its_own_side(tmp_path):
+    from gpuadvise.analyzer.run.engine import analyze_paths
+
+    reports = analyze_paths([str(_straddling_run(tmp_path))], jobs=1)
+    w2 = next(r for r in reports if "trace.w2" in r.source)
+    # its neighbours: ten steps of 2 ms before the jump, nine of 6 ms after; its recorded steps mostly after
+    # (the jump fell in steps the window hid: placed between the last step seen before it and the first after)
+    facts = reports.facts[w2.source]["steps"]
+    assert facts["unprofiled_median_ms"] == 6.0 and "after the change at step 63 (between steps 57 and 63)" in facts["regime"]
+    assert facts["overhead_x"] == 1.0  # not "the profiler made the steps 3× slower"
+    run = reports.long_runs[0]
+    assert [w["level_ms"] for w in run.summary["windows"]] == [2.0, 6.0]
+
+
+def test_a_finding_in_every_window_is_stated_once_with_the_windows_it_holds_in(tmp_path):
+    from gpuadvise.analyzer.model.report import all_findings
+    from gpuadvise.analyzer.run.engine import analyze_paths
+    from gpuadvise.rules import find_rule
+
+    folder = find_rule("step-time-drift").positive().write(tmp_path / "run")
+    reports = analyze_paths([str(folder)], jobs=1)
+    found = [f for f in all_findings(reports) if f.rule != "GA160"]
+    assert len(found) == len({(f.rule, f.topic) for f in found})  # each cause once
+    loader = next(f for f in found if f.topic == "dataloader-stall")
+    # kept where its fix saves most (window 2, the slow steps), saying where else it holds and how it grew
+    assert "trace.w2" in loader.trace and "Windows 1, 2 of this run show it" in loader.message
+    assert "from 5 % in window 1 to 70 % in window 2" in loader.message
+    causes = {c["topic"]: c for c in reports.long_runs[0].summary["causes"]}
+    assert [w["index"] for w in causes["dataloader-stall"]["windows"]] == [1, 2]
+    assert causes["dataloader-stall"]["kept_in"] == 2

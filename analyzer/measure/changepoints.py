@@ -71,6 +71,7 @@ class Change:
     p_value: float | None = None  # of the CUSUM test (steady series ⇒ this large a change)
     sigma_ms: float | None = None  # the noise of one step
     fit: dict = field(default_factory=dict)  # the chosen model's parameters (level, slope, curvature)
+    last_before: int | None = None  # the series' last step before the onset (steps between went unseen)
 
     @property
     def is_drift(self) -> bool:
@@ -278,7 +279,7 @@ def find_change(steps, ms, k: int = 20, alpha: float = ALPHA) -> Change:
         # a climb that goes on after its first change (binary segmentation splits a curve) keeps its shape
         shape = next(s for s in ("faster climb", "climb", "step") if s in shapes)
         return Change(shape, onset=int(t[idx]), until=until, before_ms=early, after_ms=after, warmup_until=warm,
-                      p_value=p, sigma_ms=sigma, fit=params)
+                      p_value=p, sigma_ms=sigma, fit=params, last_before=int(t[idx - 1]) if idx > 0 else None)
     idx, shape, params, _ = changes[0]
     return Change("speed-up", onset=int(t[idx]), before_ms=early, after_ms=level(len(bounds) - 2), warmup_until=warm,
                   p_value=p, sigma_ms=sigma, fit=params)
