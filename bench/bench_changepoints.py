@@ -1,7 +1,7 @@
 """Change points on labelled step-time series: where a drift began, its shape, a stall's period, and what
 pure noise makes each method say. Ground truth is known because the series are made here, from seeds.
 
-    python bench/bench_changepoints.py                # both methods side by side, ~2 000 series
+    python bench/bench_changepoints.py                # both methods side by side, 1 200 series each
     python bench/bench_changepoints.py --seeds 400    # more series per family
     python bench/bench_changepoints.py --method new   # only the change-point module
 
@@ -344,7 +344,7 @@ def targets(rows: list[dict]) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, default=200, help="series per family (default 200)")
+    ap.add_argument("--seeds", type=int, default=120, help="series per family (default 120)")
     ap.add_argument("--method", choices=["both", *METHODS], default="both")
     args = ap.parse_args(argv)
     for method in (METHODS if args.method == "both" else [args.method]):

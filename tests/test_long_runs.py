@@ -2,9 +2,10 @@
 on a periodic stall, every N steps, on a signal and on `gpuadvise trigger`, a crash mid-run, and what
 `gpuadvise analyze` says over the run (drift, periodic stall, memory growth).
 
-Three runs of `gpuadvise profile`, each shared by the tests that read it:
+Four runs of `gpuadvise profile`, each shared by the tests that read it:
 - a loader that slows down from a given step (a cache that stops fitting), under `--when-slower` and
   `--every`;
+- a jittery loop whose host work grows every step from a given step (a climb), under `--when-slower`;
 - a loop that evaluates every 10 steps and keeps a tensor from every step, pausing three times for the test
   to send a signal, run `gpuadvise trigger`, and `gpuadvise trigger --file` (at steps whose windows cannot
   overlap the one the stall gets, wherever the watch places it), then crashing;
@@ -212,7 +213,7 @@ def drift_doc(drift_run):
 def test_analyze_reports_the_drift_where_it_began_and_what_grew(drift_run, drift_doc):
     doc = drift_doc
     (over,) = doc["long_runs"]
-    assert abs(over["levels"]["began_at"] - SLOW_FROM) <= 3
+    assert abs(over["levels"]["began_at"] - SLOW_FROM) <= 3 and over["levels"]["shape"] == "step"
     drift = _finding(doc, "step-time-drift")
     n = drift["evidence"]["numbers"]
     assert abs(n["began_at_step"] - SLOW_FROM) <= 3 and n["slow_ms"] > 2 * n["early_ms"]
@@ -231,6 +232,59 @@ def test_markdown_draws_the_step_time_over_the_run(drift_run, tmp_path):
     assert "## Over the run" in text and "![Step time over the run](report-run.svg)" in text
     svg = (tmp_path / "report-run.svg").read_text()
     assert svg.startswith("<svg") and "w2" in svg and "the rise began at step" in svg
+
+
+# ------------------------------------------------------------------------------------------------------
+# A noisy loop whose host work grows every step from a given step on (a history scanned in full)
+
+CLIMB_FROM = 60
+CLIMB = """
+import random, sys, time
+import torch
+
+torch.set_num_threads(1)
+random.seed(0)
+model = torch.nn.Linear(16, 16)
+history = []
+for i in range(int(sys.argv[1])):
+    model(torch.randn(4, 16)).sum().backward()
+    step = i + 1
+    grown = 0.0004 * max(0, step - int(sys.argv[2]))  # 0.4 ms more every step: a list scanned in full
+    time.sleep(0.006 + random.uniform(0, 0.004) + grown)  # 6-10 ms: host jitter, no stall, no period
+"""
+
+
+@pytest.fixture(scope="module")
+def climb_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("climb")
+    _write(d, "train.py", CLIMB)
+    proc = _gpuadvise("profile", "-q", "-o", "RUN", "--wait", 3, "--warmup", 1, "--active", 3, "--when-slower", 50,
+                      "--slower-steps", 20, "train.py", 140, CLIMB_FROM, cwd=d)
+    assert proc.returncode == 0, proc.stderr
+    return d / "RUN", _analyze_json(d / "RUN")
+
+
+def test_a_noisy_loop_gets_no_window_until_its_climb_is_established(climb_run):
+    run, _ = climb_run
+    later = _windows(run)[1:]
+    # the jittery steady part asks for none; the climb asks once its new level is established
+    assert later and all(w["trigger"] == "slower" for w in later), later
+    assert all(w["steps"][0] > CLIMB_FROM + 10 for w in later) and len(later) <= 3
+    assert "the new level is established" in later[0]["detail"] and "sign test" in later[0]["detail"]
+
+
+def test_a_climb_is_dated_where_it_left_the_early_level(climb_run):
+    _, doc = climb_run
+    (over,) = doc["long_runs"]
+    lv = over["levels"]
+    # ±10 steps (6 % of the run) on a busy machine; a threshold put it where the level crossed a quarter
+    assert lv["shape"] in ("climb", "faster climb") and abs(lv["began_at"] - CLIMB_FROM) <= 10, lv
+    drift = _finding(doc, "step-time-drift")
+    assert drift["evidence"]["numbers"]["began_at_step"] == lv["began_at"] and "climbed" in drift["message"]
+    assert not [f for f in doc["findings"] if f["topic"] == "periodic-stall"]
+    # a finding every window shows (a CPU run: no GPU verdict) is stated once
+    topics = [(f["rule"], f["topic"]) for f in doc["findings"]]
+    assert len(topics) == len(set(topics)), topics
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -311,7 +365,7 @@ def stall_doc(stall_run):
 def test_a_periodic_stall_is_recorded_found_and_named(stall_run, stall_doc):
     run, *_ = stall_run
     stall = [w for w in _windows(run) if w["trigger"] == "stall"]
-    assert len(stall) == 1 and "a stall every 10 steps" in stall[0]["detail"]
+    assert len(stall) == 1 and "a stall every 10 steps, beyond chance" in stall[0]["detail"]
     predicted = int(re.search(r"recording the next one \(step (\d+)\)", stall[0]["detail"]).group(1))
     first, last = stall[0]["steps"]
     assert predicted % 10 == 0 and first < predicted < last  # an evaluation step, inside the recorded steps
