@@ -3,7 +3,8 @@ pure noise makes each method say. Ground truth is known because the series are m
 
     python bench/bench_changepoints.py                # both methods side by side, 1 200 series each
     python bench/bench_changepoints.py --seeds 400    # more series per family
-    python bench/bench_changepoints.py --method new   # only the change-point module
+    python bench/bench_changepoints.py --method changepoint   # only the change-point module
+    python bench/bench_changepoints.py --loops        # and four real CPU loops under gpuadvise profile
 
 Methods:
 - `threshold` (before): the run-level measures as they were (the onset at the first step whose local
@@ -342,10 +343,75 @@ def targets(rows: list[dict]) -> list[str]:
     return lines
 
 
+# -- real CPU loops, profiled ---------------------------------------------------------------------------------
+
+LOOP = """
+import random, sys, time
+import torch
+
+torch.set_num_threads(1)
+random.seed(0)
+model = torch.nn.Linear(16, 16)
+kind, steps, at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for i in range(steps):
+    model(torch.randn(4, 16)).sum().backward()
+    step = i + 1
+    ms = 6.0 + random.uniform(0, 4.0)  # host jitter
+    if kind == "climb":
+        ms += 0.4 * max(0, step - at)  # a list scanned in full, one more item each step
+    elif kind == "step":
+        ms += 8.0 if step >= at else 0.0  # a cache that stops fitting
+    elif kind == "stall" and step % at == 0:
+        ms += 80.0  # a checkpoint every `at` steps
+    time.sleep(ms / 1e3)
+"""
+LOOPS = (("climb", 150, 60), ("step", 150, 70), ("stall", 150, 20), ("noisy steady", 150, 0))
+
+
+def loops() -> None:
+    """Each loop under `gpuadvise profile --when-slower 50`, then `gpuadvise analyze`: its truth against
+    the run-level levels, the periodic-stall finding and the windows recorded."""
+    import json
+    import os
+    import subprocess
+    import tempfile
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "loop.py"
+        script.write_text(LOOP)
+        print("| Loop | Truth | Shape found | Onset found | Period found | Windows after the first (why) |")
+        print("|---|---|---|---:|---:|---|")
+        heads = []
+        for kind, steps, at in LOOPS:
+            run = Path(tmp) / kind.replace(" ", "-")
+            subprocess.run([sys.executable, "-m", "gpuadvise", "profile", "-q", "-o", str(run), "--wait", "3",
+                            "--warmup", "1", "--active", "3", "--when-slower", "50", "--slower-steps", "20",
+                            str(script), kind.split()[0], str(steps), str(at)], check=True, env=env, cwd=tmp)
+            doc = json.loads(subprocess.run([sys.executable, "-m", "gpuadvise", "analyze", str(run), "--format", "json"],
+                                            check=True, capture_output=True, text=True, env=env).stdout)
+            text = subprocess.run([sys.executable, "-m", "gpuadvise", "analyze", str(run)], capture_output=True,
+                                  text=True, env=env).stdout
+            lv = doc["long_runs"][0]["levels"] or {}
+            stall = next((f for f in doc["findings"] if f["topic"] == "periodic-stall"), None)
+            later = doc["long_runs"][0]["windows"][1:]
+            truth = {"climb": f"climb from step {at}", "step": f"step at step {at}", "stall": f"stall every {at}",
+                     "noisy steady": "steady"}[kind]
+            print(f"| {kind} | {truth} | {lv.get('shape', '–')} | {lv.get('began_at') or '–'} | "
+                  f"{stall['evidence']['numbers']['period_steps'] if stall else '–'} | "
+                  f"{len(later)} ({', '.join(w['trigger'] for w in later) or 'none'}) |")
+            heads.append((kind, [x for x in text.splitlines() if x.startswith(("over the run", "  window"))]
+                          + [x for x in text.splitlines() if x.startswith(("1. ", "2. ", "3. "))]))
+        for kind, lines in heads:
+            print(f"\n{kind}:")
+            print("\n".join(lines))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=120, help="series per family (default 120)")
     ap.add_argument("--method", choices=["both", *METHODS], default="both")
+    ap.add_argument("--loops", action="store_true", help="also profile the four real CPU loops (about a minute)")
     args = ap.parse_args(argv)
     for method in (METHODS if args.method == "both" else [args.method]):
         t0 = time.perf_counter()
@@ -355,6 +421,8 @@ def main(argv=None) -> int:
         for line in targets(rows):
             print(f"- {line}")
         print(f"\n({time.perf_counter() - t0:.1f} s)\n")
+    if args.loops:
+        loops()
     return 0
 
 

@@ -157,6 +157,17 @@ def test_windows_never_overlap_and_automatic_ones_are_capped():
     assert [w.index for w in plan.windows] == [1, 2, 3] and plan.phase(18) == "active" and plan.phase(21) is None
 
 
+def test_the_schedule_leaves_the_last_windows_to_evidence():
+    # --every 20 and --when-slower with --max-windows 4: the schedule gets two, a new level and a stall the rest
+    plan = Plan(first_start=2, warmup=1, active=2, earliest_later=6, max_auto=4, kept_for_evidence=2)
+    every = [plan.add(k + 1, k=k, trigger="every", automatic=True) for k in (20, 40, 60, 80)]
+    assert [w is not None for w in every] == [True, True, False, False]
+    assert "kept for --when-slower" in plan.notes[0]
+    assert plan.add(91, k=90, trigger="slower", automatic=True) is not None
+    assert plan.add(111, k=110, trigger="stall", automatic=True) is not None
+    assert plan.add(131, k=130, trigger="stall", automatic=True) is None  # the cap still holds
+
+
 def test_the_schedule_follows_every_window():
     pytest.importorskip("torch")
     from torch.profiler import ProfilerAction as A
