@@ -261,7 +261,10 @@ def climb_run(tmp_path_factory):
     proc = _gpuadvise("profile", "-q", "-o", "RUN", "--wait", 3, "--warmup", 1, "--active", 3, "--when-slower", 50,
                       "--slower-steps", 20, "train.py", 140, CLIMB_FROM, cwd=d)
     assert proc.returncode == 0, proc.stderr
-    return d / "RUN", _analyze_json(d / "RUN")
+    from gpuadvise.analyzer.report.json import render
+    from gpuadvise.analyzer.run.engine import analyze_paths
+
+    return d / "RUN", json.loads(render(analyze_paths([str(d / "RUN")], jobs=1)))  # what --format json prints
 
 
 def test_a_noisy_loop_gets_no_window_until_its_climb_is_established(climb_run):

@@ -2,10 +2,14 @@
 that recur at one period beyond chance. The run-level rules (step-time-drift, periodic-stall) and the
 run's summary read these; `bench/bench_changepoints.py` measures them on labelled series.
 
-The method (our own, documented here; chosen by the benchmark over the threshold rule it replaces, which
-put a climb's onset where the level crossed a quarter of the way up, and over a library: `ruptures`' PELT
-and binary segmentation need a penalty tuned per noise level and a separate significance test anyway,
-and would be a compiled dependency for ~2 000 points that numpy's prefix sums fit exactly):
+The method is our own, documented here, and chosen by the benchmark (bench/bench_changepoints.py, 1 200
+labelled series, both methods in one run) over the threshold rule it replaces, which put a climb's onset
+where its local median crossed a quarter of the way up: onsets within ±5 % of the run went from 2 % to
+98 % on linear climbs and from 14 % to 90 % on exponential ones (97 → 99 % on step changes), and drifts
+named on pure noise from 3.3 % to 0 % (GC-like pauses: periods named wrongly from 34 % to 0 %). A library
+was not taken: `ruptures`' PELT and binary segmentation need a penalty tuned per noise level and a
+significance test of their own anyway, offer no exponential-climb cost, and would be a compiled
+dependency for ~2 000 points that numpy's prefix sums fit exactly at every split.
 
 1. **Clean.** Each point's local level is the median of the points within K/2 steps of it; points more
    than 3 robust standard deviations (1.4826 · MAD of the residuals) from it are pulled back to that
