@@ -60,6 +60,8 @@ def headline(s: dict) -> str:
         slow = lv.get("slow_steps") or [lv["slow_at"], lv["slow_at"]]
         out += (f"; {shape} from step {lv['began_at']}" + (f" to step {lv['until']}" if lv.get("until") else "")
                 + f", to {lv['slow_ms']:.2f} ms ({lv['change_pct']:+.0f} %, the median of steps {slow[0]}–{slow[1]})")
+    elif lv.get("shape") == "speed-up":
+        out += "; the step got faster during the run, and no slower"
     else:
         out += "; no lasting change beyond chance"
     if lv.get("warmup_until") is not None:
