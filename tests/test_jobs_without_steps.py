@@ -152,7 +152,7 @@ def test_the_job_screen_reads_the_job_without_steps(moe):
     job, reports = moe
     facts = str(JobScreen._facts(reports.job))
     assert "3 ranks, each rank's trace compared as one step (no ProfilerStep)" in facts
-    assert "the trace: rank 2" in facts and "#-1" not in facts
+    assert "Waited for rank 2 (5.40 ms)" in facts and "#-1" not in facts
     waits = _collectives(reports.job.view)
     exchange = waits[waits["collective"] == "all_to_all"]
     assert dict(zip(exchange["rank"], exchange["wait_ms"])) == pytest.approx(

@@ -94,8 +94,9 @@ waits per collective and rank (median per step).
                                                       if v.whole_trace else f"{len(v.steps)} steps compared"))
         if v.stragglers:
             t.append("\nWaited for ", style="bold")
-            t.append(", ".join(f"{v.step_label(s.step)}: rank {s.rank} ({s.caused_us / 1e3:.2f} ms)" if s.caused_us > 0
-                               else f"{v.step_label(s.step)}: rank {s.rank} (+{s.slower_pct:.0f} % work)" for s in v.stragglers[:12]))
+            at = (lambda s: "") if v.whole_trace else (lambda s: f"#{s.step}: ")  # one step: the whole trace
+            t.append(", ".join(f"{at(s)}rank {s.rank} ({s.caused_us / 1e3:.2f} ms)" if s.caused_us > 0
+                               else f"{at(s)}rank {s.rank} (+{s.slower_pct:.0f} % work)" for s in v.stragglers[:12]))
         for f in job.findings[:3]:
             t.append(f"\n{f.severity:<6} ", style="bold")
             t.append(clean(f.message.split(". ")[0]) + ".")
