@@ -50,6 +50,13 @@ def pairs(tmp_path_factory):
                     expert_gemm={0: SIMT})
 
 
+@pytest.fixture(scope="module")
+def jobs(moe, by_order, pairs) -> dict:
+    """The three jobs by name (a module-scoped fixture: the README's test command keeps their tests on one
+    worker, so each job is analysed once)."""
+    return {"moe": moe, "by_order": by_order, "pairs": pairs}
+
+
 def rows_of(reports) -> dict:
     return {row["rank"]: row for row in reports.job.view.per_rank()}
 
@@ -59,8 +66,8 @@ def rows_of(reports) -> dict:
     ("by_order", "order within the step", {"all_to_all": 8, "all_reduce": 1}),
     ("pairs", "sequence number", {"send_recv": 8, "all_reduce": 1}),
 ])
-def test_every_collective_is_lined_up_across_the_ranks(request, case, by, kinds):
-    job, reports = request.getfixturevalue(case)
+def test_every_collective_is_lined_up_across_the_ranks(jobs, case, by, kinds):
+    job, reports = jobs[case]
     view = reports.job.view
     assert view.whole_trace and len(view.steps) == 1
     assert view.matched is not None and view.matched.by == by and view.matched.unmatched == 0
@@ -70,8 +77,8 @@ def test_every_collective_is_lined_up_across_the_ranks(request, case, by, kinds)
 
 
 @pytest.mark.parametrize("case", ["moe", "by_order", "pairs"])
-def test_each_ranks_wait_is_the_hand_count(request, case):
-    job, reports = request.getfixturevalue(case)
+def test_each_ranks_wait_is_the_hand_count(jobs, case):
+    job, reports = jobs[case]
     rows = rows_of(reports)
     for rank, planted in enumerate(job.waits_us):
         assert rows[rank]["wait_ms"] == pytest.approx(planted / 1e3, abs=0.02), (rank, rows[rank])
@@ -85,8 +92,8 @@ def test_each_ranks_wait_is_the_hand_count(request, case):
 
 
 @pytest.mark.parametrize("case, rank", [("moe", 2), ("by_order", 1), ("pairs", 0)])
-def test_the_straggler_is_named_with_what_balancing_it_saves(request, case, rank):
-    job, reports = request.getfixturevalue(case)
+def test_the_straggler_is_named_with_what_balancing_it_saves(jobs, case, rank):
+    job, reports = jobs[case]
     found = [f for f in reports.job.findings if f.topic == "straggler"]
     assert len(found) == 1 and found[0].rank == rank
     # balanced, every rank would do the others' work: the job's step loses the straggler's extra work,
