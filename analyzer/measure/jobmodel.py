@@ -96,7 +96,7 @@ def held_by(view: JobView, rank: int, saved_us: float) -> str:
     ids = view.rank_ids
     if rank not in ids or not view.steps:
         return f"rank {rank}'s step is not the one that sets the job's pace"
-    i, g, m = ids.index(rank), view.grid, view.matched
+    i, g = ids.index(rank), view.grid
     wait = float(np.median(g["wait_us"][i]))
     if wait >= 0.5 * saved_us and wait > 0:
         whom, kind = _waits_for(view, i)
@@ -122,6 +122,8 @@ def _waits_for(view: JobView, i: int) -> tuple[int, str | None]:
     for k, kind in enumerate(m.kind):
         if m.step[k] in view.steps:
             by_kind.setdefault(kind, []).append(k)
+    if not by_kind:
+        return ids[int(np.argmax(view.grid["work_us"].sum(axis=1)))], None
     kind, cols = max(by_kind.items(), key=lambda kv: float(m.exposed_wait[i, kv[1]].sum()))
     weight: dict = {}
     for k in cols:
