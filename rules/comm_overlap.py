@@ -88,7 +88,7 @@ class CommOverlap(JobRule):
                    f"collectives ({wait / 1e3:.2f} ms of it waiting for other ranks), {per_step / 1e3:.2f} ms of "
                    f"transfer runs with nothing else beside it on every rank, {share:.1f} % of the job's step time.")
         evidence = Evidence(
-            steps=list(job.steps),
+            steps=[] if job.whole_trace else list(job.steps),
             items=[{"rank": r.rank, "comm_ms": a.ms(np.median(g["wait_us"][j] + g["transfer_us"][j])),
                     "transfer_ms": a.ms(np.median(g["transfer_us"][j])),
                     "exposed_transfer_ms": a.ms(np.median(g["exposed_transfer_us"][j])),

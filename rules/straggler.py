@@ -104,8 +104,9 @@ class Straggler(JobRule):
         else:
             lead = (f"{waiting[0].upper()}{waiting[1:]}, although its own work per step ({work / 1e3:.2f} ms) is no "
                     f"more than theirs")
-        message = (f"Rank {rank} is the rank the job waits for in {count} of {n_steps} "
-                   f"step{'s' if n_steps != 1 else ''}. {lead}. {why}")
+        when = (" (no ProfilerStep: each rank's trace compared as one step)" if job.whole_trace else
+                f" in {count} of {n_steps} step{'s' if n_steps != 1 else ''}")
+        message = f"Rank {rank} is the rank the job waits for{when}. {lead}. {why}"
         items = [{"rank": ids[j], "work_ms": a.ms(np.median(g["work_us"][j, cols])),
                   "step_ms": a.ms(np.median(g["dur_us"][j, cols])), "wait_ms": a.ms(np.median(g["wait_us"][j, cols])),
                   "others_waited_ms": a.ms(np.median(g["caused_us"][j, cols])),
@@ -114,7 +115,7 @@ class Straggler(JobRule):
         own = job.ranks[i]
         starts = dict(zip(own.steps, zip(own.start_us, own.dur_us)))
         evidence = Evidence(
-            steps=[s.step for s in mine],
+            steps=[] if job.whole_trace else [s.step for s in mine],
             time_ranges_ms=[(a.ms(starts[s.step][0]), a.ms(starts[s.step][0] + starts[s.step][1])) for s in mine][:8],
             items=items,
             numbers={"straggler_rank": rank, "slowest_in_steps": count, "steps_compared": n_steps,

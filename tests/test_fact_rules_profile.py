@@ -116,6 +116,21 @@ def tensors_run(tmp_path_factory):
     return profile(tmp_path_factory.mktemp("tensors"), "cpu_tensors.py")
 
 
+def test_the_trace_alone_agrees_with_the_run_folder(debug_run, tensors_run):
+    """Each run folder and its trace without run.json (as another tool's trace would come): the same topics,
+    savings within 5 points, but for those docs/rule-api.md lists as needing run.json."""
+    from _trace_alone import disagreements
+    from gpuadvise.analyzer.model.report import all_findings
+
+    found = []
+    for name, folder in (("debug_train.py", debug_run), ("cpu_tensors.py", tensors_run)):
+        recorded = all_findings(analyze_paths([str(folder)], jobs=1))
+        alone = all_findings(analyze_paths([str(folder / "trace.pt.trace.json.gz")], jobs=1))
+        assert recorded, f"{name}: no findings to compare"
+        found += disagreements(recorded, alone, name)
+    assert not found, "\n".join(found)
+
+
 def test_cpu_created_tensors_need_a_gpu_trace(tensors_run):
     """On the CPU the `.to(device)` calls copy nothing: the rule has no copies to point at and stays quiet."""
     assert topic(analyze(tensors_run), "cpu-created-tensors") == []

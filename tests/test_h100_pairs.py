@@ -12,7 +12,9 @@ would check, pair by pair:
 - memory fragmentation is never medium or high while the run uses under a quarter of the GPU's memory;
 - where the traced loop is GPU-bound (the profiler costs it nothing: README), the median step on the
   GPU timeline is the measured step;
-- docs/accuracy.md is what bench/accuracy.py renders from these same analyses.
+- docs/accuracy.md is what bench/accuracy.py renders from these same analyses;
+- every run folder here (the pairs' and quickstart) gives the same topics from its files without run.json
+  as with it, with savings within 5 points, but for the topics docs/rule-api.md lists as needing run.json.
 
 Each run folder is analysed once, in-process, the way `gpuadvise analyze RUN` does (bench/accuracy.py's
 `analyse_folder`). The checks run three times: on the files without run.json (a trace from another tool:
@@ -199,3 +201,19 @@ def test_accuracy_doc_is_current(scratch):
     assert ACCURACY_DOC.is_file(), "docs/accuracy.md is missing: python bench/accuracy.py -o docs/accuracy.md"
     assert ACCURACY_DOC.read_text() == fresh, (
         f"docs/accuracy.md is stale (now: {accuracy.summary_line(fresh)}): python bench/accuracy.py -o docs/accuracy.md")
+
+
+# every run folder here, the pairs' and the others (quickstart): with run.json and without it
+FOLDERS = sorted(p.name for p in H100.iterdir() if (p / "trace.json.gz").is_file() and (p / "run.json").is_file())
+
+
+@pytest.mark.parametrize("run", FOLDERS)
+def test_the_trace_alone_agrees_with_the_run_folder(run, scratch):
+    """The folder as recorded and its files without run.json (the trace, and a memory snapshot where one
+    was captured: it is not run.json) give the same topics with savings within 5 points, but for the
+    topics docs/rule-api.md lists as needing run.json facts."""
+    from _trace_alone import disagreements
+
+    recorded, alone = analysed(run, "trace-only", scratch), analysed(run, "no-run-json", scratch)
+    found = disagreements(recorded["findings"], alone["findings"], run)
+    assert not found, "\n".join(found)

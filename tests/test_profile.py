@@ -283,6 +283,22 @@ def test_train_stall_example_finds_the_dataloader_stall_at_its_line(stall_run):
     assert any(same_file(s, cwd, script, line) for s in sources), (sources, f"train_stall.py:{line}")
 
 
+def test_the_stall_runs_trace_alone_agrees_with_its_run_folder(stall_run):
+    """The run folder and its trace without run.json (as another tool's trace would come): the same
+    topics, savings within 5 points, but for those docs/rule-api.md lists as needing run.json."""
+    from _trace_alone import disagreements
+    from gpuadvise.analyzer.model.report import all_findings
+    from gpuadvise.analyzer.run.engine import analyze_paths
+
+    cwd, run_dir, script, proc = stall_run
+    assert proc.returncode == 0, show(proc)
+    recorded = all_findings(analyze_paths([str(run_dir)], jobs=1))
+    alone = all_findings(analyze_paths([str(run_dir / "trace.pt.trace.json.gz")], jobs=1))
+    assert "dataloader-stall" in {f.topic for f in alone}
+    found = disagreements(recorded, alone, "train_stall.py")
+    assert not found, "\n".join(found)
+
+
 def test_train_healthy_example_has_no_dataloader_stall(tmp_path):
     proc = profile(["-q", "-o", "RUN", str(EXAMPLES / "train_healthy.py"), "--steps", "20"], tmp_path)
     assert proc.returncode == 0, show(proc)

@@ -193,6 +193,28 @@ def test_negative_fixture_does_not_trigger_rule(rule, fixture_reports):
     assert not any("failed" in n for n in report.notes), report.notes
 
 
+def test_every_fixture_run_folder_agrees_with_its_trace_alone(fixture_reports):
+    """Each fixture written as a run folder (a trace with run.json facts), analysed once more from its
+    trace alone: the same topics and savings within 5 points, but for docs/rule-api.md's list of topics
+    that need run.json."""
+    from _trace_alone import disagreements, needs_run_json, saving_needs_run_json
+
+    listed = needs_run_json() | saving_needs_run_json()
+    assert listed <= {r.topic for r in RULES}, f"docs/rule-api.md lists no such topic: {listed - {r.topic for r in RULES}}"
+    found, folders = [], 0
+    for rule in RULES:
+        for kind in ("positive", "negative"):
+            report = fixture_reports(rule, kind)
+            source = getattr(report, "source", None)
+            if not source or not (Path(source).parent / "run.json").is_file():
+                continue
+            folders += 1
+            alone = all_findings(analyze_paths([source], jobs=1))
+            found += disagreements(report.findings, alone, f"{rule.name} {kind}")
+    assert folders >= 8, "the rule fixtures written as run folders went missing"
+    assert not found, "\n".join(found)
+
+
 def _check_finding(f):
     assert f.rule in {r.code for r in RULES}
     assert f.topic == find_rule(f.rule).topic

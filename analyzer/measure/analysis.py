@@ -159,7 +159,8 @@ class Analysis:
             mine = own(o) if own is not None else np.full(len(o), np.nan)
             return np.where(np.isnan(fixed), mine, fixed)
 
-        plain = whatif.Scenario("transfer only", alloc_syncs=scenario.alloc_syncs, gpu_time=gpu_time)
+        # the baseline: only the collectives at their transfer (the fix's own kernel times stay out of it)
+        plain = whatif.Scenario("transfer only", alloc_syncs=scenario.alloc_syncs, gpu_time=lambda o: fixed)
         fix = replace(scenario, gpu_time=gpu_time)
         if cal is not None and cal.applied:
             plain, fix = scenario_on(cal, plain), scenario_on(cal, fix)

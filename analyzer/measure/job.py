@@ -148,6 +148,15 @@ class JobView:
     collectives: list[dict] = field(default_factory=list)  # waits per collective and rank (waits.by_collective)
 
     @property
+    def whole_trace(self) -> bool:
+        """No rank recorded ProfilerStep: each rank's whole trace is the one step compared."""
+        return self.steps == [WHOLE_TRACE]
+
+    def step_label(self, step: int) -> str:
+        """A compared step in words: "#3", or "the trace" for a job without ProfilerStep."""
+        return "the trace" if step == WHOLE_TRACE else f"#{step}"
+
+    @property
     def rank_ids(self) -> list[int]:
         return [int(r.rank) for r in self.ranks]
 
@@ -207,7 +216,10 @@ def build_view(stats: list[RankStats]) -> JobView | None:
     for s in stats[1:]:
         common &= set(s.steps)
     steps = sorted(common)
-    if not steps:
+    if not steps and all(s.steps == [WHOLE_TRACE] for s in stats):
+        steps = [WHOLE_TRACE]
+        notes.append("no rank recorded ProfilerStep: each rank's trace is compared as one step")
+    elif not steps:
         notes.append("no ProfilerStep number is common to all ranks: steps cannot be compared across ranks")
     elif any(len([n for n in s.steps if n >= 0]) != len(steps) for s in stats):
         notes.append(f"compared the {len(steps)} steps every rank recorded")
@@ -225,6 +237,8 @@ def build_view(stats: list[RankStats]) -> JobView | None:
                    notes=notes, matched=matched,
                    collectives=waits.by_collective(matched, ids, steps) if matched is not None else [])
 
+
+WHOLE_TRACE = -1  # the step number of a trace without ProfilerStep (its whole trace, measure/perstep.py)
 
 GRID_COLUMNS = ("dur_us", "busy_pct", "compute_us", "comm_us", "exposed_comm_us", "dataloader_us", "sync_us", "op_us",
                 "untraced_us")

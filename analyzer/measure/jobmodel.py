@@ -85,3 +85,47 @@ def _replay(start, held, gap, stay, tail_held, tail, cut, tail_cut, gone) -> np.
         if not gone[k]:
             ended = np.maximum(ended, arrive.max() + stay[:, k])
     return np.where(tail_held, np.maximum(ended, arrive), arrive) + tail - tail_cut
+
+
+
+def held_by(view: JobView, rank: int, saved_us: float) -> str:
+    """Why `saved_us` of work saved per step on `rank` hardly shortens the job's step, in words: the rank
+    waits for another one anyway (its exposed wait is at least half the saving: the collective it waits
+    longest in, and the rank that arrived last there, weighted by the wait); or it begins its steps late
+    and the others wait for that, not for its work; or another rank's step sets the job's."""
+    ids = view.rank_ids
+    if rank not in ids or not view.steps:
+        return f"rank {rank}'s step is not the one that sets the job's pace"
+    i, g = ids.index(rank), view.grid
+    wait = float(np.median(g["wait_us"][i]))
+    if wait >= 0.5 * saved_us and wait > 0:
+        whom, kind = _waits_for(view, i)
+        where = f" in {kind.replace('_', '-')}" if kind else ""
+        return f"rank {rank} waits for rank {whom}{where} anyway ({wait / 1e3:.2f} ms per step)"
+    late = float(np.median(g["late_us"][i]))
+    caused = float(np.median(g["caused_us"][i]))
+    if caused > 0 and late >= 0.5 * caused:
+        return (f"rank {rank} begins its steps {late / 1e3:.2f} ms after the other ranks, and they wait for that "
+                f"late start ({caused / 1e3:.2f} ms per step), not for its work")
+    longest = int(np.argmax(np.median(g["dur_us"], axis=1)))
+    return (f"the job's step is set by rank {ids[longest]} ({float(np.median(g['dur_us'][longest])) / 1e3:.2f} ms "
+            "per step)" if longest != i else f"rank {rank}'s saved time does not reach the collectives that end the "
+            "job's step")
+
+
+def _waits_for(view: JobView, i: int) -> tuple[int, str | None]:
+    """The rank that rank index `i` waits for most, and in which collective (None without matched ones)."""
+    ids, m = view.rank_ids, view.matched
+    if m is None or not len(m):
+        return ids[int(np.argmax(view.grid["work_us"].sum(axis=1)))], None
+    by_kind: dict = {}
+    for k, kind in enumerate(m.kind):
+        if m.step[k] in view.steps:
+            by_kind.setdefault(kind, []).append(k)
+    if not by_kind:
+        return ids[int(np.argmax(view.grid["work_us"].sum(axis=1)))], None
+    kind, cols = max(by_kind.items(), key=lambda kv: float(m.exposed_wait[i, kv[1]].sum()))
+    weight: dict = {}
+    for k in cols:
+        weight[int(m.last[k])] = weight.get(int(m.last[k]), 0.0) + float(m.exposed_wait[i, k])
+    return ids[max(weight, key=weight.get)], kind

@@ -65,19 +65,25 @@ class Finding:
         return out
 
 
-def order(findings: list) -> list:
+def order(findings: list, job: bool = False) -> list:
     """By severity, then predicted saving, biggest first: an `[info]` note never stands above a `[low]`
     finding. Within a severity a symptom's ceiling (upper_bound) does not outrank a cause that explains
-    at least half of it: the user should read the cause first."""
-    causes = [f.impact.est_step_saving_pct for f in findings if not f.impact.upper_bound]
+    at least half of it: the user should read the cause first. In a job's report (`job`) a rank's
+    finding counts by what its fix saves the job (`impact.job_pct`) where that was computed."""
+
+    def saving(f) -> float:
+        return f.impact.job_pct if job and f.impact.job_pct is not None else f.impact.est_step_saving_pct
+
+    causes = [saving(f) for f in findings if not f.impact.upper_bound]
     top_cause = max(causes, default=0.0)
 
     def key(f):
-        est = f.impact.est_step_saving_pct
+        est = saving(f)
         if f.impact.upper_bound and top_cause >= 0.5 * est:
             est = top_cause - 1e-6
         rank = SEVERITIES.index(f.severity) if f.severity in SEVERITIES else len(SEVERITIES)
-        return (rank, -est, f.rule, f.rank if f.rank is not None else -1)
+        own = f.impact.est_step_saving_pct if job else 0.0  # equal for the job: the larger rank's figure first
+        return (rank, -est, -own, f.rule, f.rank if f.rank is not None else -1)
 
     return sorted(findings, key=key)
 

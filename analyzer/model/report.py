@@ -144,7 +144,7 @@ def all_findings(reports: list[TraceReport]) -> list[Finding]:
     job = getattr(reports, "job", None)
     runs = getattr(reports, "long_runs", None) or []
     return order([f for r in reports for f in r.findings] + (job.findings if job is not None else [])
-                 + [f for run in runs for f in run.findings])
+                 + [f for run in runs for f in run.findings], job=job is not None)
 
 
 def overhead_words(x: float | None) -> str:

@@ -68,6 +68,8 @@ def _job_section(job) -> list[str]:
     v = job.view
     steps = (f", {len(v.steps)} step{'s' if len(v.steps) != 1 else ''} compared (ProfilerStep#{v.steps[0]}"
              + (f"–#{v.steps[-1]})" if len(v.steps) > 1 else ")") if v.steps else ", no common steps")
+    if v.whole_trace:
+        steps = ", no ProfilerStep: each rank's trace compared as one step"
     world = f" of {v.world_size}" if v.world_size and v.world_size != len(v.ranks) else ""
     out = ["## Job", "", f"{len(v.ranks)}{world} ranks{steps}.", "",
            "| Rank | Median step (ms) | Work (ms) | Wait (ms) | Others waited for it (ms) | GPU busy | Comm (ms) | "
@@ -87,7 +89,7 @@ def _job_section(job) -> list[str]:
         out += ["**The rank the job waited for, per step**", "",
                 "| Step | Rank | Others waited for it (ms) | Work (ms) | Median of the other ranks (ms) | Slower by |",
                 "|---:|---:|---:|---:|---:|---:|"]
-        out += [f"| #{s.step} | {s.rank} | {s.caused_us / 1e3:.2f} | {s.work_us / 1e3:.2f} | "
+        out += [f"| {v.step_label(s.step)} | {s.rank} | {s.caused_us / 1e3:.2f} | {s.work_us / 1e3:.2f} | "
                 f"{s.others_median_us / 1e3:.2f} | {s.slower_pct:.1f} % |" for s in v.stragglers]
         out.append("")
     if v.collectives:

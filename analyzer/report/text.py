@@ -111,6 +111,8 @@ def _rank_list(ranks: list[int]) -> str:
 def _job_lines(job, max_ranks: int = 16) -> list[str]:
     v = job.view
     steps = f", {len(v.steps)} step{'s' if len(v.steps) != 1 else ''} compared" if v.steps else ", no common steps"
+    if v.whole_trace:
+        steps = ", no ProfilerStep: each rank's trace compared as one step"
     out = [f"\njob: {len(v.ranks)} ranks{steps}",
            "  rank  step ms  work ms  wait ms  others waited  GPU busy  comm ms  overlap"]
     rows = v.per_rank()
@@ -127,9 +129,11 @@ def _job_lines(job, max_ranks: int = 16) -> list[str]:
     if v.stragglers and max(s.slower_pct for s in v.stragglers) < 1.0 and max(s.caused_us for s in v.stragglers) <= 0:
         out.append("  balanced: in every step the slowest rank is less than 1% slower than the others")
     elif v.stragglers:
-        per_step = ", ".join(f"#{s.step} rank {s.rank} ({_waited(s)})" for s in v.stragglers[:8])
+        per_step = ", ".join(f"{v.step_label(s.step)} rank {s.rank} ({_waited(s)})" for s in v.stragglers[:8])
         more = " …" if len(v.stragglers) > 8 else ""
-        out.append(f"  the rank the job waited for, per step: {per_step}{more}")
+        if v.whole_trace:
+            per_step = ", ".join(f"rank {s.rank} ({_waited(s)})" for s in v.stragglers)
+        out.append(f"  the rank the job waited for{'' if v.whole_trace else ', per step'}: {per_step}{more}")
     for c in v.collectives[:4]:
         waits = ", ".join(f"rank {x['rank']} {x['wait_ms']:.2f}" for x in c["ranks"][:8])
         out.append(f"  {c['collective']}{' (group ' + c['group'] + ')' if c['group'] else ''}, "

@@ -9,7 +9,8 @@ analysis of a long run (run/longrun), whose rules (`requires = ("run",)`) run on
 from __future__ import annotations
 
 from gpuadvise.analyzer.measure.job import JobAnalysis, JobReport, build_view, rank_stats
-from gpuadvise.analyzer.measure.jobmodel import job_saving_pct
+from gpuadvise.analyzer.measure.jobmodel import held_by, job_saving_pct
+from gpuadvise.analyzer.model.findings import SEVERITIES, severity_for
 from gpuadvise.analyzer.model.report import Reports, TraceReport
 from gpuadvise.analyzer.read.sources import Sources, resolve
 
@@ -112,5 +113,24 @@ def fix_on_every_rank(view, reports: list[TraceReport]) -> None:
         which = "every rank" if len(ranks) == len(stats) else f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
         basis = (f"the {len(stats)} traced ranks replayed side by side with the fix on {which} (where the finding is), "
                  "each collective ending when its last rank arrives")
-        for _, f in found:
+        for rank, f in found:
             f.impact.job_pct, f.impact.job_basis = round(pct, 1), basis
+            _severity_for_the_job(view, rank, f)
+
+
+def _severity_for_the_job(view, rank: int, f) -> None:
+    """In a job's report a rank's finding is as severe as what its fix saves the job, never more than
+    the rule judged it on its rank; when that lowers it, the message says why the job gains little (the
+    rank's own figure stays in its evidence and its `est_step_saving_pct`)."""
+    pct = f.impact.job_pct
+    if f.severity not in SEVERITIES[:3]:
+        return
+    job_level = severity_for(pct)
+    if SEVERITIES.index(job_level) <= SEVERITIES.index(f.severity):
+        return
+    own_us = f.impact.est_step_saving_pct / 100.0 * next(s.median_step_us for s in view.ranks if s.rank == rank)
+    f.evidence.numbers["rank_step_saving_pct"] = round(f.impact.est_step_saving_pct, 1)
+    f.evidence.numbers["job_step_saving_pct"] = pct
+    f.message = (f"{f.message.rstrip()} For the job the fix saves ~{pct:.1f} % of the step, "
+                 f"against ~{f.impact.est_step_saving_pct:.1f} % of rank {rank}'s own: {held_by(view, rank, own_us)}.")
+    f.severity = job_level

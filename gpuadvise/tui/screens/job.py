@@ -84,16 +84,19 @@ waits per collective and rank (median per step).
                 yield TableView(COLLECTIVE_COLUMNS, _collectives(v), title="collectives", filter_keys=(),
                                 sort="wait_ms", id="collectives")
 
-    def _facts(self, job) -> Text:
+    @staticmethod
+    def _facts(job) -> Text:
         v = job.view
         t = Text(no_wrap=False, end="")
         world = f" of {v.world_size}" if v.world_size and v.world_size != len(v.ranks) else ""
         t.append("Job ", style="bold")
-        t.append(f"{len(v.ranks)}{world} ranks, {len(v.steps)} steps compared")
+        t.append(f"{len(v.ranks)}{world} ranks, " + ("each rank's trace compared as one step (no ProfilerStep)"
+                                                      if v.whole_trace else f"{len(v.steps)} steps compared"))
         if v.stragglers:
             t.append("\nWaited for ", style="bold")
-            t.append(", ".join(f"#{s.step}: rank {s.rank} ({s.caused_us / 1e3:.2f} ms)" if s.caused_us > 0
-                               else f"#{s.step}: rank {s.rank} (+{s.slower_pct:.0f} % work)" for s in v.stragglers[:12]))
+            at = (lambda s: "") if v.whole_trace else (lambda s: f"#{s.step}: ")  # one step: the whole trace
+            t.append(", ".join(f"{at(s)}rank {s.rank} ({s.caused_us / 1e3:.2f} ms)" if s.caused_us > 0
+                               else f"{at(s)}rank {s.rank} (+{s.slower_pct:.0f} % work)" for s in v.stragglers[:12]))
         for f in job.findings[:3]:
             t.append(f"\n{f.severity:<6} ", style="bold")
             t.append(clean(f.message.split(". ")[0]) + ".")
