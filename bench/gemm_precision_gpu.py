@@ -12,8 +12,11 @@ enough operand sets in turn (256 MiB) that the weights come from memory rather t
 CUDA events around each replay, after warm-up; the figure is the median replay over `--repeats`, divided
 by the calls. A device-to-device copy of 1 GiB gives the memory bandwidth the GPU reaches. For each shape
 the JSON has the measured µs per kernel in fp32, tf32 and bf16, and, from the fp32 time, what gpuadvise
-predicts for TF32 and bf16 (`roofline`: bounded by FLOPs/peak, bytes/bandwidth and the launch floor) and
-what the dense peak ratio alone would claim (`peak_ratio`). Runs in well under a minute on an H100. On a
+predicts for TF32 and bf16 (`roofline_us`, the headline: the kernel as far from its roofline, bounded by
+FLOPs/peak, bytes/bandwidth and the launch floor; `reached_us`, the top of the range: at its roofline) and
+what the dense peak ratio alone would claim (`peak_ratio_us`). To refresh docs/accuracy.md from a new
+measurement: `python bench/gemm_precision_gpu.py > bench/gemm_precision_h100.json` on the H100, then
+`python bench/accuracy.py -o docs/accuracy.md`. Runs in well under a minute on an H100. On a
 machine without CUDA it exits 2 with one line saying so.
 """
 
@@ -35,6 +38,7 @@ SHAPES = [  # (M, K, N)
     (8192, 8192, 64),
     (4096, 11008, 4096),
     (8192, 8192, 8192),
+    (8, 2048, 1408),  # 8 tokens through an MoE expert's projection
 ]
 MODES = ("fp32", "tf32", "bf16")
 L2_DEFEAT_BYTES = 256 * 2**20
@@ -57,6 +61,7 @@ def predictor(device_name: str, major: int | None = None, minor: int | None = No
             peak = roofline.peak_speedup(row, dtype)
             out[dtype] = {
                 "roofline_us": _r(roofline.predicted_us(fp32_us, mkn, row, dtype)),
+                "reached_us": _r(roofline.reached_us(fp32_us, mkn, row, dtype)),
                 "peak_ratio_us": _r(fp32_us / peak) if peak else None,
                 "limited_by": b.limiter if b is not None else None,
                 "hardware_bound_us": _r(roofline.bound(mkn, row, dtype).us) if b is not None else None,
