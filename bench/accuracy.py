@@ -182,7 +182,51 @@ def render(pairs: dict, report) -> str:
     for r in promises(pairs, report):
         lines.append(f"| {r['pair']} | {r['fix']} | {r['measured']:+.1f} % | {r['touched']} | "
                      + " | ".join(f"{r['promised'][m]:.1f} %" for m in MODES) + " |")
-    return "\n".join(lines) + "\n"
+    lines += [""] + gemm_section()
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+GEMM_TIMES = REPO / "bench" / "gemm_precision_h100.json"  # bench/gemm_precision_gpu.py's measurement on an H100
+
+
+def gemm_section(path: Path = GEMM_TIMES) -> list[str]:
+    """GEMM shapes timed in fp32, TF32 and bf16 without the profiler, against the roofline prediction from
+    the fp32 time (analyzer/measure/roofline.py): the headline (the kernel keeps its distance from its
+    roofline) and the top of the range (it reaches its roofline), and what the peak ratio alone claims."""
+    if not path.is_file():
+        return []
+    from gpuadvise.analyzer.measure import roofline
+    from gpuadvise.analyzer.model.devices import spec
+    from gpuadvise.analyzer.model.trace import Device
+
+    data = json.loads(path.read_text())
+    row = spec(Device(0, data["device"], None, None))
+    when = f"{data['measured_on']}; " if data.get("measured_on") else ""
+    lines = ["## GEMM precision on the roofline", "",
+             f"Measured on {data['device']} ({when}torch {data['torch']}): {data['method']}. "
+             f"The copy reached {data['copy_gbps']:g} GB/s ({100 * data['copy_gbps'] / row.memory_gbps:.0f} % of "
+             f"the {row.memory_gbps:g} GB/s in the device table). Each prediction starts from the measured fp32 time: "
+             "the headline keeps the kernel as far from its roofline as it was in fp32, the top of the range has it "
+             "reach its new roofline (at most the peak ratio faster); `peak ratio` is what the dense peaks alone "
+             "would claim. µs per kernel:", "",
+             "| M×K×N | fp32 | bf16 measured | bf16 predicted | peak ratio | TF32 measured | TF32 predicted | peak ratio |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    inside = total = 0
+    for r in data["rows"]:
+        r = {"shape": r["shape"], **r.get("measured_us", r)}  # bench/gemm_precision_gpu.py nests the times
+        m, k, n = (int(x) for x in r["shape"].split("x"))
+        mkn, fp32 = (1, m, k, n), r["fp32"]
+        cells = [r["shape"].replace("x", "×"), f"{fp32:g}"]
+        for dtype in ("bf16", "tf32"):
+            head, top = roofline.predicted_us(fp32, mkn, row, dtype), roofline.reached_us(fp32, mkn, row, dtype)
+            lo, hi = min(head, top), max(head, top)
+            total += 1
+            inside += lo * 0.85 <= r[dtype] <= hi * 1.15
+            span = f"{head:.1f}" if abs(head - top) <= 0.01 * head else f"{head:.1f} (to {top:.1f})"
+            cells += [f"{r[dtype]:g}", span, f"{fp32 / roofline.peak_speedup(row, dtype):.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"{inside} of {total} measured times lie within the predicted range ±15 %.", ""]
+    return lines
 
 
 def summary_line(text: str) -> str:

@@ -43,6 +43,14 @@ finds them by repetition): the finding gives both predictions, the syncs alone a
 work, and its headline (and check against the 1 % threshold) is the larger one, named in the message. cudaFree synchronises the device
 as well: when removing the syncs alone saves under 1 % because cudaFree calls in the loop would
 serialise it again, the finding gives the saving with both gone and says so.
+In a job of several ranks (distributedInfo's world size), when the syncs hold the training thread at
+least 50 % of the step while the GPU is busy under 50 % of it and waits mostly on something other than
+this thread (its next work queued with nothing running on this GPU, or a collective running alone:
+analyzer/measure/gpuwaits.py), ending the syncs on this rank alone frees the thread but not the GPU. The
+finding names what the GPU waits for and predicts ending the syncs on every rank (SPMD: each rank runs
+them, and the signal a rank's GPU waits for is held by another rank's syncs): the replay also drops the
+GPU's waits for work held elsewhere, at most the blocked time per step, and keeps the collectives'
+kernels as they ran. The headline is that prediction; the range runs down to this rank's alone.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ import numpy as np
 from gpuadvise.analyzer.measure import perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.measure.feeding import Feeding, feeding_work
+from gpuadvise.analyzer.measure.gpuwaits import gpu_waits
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.measure.steps import launch_steps
 from gpuadvise.analyzer.model.calls import FREE_CALLS, SCALAR_OPS
@@ -65,7 +74,8 @@ class HostSync(Rule):
     code = "GA104"
     name = "host-sync"
     title = "The CPU waits for the GPU inside the steps"
-    thresholds = {"min_saving_pct": 1.0, "min_share_pct": 1.0, "outlier_x": 3.0}
+    thresholds = {"min_saving_pct": 1.0, "min_share_pct": 1.0, "outlier_x": 3.0, "spmd_min_held_pct": 50.0,
+                  "spmd_max_busy_pct": 50.0}
 
     def check(self, a: Analysis):
         m = a.metrics
@@ -115,6 +125,10 @@ class HostSync(Rule):
                 unblock=lambda c: these(c) | c["name"].isin(FREE_CALLS).to_numpy()))
             if both is not None and both >= self.thresholds["min_saving_pct"]:
                 with_frees, saving, basis = saving, both, both_basis
+        spmd = self._every_rank(a, these, share, blocked_us, saving) if saving is not None else None
+        alone_rank = saving
+        if spmd is not None and spmd[0] > (saving or 0.0):
+            saving, basis = spmd[0], spmd[1]
         if saving is None:
             if share < self.thresholds["min_share_pct"]:
                 return []
@@ -156,6 +170,16 @@ class HostSync(Rule):
                         f"removing these syncs saves only {with_frees:.1f}%; with them gone: {saving:.1f}% (the headline).")
             advice += (" Take the cudaFree calls out of the loop too (`torch.cuda.empty_cache()`, or "
                        "`PYTORCH_NO_CUDA_MEMORY_CACHING`): each one waits for the whole GPU.")
+        range_pct = None
+        if spmd is not None and saving == spmd[0]:
+            waits = spmd[2]
+            message += (f" The GPU does not wait for this thread alone: of each step it spends {waits.describe()}. "
+                        f"Ending the syncs on this rank alone saves {alone_rank:.1f}%: its GPU would still wait. "
+                        f"On every rank of the {waits.world_size}-rank job (SPMD: each rank runs these syncs, and the "
+                        f"work a rank's GPU waits for is held by another rank's): {saving:.1f}% (the headline).")
+            advice += (" Do it on every rank (the same code runs on all of them): one rank without the syncs still "
+                       "waits for the others.")
+            range_pct = (alone_rank, saving)
         evidence = Evidence(
             steps=sorted({int(st.number) for st in m.steps}),
             time_ranges_ms=[(a.rel_ms(t), a.rel_ms(e)) for t, e in zip(worst["ts"], worst["end"])],
@@ -166,7 +190,43 @@ class HostSync(Rule):
                      "blocked_ms": a.ms(s["dur"].sum()), "blocked_ms_per_step": a.ms(blocked_us),
                      "blocked_share_pct": round(share, 1), "outlier_steps": outlier_steps, "statistic": "median step" if m.steps else "traced window"},
         )
-        return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice)]
+        if spmd is not None:
+            w = spmd[2]
+            evidence.numbers["gpu_time_per_step_ms"] = {
+                "computing": a.ms(w.computing_us), "in_collective_alone": a.ms(w.collective_alone_us),
+                "idle_waiting_for_launch": a.ms(w.launch_wait_us), "idle_with_work_queued": a.ms(w.queued_wait_us)}
+            evidence.numbers["saving_this_rank_alone_pct"] = None if alone_rank is None else round(alone_rank, 1)
+            evidence.numbers["saving_every_rank_pct"] = round(spmd[0], 1)
+        return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice,
+                             range_pct=range_pct)]
+
+    def _every_rank(self, a: Analysis, these, share: float, blocked_us: float, alone: float):
+        """In a job of several ranks whose syncs hold the training thread most of the step while the GPU
+        sits idle most of it, waiting with its work queued or inside a collective (measure/gpuwaits.py):
+        (% saved, basis, GpuWaits) by ending the syncs on every rank. SPMD: every rank runs the same syncs,
+        so the work a rank's GPU waits for (another rank's signal) is held by them too; the replay drops the
+        GPU's waits for what the trace does not show, up to the blocked time per step (a rank is late by at
+        most its own blocked time), and keeps the collectives' kernels as they ran. None where that
+        evidence does not hold."""
+        t, m = self.thresholds, a.metrics
+        world = a.model.meta.world_size or 1
+        busy = m.busy_in_steps_pct if m.steps else m.gpu_busy_pct
+        if world < 2 or share < t["spmd_min_held_pct"] or busy is None or busy >= t["spmd_max_busy_pct"]:
+            return None
+        waits = gpu_waits(a.model, m)
+        if waits is None or not waits.waits_on_others or waits.queued_wait_us <= 0:
+            return None
+        removable = min(1.0, blocked_us / waits.queued_wait_us)
+        pct, basis = a.predicted_saving(Scenario(
+            f"these syncs removed on every rank of the {world}-rank job (SPMD), with the GPU's waits for work "
+            f"held elsewhere ({waits.queued_wait_us / 1e3:.1f} ms a step, {100 * removable:.0f}% of it: at most the "
+            f"{blocked_us / 1e3:.1f} ms a rank is blocked) gone; collectives as they ran",
+            unblock=these, unseen_scale=1.0 - removable))
+        if pct is None:
+            return None
+        if pct <= (alone or 0.0):
+            return None
+        return pct, basis, waits
 
     def positive(self) -> TraceBuilder:
         b = TraceBuilder()

@@ -25,8 +25,9 @@ at least 1 % of GPU kernel time and the replay predicts at least 0.5 % saving. T
 misaligned op's kernels the time an aligned GEMM of the same FLOPs takes (2·M·K·N from the recorded
 shapes, never more than now): at the throughput aligned half-precision GEMMs of a similar size
 (¼–4× the FLOPs, at least 3 of them) reach in the same trace, or, when there are none, at 75 % of the
-device's dense bf16/fp16 peak (large cuBLAS GEMMs reach 70–85 % of it), with 50–85 % as the range.
-Kernels stay no faster than 5 µs.
+device's dense bf16/fp16 peak (large cuBLAS GEMMs reach 70–85 % of it), with 50–85 % as the range;
+never faster than the op's roofline (its operands' bytes over the memory bandwidth, its launch:
+analyzer/measure/roofline.py). Kernels stay no faster than 5 µs.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ import pandas as pd
 
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
-from gpuadvise.analyzer.measure.gemm import gemm_ops, kernels_by_op
+from gpuadvise.analyzer.measure import roofline
+from gpuadvise.analyzer.measure.gemm import gemm_ops, kernels_by_op, matmul_mkn, parse_dims
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
@@ -76,10 +78,13 @@ class MatmulAlignment(Rule):
         if rate is None:
             return []
         floor = t["min_kernel_us"]
+        # never faster than the op's roofline on this GPU: moving its operands, its launch (measure/roofline.py)
+        spec, dtype = a.device_spec, ("bf16" if a.device_spec.bf16 else "fp16")
+        bound_us = np.array([_bound_us(n, d, spec, dtype) for n, d in zip(launching["name"], launching["dims"])])
 
         def aligned_time(rate):
             # per op: its kernels shrink together to the aligned op's time (FLOPs / rate), never growing
-            factor = (launching["flops"] / rate / launching["kernel_us"]).clip(upper=1.0)
+            factor = (np.maximum(launching["flops"] / rate, bound_us) / launching["kernel_us"]).clip(upper=1.0)
             per_op = dict(zip(launching["external_id"], factor.fillna(1.0)))
             corr_factor = dict(zip(k_bad["correlation"], k_bad["op_external_id"].map(per_op).fillna(1.0)))
 
@@ -159,3 +164,9 @@ def _loop(dims: str, kernel: str, us: float) -> TraceBuilder:
 
 
 RULE = MatmulAlignment()
+
+
+def _bound_us(name: str, dims: str, spec, dtype: str) -> float:
+    """The attainable roofline of one matmul op in 16 bits (µs; 0 when its shape or the device is unknown)."""
+    b = roofline.attainable(matmul_mkn(name, parse_dims(dims)), spec, dtype)
+    return b.us if b is not None else 0.0

@@ -31,20 +31,24 @@ With fp16 use `torch.amp.GradScaler("cuda")` and keep matrix dimensions multiple
 ## Thresholds
 Fires when fp32 SIMT kernels take at least 50 % of GEMM/conv time and GEMM/conv kernels take at least
 10 % of kernel time. Each fix the GPU offers is predicted separately by replaying the steps with the
-kernels it changes (analyzer/measure/precision.py, constants calibrated on the open H100 pairs): the
-matmuls at the fix's dense peak times the efficiency large GEMMs reach (FLOPs from recorded shapes
-where there are some, with the kernel's achieved fp32 throughput and a bytes/bandwidth floor; else the
-peak ratio), never below 5 µs; under autocast also the memory-bound kernels outside the optimizer at
-0.6× and the weight casts added. Where under 90 % of the SIMT matmul time has known FLOPs, a small
-GEMM may reach less of the matrix peak: the range reaches down to 40 % of it. The headline is autocast (the recommended fix); the range spans
-every fix's low to high end; `saving_by_fix_pct` has each. Without the device in the table, the kernels
-are taken as 2× faster (a floor any Tensor Core GPU clears) and the finding says so. Under 1 %
-predicted (the matmuls hide behind CPU work) the finding is informational.
+kernels it changes (analyzer/measure/precision.py, constants calibrated on the open H100 pairs). Each
+matmul kernel is bounded by its roofline on the device (analyzer/measure/roofline.py: FLOPs over the
+fix's peak, bytes over the memory bandwidth, a 3.5 µs launch/latency floor), from its op's recorded
+shapes: a large GEMM runs the peak ratio faster, a skinny one (M = 8) bound by reading its weight the
+ratio of the operand widths (bf16 2×, TF32 1×), a tiny one not at all. Under autocast also the
+memory-bound kernels outside the optimizer at 0.6× and the weight casts added. Without shapes the bound
+is unknown: the headline takes those kernels as memory-bound (bf16 2×, TF32 1×); the basis says so.
+The headline keeps each kernel as far from its roofline as it was in fp32; the top of the range has the
+new kernels reach their roofline (at most the peak ratio faster) and takes kernels without shapes as
+large GEMMs (the peak ratio). The headline is autocast (the recommended fix); the range spans every fix's low to high end;
+`saving_by_fix_pct` has each, `roofline_by_fix` what bounds the kernels with shapes. Without the device
+in the table, the kernels are taken as 2× faster (a floor any Tensor Core GPU clears) and the finding
+says so. Under 1 % predicted (the matmuls hide behind CPU work) the finding is informational.
 """
 
 from __future__ import annotations
 
-from gpuadvise.analyzer.measure import precision
+from gpuadvise.analyzer.measure import precision, roofline
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model import runfacts, switches
 from gpuadvise.analyzer.model.findings import Evidence
@@ -59,8 +63,7 @@ class NoTensorCores(Rule):
     name = "no-tensor-cores"
     title = "Matmuls and convolutions run without Tensor Cores"
     thresholds = {"min_simt_share_pct": 50.0, "min_matmul_share_pct": 10.0, "fallback_speedup": 2.0,
-                  "min_kernel_us": precision.MIN_KERNEL_US, "min_saving_pct": 1.0,
-                  "known_flops_share": 0.9}
+                  "min_kernel_us": precision.MIN_KERNEL_US, "min_saving_pct": 1.0}
 
     def check(self, a: Analysis):
         m, t = a.metrics, self.thresholds
@@ -78,15 +81,15 @@ class NoTensorCores(Rule):
         dev_name = a.device.name if a.device and a.device.name else "this GPU"
         work = precision.work(a.model, m.launches, set(simt["name"]), a.trains)
         fixes = _fixes(spec, a)
-        savings: dict[str, tuple[float | None, float | None]] = {}  # fix → (headline, low end)
+        savings: dict[str, tuple[float | None, float | None]] = {}  # fix → (headline, the range's other end)
         basis = ""
         for key in fixes or ["assumed"]:
-            high, basis_high = self._replay(a, work, spec, key, "large")
-            low = high
-            if key != "assumed" and work.known_share < t["known_flops_share"]:
-                low = self._replay(a, work, spec, key, "low")[0]
-            savings[key] = (high, low)
-            basis = basis or basis_high  # the replay's own words, from the headline fix
+            head, basis_head = self._replay(a, work, spec, key, "conservative")
+            top = head
+            if key != "assumed":  # the kernels reaching their roofline; those without shapes as large GEMMs
+                top = self._replay(a, work, spec, key, "optimistic")[0]
+            savings[key] = (head, top)
+            basis = basis or basis_head  # the replay's own words, from the headline fix
         head_key = (fixes or ["assumed"])[0]
         saving = savings[head_key][0]
         if saving is None:
@@ -111,8 +114,9 @@ class NoTensorCores(Rule):
                      "tensor_core_matmul_ms": a.ms(mm_us - simt_us), "simt_matmul_ms": a.ms(simt_us),
                      "device_row": spec.describe(), "speedups": {k: spec.speedup(k) or t["fallback_speedup"] for k in savings},
                      "saving_by_fix_pct": {k: round(v, 1) for k, (v, _) in savings.items() if v is not None},
-                     "saving_range_by_fix_pct": {k: [round(lo, 1), round(hi, 1)] for k, (hi, lo) in savings.items()
-                                                 if hi is not None and lo is not None},
+                     "saving_range_by_fix_pct": {k: [round(min(v), 1), round(max(v), 1)] for k, v in savings.items()
+                                                 if None not in v},
+                     "roofline_by_fix": {k: precision.limits(work, spec, k) for k in fixes},
                      "flops_known_share_pct": round(100 * work.known_share, 1),
                      "simt_achieved_tflops": round(achieved, 1) if achieved is not None else None,
                      "recorded_settings": {k: recorded[k] for k in ("matmul_allow_tf32", "cudnn_allow_tf32",
@@ -130,13 +134,13 @@ class NoTensorCores(Rule):
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice,
                              range_pct=span, severity=severity)]
 
-    def _replay(self, a: Analysis, work, spec, key: str, efficiency: str) -> tuple[float | None, str]:
+    def _replay(self, a: Analysis, work, spec, key: str, end: str) -> tuple[float | None, str]:
         if key == "assumed":
             new = precision.assumed(work, self.thresholds["fallback_speedup"])
             name = f"fp32 SIMT matmul/conv kernels {self.thresholds['fallback_speedup']:g}× faster"
         else:
-            new = precision.durations(work, spec, key, efficiency)
-            name = f"{LABEL[key]}: matmuls on the matrix units" + (
+            new = precision.durations(work, spec, key, end)
+            name = f"{LABEL[key]}: matmuls on the matrix units, each bounded by its roofline" + (
                 ", memory-bound kernels at half the bytes, weight casts added" if key in precision.AUTOCAST else "")
         return a.predicted_saving(Scenario(name, gpu_time=lambda ops, new=new: precision.apply(new, ops)))
 
@@ -186,20 +190,44 @@ def _how(spec, work, fixes: list[str], savings: dict, t: dict) -> str:
     peaks = ", ".join(f"{k} {spec.peak(k):g}" for k in ("fp32", *fixes))
     parts = []
     for k in fixes:
-        hi, lo = savings[k]
-        if hi is None:
+        head, top = savings[k]
+        if head is None:
             continue
-        parts.append(f"{LABEL[k]} {hi:.1f} %" + (f" (down to {lo:.1f} % for small GEMMs)" if lo is not None and hi - lo > 0.05 else ""))
+        parts.append(f"{LABEL[k]} {head:.1f} %" + (f" (up to {top:.1f} % if the new kernels reach their roofline"
+                                                  + (" and those without shapes are large GEMMs" if work.known_share < 0.995 else "")
+                                                  + ")" if top is not None and top - head > 0.05 else ""))
+    memory = f", memory {spec.memory_gbps:g} GB/s" if spec.memory_gbps else ""
+    return (f"{spec.describe()} dense peaks (TFLOP/s: {peaks}){memory}; "
+            f"{_shapes(spec, work, fixes)}, the memory-bound kernels at "
+            f"{precision.AUTOCAST_MEMORY_FACTOR:g}× under autocast{_casts(work, fixes)}: " + ", ".join(parts))
+
+
+def _shapes(spec, work, fixes: list[str]) -> str:
+    """What the roofline says of the kernels with recorded shapes, and what is assumed of the others."""
     known = work.known_share
     achieved = work.achieved_tflops()
-    shapes = (f"FLOPs from recorded shapes for {100 * known:.0f} % of the SIMT matmul time (achieved {achieved:.1f} "
-              f"TFLOP/s fp32, {100 * achieved / spec.fp32:.0f} % of peak)" if achieved is not None and known > 0 else
-              "no matmul shapes recorded, so each kernel runs the peak ratio faster")
-    casts = (f"; autocast's weight casts {work.cast_bytes / 1e9:.2f} GB added" if work.cast_bytes > 0 and
-             any(k in precision.AUTOCAST for k in fixes) else
-             "; autocast's weight casts not counted (no shapes)" if any(k in precision.AUTOCAST for k in fixes) else "")
-    return (f"{spec.describe()} dense peaks (TFLOP/s: {peaks}), {shapes}, the memory-bound kernels at "
-            f"{precision.AUTOCAST_MEMORY_FACTOR:g}× under autocast{casts}: " + ", ".join(parts))
+    out = []
+    if achieved is not None and known > 0:
+        head = fixes[0]
+        lim = precision.limits(work, spec, head)
+        by = ", ".join(f"{v:.0f} % {k}-bound" for k, v in lim["limited_by_pct"].items() if v >= 0.5)
+        out.append(f"roofline from recorded shapes for {100 * known:.0f} % of the SIMT matmul time (achieved "
+                   f"{achieved:.1f} TFLOP/s fp32, {100 * achieved / spec.fp32:.0f} % of peak; in {head} {by}: "
+                   f"{lim['speedup']:g}× faster, against the peak ratio's {lim['peak_speedup']:g}×)")
+    if known < 0.995:
+        widths = ", ".join(f"{k} {roofline.unknown_shape_speedup(k):g}×" for k in fixes)
+        out.append(f"no shapes recorded for {100 * (1 - known):.0f} % of it: its roofline is unknown, so those "
+                   f"kernels are taken as memory-bound ({widths}: the operand widths' ratio; record shapes with "
+                   "`record_shapes=True` to bound them)")
+    return "; ".join(out)
+
+
+def _casts(work, fixes: list[str]) -> str:
+    if not any(k in precision.AUTOCAST for k in fixes):
+        return ""
+    if work.cast_bytes > 0:
+        return f"; autocast's weight casts {work.cast_bytes / 1e9:.2f} GB added"
+    return "; autocast's weight casts not counted (no shapes)"
 
 
 def _advice(spec, dev_name: str, fixes: list[str], savings: dict, saving: float, fw=None) -> str:
@@ -224,6 +252,9 @@ def _advice(spec, dev_name: str, fixes: list[str], savings: dict, saving: float,
     elif tf32 is not None and round(tf32) > 0:
         advice += (" If you cannot change precision that far, TF32 is one line, "
                    f"`torch.set_float32_matmul_precision('high')`, and saves about {tf32:.0f} %.")
+    elif tf32 is not None and savings["tf32"][1] is not None and round(savings["tf32"][1]) > 0:
+        advice += (f" TF32 (`torch.set_float32_matmul_precision('high')`) saves up to {savings['tf32'][1]:.0f} % if these "
+                   "are large GEMMs; without recorded shapes they are taken as memory-bound, where TF32 gains nothing.")
     elif tf32 is not None:
         advice += f" TF32 alone would not shorten the step measurably: {amp} halves the bytes as well."
     if "fp8" in fixes and savings["fp8"][0] is not None:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpuadvise.analyzer.measure.analysis import Analysis
+from gpuadvise.analyzer.measure.gpuwaits import gpu_waits
 from gpuadvise.analyzer.model import runfacts, switches
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.measure import perstep
@@ -121,7 +122,11 @@ class PageableMemcpy(Rule):
             message += (f" Their calls hold the training thread a median {held_us / 1e3:.2f} ms of each "
                         f"{step_us / 1e3:.1f} ms step ({100 * held_us / step_us:.1f}%), {waiting_us / 1e3:.2f} ms of it "
                         "waiting for earlier GPU work before the copy could start: implicit syncs")
-            if basis.startswith("critical-path") and saving < 1.0:
+            if basis.startswith("critical-path") and saving < 1.0 and _waits_on_other_ranks(a):
+                # one rank of a job whose GPU waits for the others: host-sync predicts ending them on every rank
+                message += (f". The replay predicts {saving:.1f}% from ending those waits on this rank alone: its GPU "
+                            "waits for other ranks, and host-sync gives what ending them on every rank saves.")
+            elif basis.startswith("critical-path") and saving < 1.0:
                 message += (f". The replay predicts {saving:.1f}% from ending those waits: the GPU side (its work and "
                             "what it waits for) paces the steps, not this thread.")
             else:
@@ -193,3 +198,11 @@ def _loop(src: str, copy_us: float) -> TraceBuilder:
 
 
 RULE = PageableMemcpy()
+
+
+def _waits_on_other_ranks(a: Analysis) -> bool:
+    """One rank of a job whose GPU, when not computing, mostly waits on others (measure/gpuwaits.py)."""
+    if (a.model.meta.world_size or 1) < 2:
+        return False
+    w = gpu_waits(a.model, a.metrics)
+    return w is not None and w.waits_on_others

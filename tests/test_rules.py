@@ -497,24 +497,26 @@ H100 = ("NVIDIA H100 80GB HBM3", (9, 0))
 GEMM_TC = "ampere_tf32_s1688gemm_64x64_nn"
 
 
-def test_no_tensor_cores_on_h100_uses_the_matrix_unit_peak_ratios(load_built):
-    # GPU-bound: per step 20 × (800 µs fp32 SIMT GEMM + 40 µs elementwise), no shapes recorded. bf16 autocast
-    # runs the GEMMs at the peak ratio (989.4 vs 66.9 TFLOP/s) times the large-GEMM efficiencies (78 % vs
-    # 77 %) faster, and the elementwise kernel at 0.6× (half the bytes); TF32 (494.7, 81 %) the GEMMs only
-    from gpuadvise.analyzer.measure.precision import AUTOCAST_MEMORY_FACTOR as HALF, LARGE_GEMM_EFFICIENCY as E, LOW_EFFICIENCY
+def test_no_tensor_cores_on_h100_without_shapes_takes_the_gemms_as_memory_bound(load_built):
+    # GPU-bound: per step 20 × (800 µs fp32 SIMT GEMM + 40 µs elementwise), no shapes recorded: the GEMMs'
+    # roofline is unknown. The headline takes them as memory-bound (bf16 moves half the bytes: 400 µs; TF32
+    # the same bytes: 800 µs), the elementwise kernel at 0.6× under autocast; the range's top is a large
+    # GEMM's: the peak ratio (989.4 vs 66.9 TFLOP/s) times the large-GEMM efficiencies (78 % vs 77 %)
+    from gpuadvise.analyzer.measure.precision import AUTOCAST_MEMORY_FACTOR as HALF, LARGE_GEMM_EFFICIENCY as E
 
     report = analyze(_gemm_trace(*H100, "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize256x128x8_stage3_ffma_kernel"),
                      load_built)
     f = next(f for f in report.findings if f.topic == "no-tensor-cores")
-    bf16 = 100 * (1 - (800 * 66.9 * E["fp32"] / (989.4 * E["bf16"]) + 40 * HALF) / 840)
-    tf32 = 100 * (1 - (800 * 66.9 * E["fp32"] / (494.7 * E["tf32"]) + 40) / 840)
-    tf32_small = 100 * (1 - (800 * 66.9 * E["fp32"] / (494.7 * LOW_EFFICIENCY) + 40) / 840)
+    bf16 = 100 * (1 - (800 / 2 + 40 * HALF) / 840)
+    bf16_large = 100 * (1 - (800 * 66.9 * E["fp32"] / (989.4 * E["bf16"]) + 40 * HALF) / 840)
+    tf32_large = 100 * (1 - (800 * 66.9 * E["fp32"] / (494.7 * E["tf32"]) + 40) / 840)
     by_fix = f.evidence.numbers["saving_by_fix_pct"]
     assert f.impact.est_step_saving_pct == by_fix["bf16"] == pytest.approx(bf16, abs=1)
-    assert by_fix["tf32"] == pytest.approx(tf32, abs=1)
-    # without shapes the efficiency is unknown: the range reaches down to small GEMMs' share of the peak
-    assert f.impact.range_pct[0] == pytest.approx(tf32_small, abs=1)
-    assert "989.4" in f.impact.basis and "494.7" in f.impact.basis and "no matmul shapes" in f.impact.basis
+    assert by_fix["tf32"] < 1
+    ranges = f.evidence.numbers["saving_range_by_fix_pct"]
+    assert ranges["bf16"][1] == pytest.approx(bf16_large, abs=1) and ranges["tf32"][1] == pytest.approx(tf32_large, abs=1)
+    assert f.impact.range_pct[1] == pytest.approx(bf16_large, abs=1)
+    assert "989.4" in f.impact.basis and "494.7" in f.impact.basis and "roofline is unknown" in f.impact.basis
     assert "autocast" in f.recommendation and "set_float32_matmul_precision" in f.recommendation
 
 
@@ -559,13 +561,13 @@ def test_a_skinny_gemm_is_bound_by_its_bytes_on_the_matrix_units(load_built):
     # 8192×8192 times 8192×64: 8.6 GFLOP over 136 MB of bf16 operands (63 FLOP/byte). In fp32 SIMT it is
     # compute-bound (167 µs at 77 % of 66.9 TFLOP/s); on the bf16 Tensor Cores moving its operands takes
     # longer than its math: the prediction is the roofline's (bytes / bandwidth), not the peak ratio's
-    from gpuadvise.analyzer.measure.precision import CAST_BANDWIDTH_EFFICIENCY
+    from gpuadvise.analyzer.measure.roofline import MEMORY_EFFICIENCY
 
     b = _shaped_gemm_loop(*H100, dims=[[8192, 8192], [8192, 64]])
     f = next(f for f in analyze(b, load_built).findings if f.topic == "no-tensor-cores")
     fp32_us = 2 * 8192 * 8192 * 64 / (66.9 * 0.77 * 1e6)
     bytes_bf16 = (8192 * 8192 + 8192 * 64 + 8192 * 64) * 2
-    roofline_us = bytes_bf16 / (3350 * CAST_BANDWIDTH_EFFICIENCY * 1e3)
+    roofline_us = bytes_bf16 / (3350 * MEMORY_EFFICIENCY * 1e3)
     left = 100 - f.evidence.numbers["saving_by_fix_pct"]["bf16"]
     assert left == pytest.approx(100 * roofline_us / fp32_us, abs=3)  # GPU-bound: only the GEMMs in the step
 

@@ -2,14 +2,14 @@
 
 A fix changes three things, each from the hardware's own numbers (model/devices.py):
 
-- **The fp32 SIMT matmul kernels run on the matrix units.** With the FLOPs of a kernel's op known (its
-  recorded shapes: `record_shapes`, or the harness's shape probe) the kernel's achieved fp32 throughput
-  says how it fares against a large GEMM: it reaches the same fraction of the large-GEMM efficiency on
-  the matrix units, `FLOPs / (peak × efficiency)`, but never faster than moving its operands at the
-  fix's width (`(MK + KN + MN) × bytes / bandwidth`) nor than a short launch-bound kernel (5 µs). With
-  the FLOPs unknown it runs the ratio of the two peaks faster, scaled by the large-GEMM efficiencies;
-  and since a small or odd-shaped GEMM reaches less of the matrix peak, the low end of the range takes
-  LOW_EFFICIENCY of it.
+- **The fp32 SIMT matmul kernels run on the matrix units**, each bounded by its roofline
+  (measure/roofline.py). With the kernel's op shapes recorded (`record_shapes`, or the harness's shape
+  probe) it moves from its fp32 roofline to the fix's: a large compute-bound GEMM runs the ratio of the
+  peaks faster, a skinny one (M = 8) bound by reading its weight runs the ratio of the operand widths
+  faster, a tiny one bound by its launch latency not at all; it keeps the fraction of its attainable
+  roofline it reached in fp32, and never beats the new hardware bound. Without shapes its bound is
+  unknown: the headline takes it as memory-bound (the operand widths' ratio: bf16 2×, TF32 1×), the top of
+  the range as a large compute-bound GEMM (the peak ratio), and the finding says so.
 - **Under autocast (bf16/fp16, fp8) the memory-bound kernels around the matmuls move half the bytes**:
   the activations they read and write are 16-bit. Their time × AUTOCAST_MEMORY_FACTOR; not the
   optimizer's kernels (the parameters stay fp32), not kernels already in 16 bits, not communication.
@@ -27,7 +27,7 @@ bf16 autocast, `-after_tf32` TF32 on; an 8-layer 4096-wide MLP, batch 2048):
   their fp32 time per call under bf16 autocast (the fused AdamW kernel unchanged: 202 µs both);
 - CAST_BANDWIDTH_EFFICIENCY 0.6: autocast's two cast kernels moved 1.61 GB per step in 794 µs (2.0 of
   3.35 TB/s).
-Assumed, not measured: fp8 reaches bf16's large-GEMM efficiency; LOW_EFFICIENCY 0.4.
+Assumed, not measured: fp8 reaches bf16's large-GEMM efficiency.
 """
 
 from __future__ import annotations
@@ -38,18 +38,18 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from . import roofline
 from .gemm import GEMM_OPS, kernels_by_op, matmul_mkn, parse_dims
 from .spans import annotation_spans, gpu_ops_launched_in
 from gpuadvise.analyzer.model.devices import Spec
 from gpuadvise.analyzer.model.kernels import SIXTEEN_BIT, is_comm, is_matmul_like
 from gpuadvise.analyzer.model.trace import TraceModel, names_in
 
-LARGE_GEMM_EFFICIENCY = {"fp32": 0.77, "tf32": 0.81, "bf16": 0.78, "fp16": 0.78, "fp8": 0.78}
-LOW_EFFICIENCY = 0.4  # a small or odd-shaped GEMM on the matrix units: the low end when shapes are unknown
+LARGE_GEMM_EFFICIENCY = roofline.COMPUTE_EFFICIENCY
 AUTOCAST_MEMORY_FACTOR = 0.6
 CAST_BANDWIDTH_EFFICIENCY = 0.6
-MIN_KERNEL_US = 5.0  # a short kernel is bound by its launch and memory, not its math
-OPERAND_BYTES = {"tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+MIN_KERNEL_US = roofline.LATENCY_FLOOR_US  # a short kernel is bound by its launch and memory, not its math
+OPERAND_BYTES = roofline.OPERAND_BYTES
 AUTOCAST = ("bf16", "fp16", "fp8")
 _OPTIMIZER_KERNEL = re.compile(r"multi_tensor_apply|fused_adam|FusedAdam|_foreach_|adam|sgd_", re.I)
 FP8_LIBRARY = re.compile(r"transformer_engine|torchao|float8|Float8Linear|te_gemm|fp8_autocast", re.I)
@@ -60,7 +60,8 @@ class Work:
     """The fp32 SIMT matmul kernels of a trace (one row per kernel), with what the shapes say of them,
     and the kernels autocast would halve."""
 
-    matmuls: pd.DataFrame  # correlation, ts, dur, flops (NaN: unknown), mkn (batch, M, K, N or None), cast_bytes
+    # correlation, ts, dur, flops (NaN: unknown), mkn (batch, M, K, N or None), share (of its op's kernel time), cast_bytes
+    matmuls: pd.DataFrame
     memory_bound: pd.DataFrame  # correlation, ts, dur
     trains: bool
 
@@ -93,7 +94,7 @@ def work(model: TraceModel, launches: pd.DataFrame, simt_names: set[str], trains
     joined = kernels_by_op(model)
     joined = joined[names_in(joined["name"], simt_names)][["correlation", "op_external_id"]].drop_duplicates("correlation")
     simt = simt.merge(joined, on="correlation", how="left")
-    simt["flops"], simt["mkn"], simt["cast_bytes"] = np.nan, None, 0.0
+    simt["flops"], simt["mkn"], simt["share"], simt["cast_bytes"] = np.nan, None, 1.0, 0.0
     ops = _shaped_ops(model)
     if len(ops) and simt["op_external_id"].notna().any():
         shares = simt["dur"] / simt.groupby("op_external_id")["dur"].transform("sum")  # an op's FLOPs over its kernels
@@ -101,6 +102,7 @@ def work(model: TraceModel, launches: pd.DataFrame, simt_names: set[str], trains
         on = simt["op_external_id"].isin(by_op.index)
         ids = simt.loc[on, "op_external_id"]
         simt.loc[on, "flops"] = by_op.loc[ids, "flops"].to_numpy() * shares[on].to_numpy()
+        simt.loc[on, "share"] = shares[on].to_numpy()
         simt.loc[on, "mkn"] = pd.Series(list(by_op.loc[ids, "mkn"]), index=simt.index[on], dtype=object)
         first = on & ~simt.duplicated("op_external_id")  # the weight's casts go with the op's first kernel
         cast_ids = simt.loc[first, "op_external_id"]
@@ -172,27 +174,13 @@ def assumed(w: Work, speedup: float) -> pd.Series:
     return pd.Series(np.maximum(d / speedup, np.minimum(d, MIN_KERNEL_US)), index=_key(w.matmuls))
 
 
-def durations(w: Work, spec: Spec, dtype: str, efficiency: str = "large") -> pd.Series:
-    """New duration (µs) of every kernel the fix changes, by (correlation, start) (`apply` reads it). `efficiency`: "large" (the
-    calibrated large-GEMM efficiency) or "low" (LOW_EFFICIENCY for kernels whose FLOPs are unknown)."""
-    peak, fp32 = spec.peak(dtype), spec.fp32
+def durations(w: Work, spec: Spec, dtype: str, end: str = "conservative") -> pd.Series:
+    """New duration (µs) of every kernel the fix changes, by (correlation, start) (`apply` reads it).
+    `end` = "conservative" (the headline): kernels with shapes keep their distance from their roofline,
+    kernels without are taken as memory-bound (the operand widths' ratio); "optimistic" (the top of the
+    range): kernels with shapes reach their new roofline, kernels without gain the peak ratio."""
     m = w.matmuls
-    dur = m["dur"].to_numpy(dtype=float)
-    floor = np.minimum(dur, MIN_KERNEL_US)
-    e_large = LARGE_GEMM_EFFICIENCY[dtype]
-    flops = m["flops"].to_numpy(dtype=float)
-    known = np.isfinite(flops) & (flops > 0)
-    # known FLOPs: the fraction of a large GEMM's efficiency this kernel reached in fp32, kept on the matrix units
-    achieved = np.where(known, flops / np.maximum(dur, 1e-9) / 1e6, 0.0)  # TFLOP/s
-    relative = np.minimum(1.0, achieved / (fp32 * LARGE_GEMM_EFFICIENCY["fp32"]))
-    compute = np.where(known, flops / 1e6 / (peak * e_large * np.maximum(relative, 1e-3)), 0.0)
-    moved = np.array([(x[1] * x[2] + x[2] * x[3] + x[1] * x[3]) * x[0] if x else 0.0 for x in m["mkn"]], dtype=float)
-    memory = moved * OPERAND_BYTES[dtype] / (spec.memory_gbps * CAST_BANDWIDTH_EFFICIENCY * 1e3) if spec.memory_gbps else 0.0
-    e_unknown = e_large if efficiency == "large" else LOW_EFFICIENCY
-    ratio = dur * fp32 * LARGE_GEMM_EFFICIENCY["fp32"] / (peak * e_unknown)
-    new = np.where(known, np.maximum(compute, memory), ratio)
-    new = np.minimum(dur, np.maximum(new, floor))
-    out = pd.Series(new, index=_key(m))
+    out = pd.Series(kernel_durations(m, spec, dtype, end), index=_key(m))
     if dtype in AUTOCAST:
         if spec.memory_gbps:
             out = out + m["cast_bytes"].to_numpy(dtype=float) / (spec.memory_gbps * CAST_BANDWIDTH_EFFICIENCY * 1e3)
@@ -202,6 +190,43 @@ def durations(w: Work, spec: Spec, dtype: str, efficiency: str = "large") -> pd.
             out = pd.concat([out, pd.Series(np.maximum(d * AUTOCAST_MEMORY_FACTOR, np.minimum(d, MIN_KERNEL_US)),
                                             index=_key(mb))])
     return out[~out.index.duplicated()]
+
+
+def kernel_durations(matmuls: pd.DataFrame, spec: Spec, dtype: str, end: str = "conservative") -> np.ndarray:
+    """Each fp32 SIMT matmul kernel's duration in `dtype` (µs), bounded by its roofline on `spec`."""
+    dur = matmuls["dur"].to_numpy(dtype=float)
+    share = matmuls["share"].to_numpy(dtype=float) if "share" in matmuls else np.ones(len(dur))
+    new = np.empty(len(dur))
+    peak_s = roofline.peak_speedup(spec, dtype) or 1.0
+    blind = peak_s if end == "optimistic" else min(peak_s, roofline.unknown_shape_speedup(dtype))
+    predict = roofline.reached_us if end == "optimistic" else roofline.predicted_us
+    for i, (d, mkn, sh) in enumerate(zip(dur, matmuls["mkn"], share)):
+        mkn = tuple(mkn) if isinstance(mkn, (tuple, list)) else None
+        sh = sh if np.isfinite(sh) and sh > 0 else 1.0
+        # an op split over several kernels: each is bounded as its share of the op
+        t = predict(d / sh, mkn, spec, dtype) if mkn else None
+        new[i] = max(d / blind, min(d, MIN_KERNEL_US)) if t is None else t * sh
+    return np.minimum(dur, new)
+
+
+def limits(w: Work, spec: Spec, dtype: str) -> dict:
+    """What bounds the SIMT matmul time with known shapes once in `dtype`: the share of that time (%) whose
+    kernels are compute-, memory- or latency-bound, and the speed-up of that time, its bound's and the
+    peak ratio's."""
+    m = w.matmuls
+    known = m[[isinstance(x, (tuple, list)) for x in m["mkn"]]]
+    out = {"compute": 0.0, "memory": 0.0, "latency": 0.0}
+    if known.empty:
+        return {"limited_by_pct": out, "speedup": None, "peak_speedup": roofline.peak_speedup(spec, dtype)}
+    total = float(known["dur"].sum())
+    for d, mkn in zip(known["dur"].to_numpy(dtype=float), known["mkn"]):
+        b = roofline.attainable(tuple(mkn), spec, dtype)
+        if b is not None:
+            out[b.limiter] += d
+    new = kernel_durations(known, spec, dtype).sum()
+    peak = roofline.peak_speedup(spec, dtype)
+    return {"limited_by_pct": {k: round(100 * v / total, 1) for k, v in out.items()},
+            "speedup": round(total / new, 1) if new > 0 else None, "peak_speedup": round(peak, 1) if peak else None}
 
 
 def _key(frame: pd.DataFrame) -> pd.MultiIndex:

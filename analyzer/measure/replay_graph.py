@@ -179,7 +179,7 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
         _unexplained_starts(g, ops, launch_ts, latency, backlog)
 
     if not nx.is_directed_acyclic_graph(g):  # orderings we cannot see (clock skew, threads): drop the guesses
-        g.remove_edges_from([(u, v) for u, v, d in g.edges(data=True) if d["kind"] in ("wait", "dep", "alloc_wait")])
+        g.remove_edges_from([(u, v) for u, v, d in g.edges(data=True) if d["kind"] in ("wait", "dep", "alloc_wait", "unseen_dep")])
         for _, _, d in g.edges(data=True):
             d.pop("synced", None)  # a call's cost after a drain means nothing without the wait
 
@@ -381,6 +381,11 @@ def _unexplained_starts(g: nx.DiGraph, ops: pd.DataFrame, launch_ts: np.ndarray,
     c_launch = np.concatenate([launch_ts, np.full(len(backlog), -np.inf)])
     order = np.argsort(c_end, kind="stable")
     ends_sorted = c_end[order]
+    by_stream = {}
+    for st in np.unique(stream):
+        idx = np.flatnonzero(stream == st)
+        idx = idx[np.argsort(end[idx], kind="stable")]
+        by_stream[st] = (end[idx], idx)
     for k in np.flatnonzero(ts > earliest + slack_us):
         j = np.searchsorted(ends_sorted, ts[k] + 1.0, side="right") - 1
         tied = False
@@ -398,6 +403,16 @@ def _unexplained_starts(g: nx.DiGraph, ops: pd.DataFrame, launch_ts: np.ndarray,
                 d = g.edges[p, ("gs", int(k))]
                 if d["kind"] in ("launch", "stream"):
                     d["base"] += wait
+                    d["unseen"] = d.get("unseen", 0.0) + wait  # Scenario.unseen_scale acts on it
+            # with that wait gone (Scenario.unseen_scale), whatever it hid may have ordered the op after the
+            # work launched before it on the other streams: it follows the last such op that had ended by
+            # then on each (never earlier than the trace shows it could have)
+            for other, (o_end, o_idx) in by_stream.items():
+                if other == stream[k]:
+                    continue
+                j = np.searchsorted(o_end, ts[k], side="right") - 1
+                if j >= 0 and launch_ts[o_idx[j]] <= launch_ts[k]:
+                    g.add_edge(("ge", int(o_idx[j])), ("gs", int(k)), base=-np.inf, kind="unseen_dep")
 
 
 def _choose_window(model: TraceModel, metrics: Metrics):

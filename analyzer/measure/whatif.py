@@ -57,6 +57,10 @@ class Scenario:
     # cudaMalloc after a cudaFree waits for the device like cudaFree, and both do their driver work after
     # the drain (module docstring). Compare only with a baseline replayed the same way (`baseline_of`).
     alloc_syncs: bool = False
+    # × the GPU ops' waits for what the trace does not show (replay_graph: a queued op that started late with
+    # nothing on this GPU to wait for, such as another rank's signal): 0 removes them (every rank of an SPMD
+    # job fixed alike, host-sync)
+    unseen_scale: float = 1.0
 
 
 def baseline_of(scenario: Scenario) -> Scenario:
@@ -94,6 +98,7 @@ class Replay:
         e["op"] = np.array([d.get("op", -1) for _, _, d in edges], dtype=np.int64)
         # a call's own cost with allocator syncs on (its driver work after a drain the trace shows)
         e["synced"] = np.array([d.get("synced", d["base"]) for _, _, d in edges], dtype=np.float64)
+        e["unseen"] = np.array([d.get("unseen", 0.0) for _, _, d in edges], dtype=np.float64)
         gaps = [d.get("gap", (0.0, 0.0)) for _, _, d in edges]
         e["gap_a"] = np.array([a for a, _ in gaps], dtype=np.float64)
         e["gap_b"] = np.array([b for _, b in gaps], dtype=np.float64)
@@ -112,6 +117,11 @@ class Replay:
             if cand > dl[v]:
                 dl[v] = cand
         return float(max(dl[e["end"]], 0.0))
+
+    @property
+    def unseen_us(self) -> float:
+        """The replayed GPU ops' waits for what the trace does not show, µs in the window (replay_graph)."""
+        return float(self._edges["unseen"].sum()) if "unseen" in self._edges else 0.0
 
     def baseline_for(self, scenario: Scenario) -> float:
         """The baseline replayed in `scenario`'s mode (`baseline_us` for the default one)."""
@@ -174,6 +184,10 @@ def _weights(replay: Replay, s: Scenario) -> np.ndarray:
         gone = np.isin(e["call"], calls.index[mask].to_numpy())
         w[call & gone] = 0.0
         w[(wait | drain) & gone] = -np.inf
+    if s.unseen_scale != 1.0 and "unseen" in e:
+        held = e["unseen"] > 0
+        w[held] = np.maximum(0.0, w[held] - e["unseen"][held] * (1.0 - s.unseen_scale))
+        w[kind == "unseen_dep"] = 0.0  # the op still follows the work launched before it (replay_graph)
     if s.gpu_scale is not None:
         factor = np.asarray(s.gpu_scale(ops), dtype=np.float64)
         w[gpu] *= factor[e["op"][gpu]]
