@@ -170,3 +170,21 @@ def test_throttling_that_explains_part_of_a_drift_stands_beside_its_cause(drifts
     assert "dataloader-stall grew" in f.message and "not the code" not in f.message
     assert "makes GPU-bound work up to 40 % slower, at most 20 % of this drift" in f.message
     assert f.advice.startswith("Fix what grew: GA102") and "The GPU also throttled" in f.advice
+
+
+def test_a_straggler_on_a_throttled_gpu_is_named_with_its_clocks(tmp_path):
+    """A job of 3 ranks whose rank 1 is slower, every rank's telemetry beside its trace: rank 1's GPU hot
+    and throttled. (Even clocks add nothing: test_a_fall_needs_evidence_beyond_chance.)"""
+    from gpuadvise.fixtures.builder import job_folder
+
+    folder = job_folder(ranks=3, straggler=1, slowdown=1.4).write(tmp_path / "job")
+    for r in range(3):
+        hot = r == 1
+        write_telemetry(folder / f"telemetry.rank{r}.jsonl", range(12), sm_clock=lambda s, hot=hot: 1410 if hot else 1980,
+                        reasons=lambda s, hot=hot: 0x40 if hot else 0, temperature=lambda s, hot=hot: 89 if hot else 64)
+    (f,) = [f for f in analyze_paths([str(folder)], jobs=1).job.findings if f.topic == "straggler"]
+    assert f.rank == 1
+    assert "Rank 1's GPU ran at a median SM clock of 1410 MHz against 1980 MHz on the other ranks" in f.message
+    assert "hardware thermal slowdown" in f.message and "89 °C (the others 64 °C)" in f.message
+    assert f.advice.startswith("Rank 1's GPU: The GPU slows itself down") and "nvidia-smi -q -d PERFORMANCE" in f.advice
+    assert f.evidence.numbers["throttle_reasons"] == ["hardware thermal slowdown"]

@@ -80,6 +80,16 @@ class Throttling:
         """The clock's fall can account for at least half of the drift."""
         return self.share_of(drift_pct) >= 50.0
 
+    def rank_sentence(self, rank) -> str:
+        """A slow rank's GPU against the other ranks' (clock_gap), in one sentence."""
+        out = (f"Rank {rank}'s GPU ran at a median SM clock of {self.during_mhz:.0f} MHz against {self.before_mhz:.0f} MHz "
+               f"on the other ranks (−{self.fell_pct:.0f} %, NVML)")
+        if self.reasons:
+            out += f", with NVML reporting {', '.join(self.reasons)}"
+        if self.cause == "thermal" and self.during_temp_c is not None and self.before_temp_c is not None:
+            out += f" at {self.during_temp_c:.0f} °C (the others {self.before_temp_c:.0f} °C)"
+        return out + f": GPU-bound work runs up to {self.slowdown_pct:.0f} % slower there."
+
     def advice(self) -> str:
         """What to do about it: the machine, not the training script."""
         check = "Run `nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER` while it is slow: it lists the active throttle reasons."
