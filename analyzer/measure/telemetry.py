@@ -64,13 +64,7 @@ class Throttling:
         clock's fall explains it (at least half of it) or only part of it."""
         said = {"thermal": "thermal throttling", "power": "power throttling", "clocks": "the GPU's lower clock"}[self.cause]
         out = (f"The GPU's SM clock fell from a median {self.before_mhz:.0f} MHz to {self.during_mhz:.0f} MHz "
-               f"(−{self.fell_pct:.0f} %, NVML samples {self.samples[0]} vs {self.samples[1]})")
-        if self.reasons:
-            out += f" with NVML reporting {', '.join(self.reasons)}"
-        if self.cause == "thermal" and self.during_temp_c is not None and self.before_temp_c is not None:
-            out += f" at {self.during_temp_c:.0f} °C (was {self.before_temp_c:.0f} °C)"
-        if self.cause == "power" and self.during_power_w is not None and self.power_limit_w:
-            out += f" at {self.during_power_w:.0f} W of a {self.power_limit_w:.0f} W limit"
+               f"(−{self.fell_pct:.0f} %, NVML samples {self.samples[0]} vs {self.samples[1]})" + self._why(" ", "was"))
         if drift_pct is None or self.explains(drift_pct):
             return out + f": {said}, not the code, slowed the steps."
         return (out + f": {said} makes GPU-bound work up to {self.slowdown_pct:.0f} % slower, at most "
@@ -83,12 +77,17 @@ class Throttling:
     def rank_sentence(self, rank) -> str:
         """A slow rank's GPU against the other ranks' (clock_gap), in one sentence."""
         out = (f"Rank {rank}'s GPU ran at a median SM clock of {self.during_mhz:.0f} MHz against {self.before_mhz:.0f} MHz "
-               f"on the other ranks (−{self.fell_pct:.0f} %, NVML)")
-        if self.reasons:
-            out += f", with NVML reporting {', '.join(self.reasons)}"
-        if self.cause == "thermal" and self.during_temp_c is not None and self.before_temp_c is not None:
-            out += f" at {self.during_temp_c:.0f} °C (the others {self.before_temp_c:.0f} °C)"
+               f"on the other ranks (−{self.fell_pct:.0f} %, NVML)" + self._why(", ", "the others"))
         return out + f": GPU-bound work runs up to {self.slowdown_pct:.0f} % slower there."
+
+    def _why(self, sep: str, before: str) -> str:
+        """NVML's reasons, and the temperature (thermal) or the power against its limit (power)."""
+        out = f"{sep}with NVML reporting {', '.join(self.reasons)}" if self.reasons else ""
+        if self.cause == "thermal" and self.during_temp_c is not None and self.before_temp_c is not None:
+            out += f" at {self.during_temp_c:.0f} °C ({before} {self.before_temp_c:.0f} °C)"
+        if self.cause == "power" and self.during_power_w is not None and self.power_limit_w:
+            out += f" at {self.during_power_w:.0f} W of a {self.power_limit_w:.0f} W limit"
+        return out
 
     def advice(self) -> str:
         """What to do about it: the machine, not the training script."""

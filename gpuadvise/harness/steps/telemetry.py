@@ -22,6 +22,7 @@ The file is JSON lines. The first is a header; each other line one sample:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -124,12 +125,10 @@ class Telemetry:
         self.samples += 1
 
     def close(self) -> None:
-        if self._fh is not None:
-            try:
-                self._fh.close()
-            except OSError:
-                pass
-            self._fh = None
+        fh, self._fh = self._fh, None
+        if fh is not None:
+            with contextlib.suppress(OSError):
+                fh.close()
 
     def sample(self) -> dict:
         nvml, h = self.nvml, self.handle
