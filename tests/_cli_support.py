@@ -137,3 +137,36 @@ def tui_trace() -> TraceBuilder:
                 b.memory(-(128 << 20), allocated, 4 << 30)
     b.finish()
     return b
+
+
+def signal_when_ready(cmd: list[str], cwd: Path, how: str, env: dict, timeout: float = 300) -> tuple[int, str, str]:
+    """Start `cmd` in its own session; once its script prints "before wait" (inside a step), signal it the
+    way a terminal (Ctrl-C, `how="ctrl-c"`: SIGINT to the whole foreground process group) or a job
+    scheduler (SIGTERM to the process it started) would. Returns (exit code, stdout, stderr)."""
+    import signal
+
+    import pytest
+
+    with open(cwd / "stderr.txt", "wb") as err:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
+                                env=env, start_new_session=True)
+        try:
+            lines = []
+            for raw in proc.stdout:
+                lines.append(raw.decode())
+                if raw.startswith(b"before wait"):
+                    break
+            else:
+                proc.wait(timeout=timeout)
+                pytest.fail(f"the script ended before it was signalled: rc={proc.returncode} "
+                            f"{''.join(lines)} {(cwd / 'stderr.txt').read_text()}")
+            if how == "ctrl-c":
+                os.killpg(proc.pid, signal.SIGINT)
+            else:
+                os.kill(proc.pid, signal.SIGTERM)
+            rest, _ = proc.communicate(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return proc.returncode, "".join(lines) + rest.decode(), (cwd / "stderr.txt").read_text()

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from _cli_support import signal_when_ready
+
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.slow  # every test runs the real command
 
@@ -209,32 +211,8 @@ def test_exit_status_is_the_scripts(tmp_path, name):
 
 
 def _interrupt(cmd: list[str], cwd: Path, how: str) -> tuple[int, str, str]:
-    """Start cmd in its own session, wait for the script's "before wait" line, then signal it the way a
-    terminal (Ctrl-C: SIGINT to the whole foreground process group) or a job scheduler (SIGTERM to the
-    process it started) would."""
-    with open(cwd / "stderr.txt", "wb") as err:
-        proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
-                                env=_env(), start_new_session=True)
-        try:
-            lines = []
-            for raw in proc.stdout:
-                lines.append(raw.decode())
-                if raw.startswith(b"before wait"):
-                    break
-            else:
-                proc.wait(timeout=TIMEOUT)
-                pytest.fail(f"the script ended before it was signalled: rc={proc.returncode} "
-                            f"{''.join(lines)} {(cwd / 'stderr.txt').read_text()}")
-            if how == "ctrl-c":
-                os.killpg(proc.pid, signal.SIGINT)
-            else:
-                os.kill(proc.pid, signal.SIGTERM)
-            rest, _ = proc.communicate(timeout=TIMEOUT)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    return proc.returncode, "".join(lines) + rest.decode(), (cwd / "stderr.txt").read_text()
+    """Start `cmd`, signal it once its script prints "before wait" (_cli_support.signal_when_ready)."""
+    return signal_when_ready(cmd, cwd, how, _env(), TIMEOUT)
 
 
 @pytest.mark.parametrize("how, signum", [("ctrl-c", signal.SIGINT), ("sigterm", signal.SIGTERM)])

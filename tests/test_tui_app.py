@@ -8,7 +8,6 @@ of the safety of trace names on screen.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 
@@ -21,6 +20,7 @@ pytest.importorskip("textual")
 from rich.text import Text  # noqa: E402
 
 from _cli_support import tui_trace  # noqa: E402
+from _tui_support import run, settle  # noqa: E402
 from gpuadvise.analyzer.report import render  # noqa: E402
 from gpuadvise.analyzer.run.engine import analyze_paths  # noqa: E402
 from gpuadvise.fixtures.builder import TraceBuilder  # noqa: E402
@@ -39,17 +39,6 @@ from gpuadvise.tui.widgets.table_view import Column, TableView  # noqa: E402
 from gpuadvise.tui.widgets.timeline_view import TimelineView  # noqa: E402
 
 SIZE = (120, 36)
-
-
-def run(coro):
-    """Pilot tests are coroutines; run each in its own event loop (no pytest-asyncio needed)."""
-    return asyncio.run(coro)
-
-
-async def settle(pilot) -> None:
-    await pilot.pause()
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
 
 
 def memory_builder() -> TraceBuilder:
