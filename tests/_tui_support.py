@@ -21,6 +21,13 @@ async def settle(pilot) -> None:
     await pilot.pause()
 
 
+async def press(pilot, *keys: str):
+    """Press `keys`, let the app draw, and return the screen that is up then."""
+    await pilot.press(*keys)
+    await pilot.pause()
+    return pilot.app.screen
+
+
 def shown(screen, selector: str) -> str:
     """The plain text a Static shows (a rich Text, Table or Group), as it renders 200 columns wide."""
     from rich.console import Console

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("textual")
 
 from _compare_support import run_folder  # noqa: E402
-from _tui_support import run, settle, shown  # noqa: E402
+from _tui_support import press, run, settle, shown  # noqa: E402
 from gpuadvise.analyzer.compare import diff as cm  # noqa: E402
 from gpuadvise.analyzer.compare.load import load_side  # noqa: E402
 from gpuadvise.analyzer.report import compare as rc  # noqa: E402
@@ -80,12 +80,8 @@ def test_export_writes_markdown_and_charts(result, tmp_path):
         app = CompareApp(result=result, export_dir=tmp_path, cursor_blink=False)
         async with app.run_test(size=SIZE) as pilot:
             await settle(pilot)
-            await pilot.press("e")
-            await pilot.pause()
-            assert isinstance(app.screen, ExportScreen)
-            await pilot.press("enter")
-            await pilot.pause()
-            assert isinstance(app.screen, CompareScreen)
+            assert isinstance(await press(pilot, "e"), ExportScreen)
+            assert isinstance(await press(pilot, "enter"), CompareScreen)
         return app.last_export
 
     path = run(go())
@@ -100,12 +96,8 @@ def test_help_lists_the_compare_keys(result):
         app = CompareApp(result=result, cursor_blink=False)
         async with app.run_test(size=SIZE) as pilot:
             await settle(pilot)
-            await pilot.press("question_mark")
-            await pilot.pause()
-            assert isinstance(app.screen, CompareHelp)
-            await pilot.press("escape")
-            await pilot.pause()
-            assert isinstance(app.screen, CompareScreen)
+            assert isinstance(await press(pilot, "question_mark"), CompareHelp)
+            assert isinstance(await press(pilot, "escape"), CompareScreen)
 
     run(go())
 
