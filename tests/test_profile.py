@@ -322,19 +322,26 @@ def test_created_at_points_at_user_code_in_any_folder(tmp_path, folder):
 
 # -- 4. stepping without an optimizer -----------------------------------------------------------------
 def test_inference_loop_is_stepped_by_dataloader_batches(tmp_path):
-    copy_probe("infer.py", tmp_path)
-    proc = profile(["-q", "-o", "run", *WINDOW, "infer.py"], tmp_path)
+    model, steps, capture = _two_steps_captured("infer.py", tmp_path)
+    names = set(model.cpu["name"].astype(str))
+    assert {f"ProfilerStep#{s.number}" for s in steps} <= names
+    assert "DataLoader" in capture["step_source"]
+
+
+def _two_steps_captured(probe: str, tmp_path: Path):
+    """Profile probe script `probe` (it prints "done"): its window's trace holds two steps and run.json
+    says it was captured. Returns the trace's model, its steps and run.json's capture record."""
+    copy_probe(probe, tmp_path)
+    proc = profile(["-q", "-o", "run", *WINDOW, probe], tmp_path)
     assert proc.returncode == 0, show(proc)
     assert "done" in proc.stdout
     trace = tmp_path / "run" / "trace.pt.trace.json.gz"
     assert trace.is_file(), show(proc)
     model, steps = load_steps(trace)
     assert len(steps) == 2
-    names = set(model.cpu["name"].astype(str))
-    assert {f"ProfilerStep#{s.number}" for s in steps} <= names
     capture = run_json(tmp_path / "run")["capture"]
     assert capture["state"] == "captured"
-    assert "DataLoader" in capture["step_source"]
+    return model, steps, capture
 
 
 def test_manual_gpuadvise_step(tmp_path):
@@ -345,16 +352,7 @@ def test_manual_gpuadvise_step(tmp_path):
     plain = native(["-c", "import gpuadvise; gpuadvise.step(); gpuadvise.step(); print('ok')"], tmp_path)
     assert plain.returncode == 0 and plain.stdout == "ok\n", show(plain)
 
-    copy_probe("manual_step.py", tmp_path)
-    proc = profile(["-q", "-o", "run", *WINDOW, "manual_step.py"], tmp_path)
-    assert proc.returncode == 0, show(proc)
-    assert "done" in proc.stdout
-    trace = tmp_path / "run" / "trace.pt.trace.json.gz"
-    assert trace.is_file(), show(proc)
-    _, steps = load_steps(trace)
-    assert len(steps) == 2
-    capture = run_json(tmp_path / "run")["capture"]
-    assert capture["state"] == "captured"
+    _, _, capture = _two_steps_captured("manual_step.py", tmp_path)
     assert capture["step_source"] == "gpuadvise.step()"
 
 
