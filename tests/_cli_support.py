@@ -170,3 +170,24 @@ def signal_when_ready(cmd: list[str], cwd: Path, how: str, env: dict, timeout: f
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     return proc.returncode, "".join(lines) + rest.decode(), (cwd / "stderr.txt").read_text()
+
+
+# What a person reads must not be Python: outside code (names from the trace, the Fix's examples), no
+# repr of an empty list or table, no True/False/None, no snake_case key or unit suffix, no list, tuple or
+# dict syntax.
+PYTHON_REPRS = re.compile(r"\[\]|\{\}|\b(?:True|False|None)\b|_(?:pct|ms|us|gib|mib)\b|\b[a-z0-9]+(?:_[a-z0-9]+)+\b"
+                          r"|\[[^\]\n]*,[^\]\n]*\]|\(\s*-?\d[\d.]*\s*,\s*-?\d[\d.]*\s*\)|\{\s*'|'\w+'\s*:")
+
+
+def python_reprs(text: str) -> list[str]:
+    """The Python reprs in `text` as a reader sees it: markdown escapes undone, code left out."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"<(script|style|code|pre|svg)\b.*?</\1>", "", text, flags=re.S)
+    text = re.sub(r"<[^>]+>", " ", text).replace("\\", "")
+    text = re.sub(r"(`+).*?\1", "", text, flags=re.S)
+    return [m.group(0) for m in PYTHON_REPRS.finditer(text)]
+
+
+def evidence_parts(text: str) -> list[str]:
+    """Each finding's evidence in a rendered report: from its Evidence heading up to its Impact."""
+    return re.findall(r"Evidence(.*?)Impact", text, flags=re.S)

@@ -18,6 +18,7 @@ from gpuadvise.analyzer.model.report import all_findings
 from gpuadvise.analyzer.run.engine import analyze_paths
 from gpuadvise.analyzer.run.single import analyze_model, analyze_snapshot
 from gpuadvise.analyzer.model.findings import Evidence, Impact
+from _cli_support import evidence_parts, python_reprs
 from gpuadvise.analyzer.report import evidence
 from gpuadvise.analyzer.read.loader import load_trace
 from gpuadvise.analyzer.read.snapshot import load_snapshot
@@ -237,27 +238,6 @@ def test_findings_are_complete_and_sorted(rule, kind, fixture_reports):
                            b.impact.est_step_saving_pct >= f.impact.est_step_saving_pct for b in before if not b.impact.upper_bound)
 
 
-# What a person reads must not be Python: outside code (names from the trace, the Fix's examples), no
-# repr of an empty list or table, no True/False/None, no snake_case key or unit suffix, no list, tuple or
-# dict syntax.
-_REPRS = re.compile(r"\[\]|\{\}|\b(?:True|False|None)\b|_(?:pct|ms|us|gib|mib)\b|\b[a-z0-9]+(?:_[a-z0-9]+)+\b"
-                    r"|\[[^\]\n]*,[^\]\n]*\]|\(\s*-?\d[\d.]*\s*,\s*-?\d[\d.]*\s*\)|\{\s*'|'\w+'\s*:")
-
-
-def _python_in(text: str) -> list[str]:
-    """The Python reprs in `text` as a reader sees it: markdown escapes undone, code left out."""
-    text = re.sub(r"```.*?```", "", text, flags=re.S)
-    text = re.sub(r"<(script|style|code|pre|svg)\b.*?</\1>", "", text, flags=re.S)
-    text = re.sub(r"<[^>]+>", " ", text).replace("\\", "")
-    text = re.sub(r"(`+).*?\1", "", text, flags=re.S)
-    return [m.group(0) for m in _REPRS.finditer(text)]
-
-
-def _evidence_parts(text: str) -> list[str]:
-    """Each finding's evidence in a rendered report: from its Evidence heading up to its Impact."""
-    return re.findall(r"Evidence(.*?)Impact", text, flags=re.S)
-
-
 @pytest.mark.parametrize("rule", RULES, ids=IDS)
 def test_every_renderer_shows_the_evidence_in_words(rule, fixture_reports):
     """The rule's positive-fixture findings (a job rule's: its ranks' and the job's) in the text,
@@ -271,16 +251,16 @@ def test_every_renderer_shows_the_evidence_in_words(rule, fixture_reports):
 
     findings = list(fixture_reports(rule, "positive").findings)
     reports = [TraceReport(source="train", rank=None, model=None, metrics=None, findings=findings, kind="snapshot")]
-    shown = {"markdown": _evidence_parts(markdown.render(reports)),
-             "HTML": _evidence_parts(html_report.render(reports).split("<body", 1)[-1]),
-             "pane": [part for f in findings for part in _evidence_parts(finding_markdown(f))],
+    shown = {"markdown": evidence_parts(markdown.render(reports)),
+             "HTML": evidence_parts(html_report.render(reports).split("<body", 1)[-1]),
+             "pane": [part for f in findings for part in evidence_parts(finding_markdown(f))],
              # the terminal summary quotes a finding's source lines and its job-wide saving
              "text": [line for line in text.render(reports, top=len(findings)).splitlines()
                       if line.startswith(("   at ", "   on every rank"))]}
     assert len(shown["markdown"]) == len(shown["pane"]) == sum(1 for f in findings if _has_evidence(f.evidence))
     for name, parts in shown.items():
         for part in parts:
-            assert not _python_in(part), f"{rule.name} {name}: {_python_in(part)}\n{part}"
+            assert not python_reprs(part), f"{rule.name} {name}: {python_reprs(part)}\n{part}"
     for f, part in zip([f for f in findings if _has_evidence(f.evidence)], shown["pane"]):
         for key, value in f.evidence.numbers.items():  # every named number is shown, under its label
             assert evidence.named(key, value)[0] in part.replace("\\", ""), (key, part)

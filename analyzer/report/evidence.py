@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import re
 from numbers import Integral, Real
+from typing import Callable, NamedTuple
 
 # key → (label, unit): where a suffix cannot tell, or the words need care
 LABELS: dict[str, tuple[str, str]] = {
@@ -127,7 +128,18 @@ def _with_unit(text: str, unit: str) -> str:
     return f"{text}{unit}" if unit == "×" else f"{text} {unit}"
 
 
-def value(v, unit: str = "", key: str = "") -> str:
+class Style(NamedTuple):
+    """How text reaches the output: `words` for labels and prose values (markdown escapes them), `code`
+    for names from the trace or the code (`literal`: an op, a file:line)."""
+
+    words: Callable[[str], str] = str
+    code: Callable[[str], str] = str
+
+
+PLAIN = Style()
+
+
+def value(v, unit: str = "", key: str = "", style: Style = PLAIN) -> str:
     """A value in words with its unit (see the module docstring)."""
     if v is None:
         return "–"
@@ -138,44 +150,45 @@ def value(v, unit: str = "", key: str = "") -> str:
             return _bytes(float(v))
         return _with_unit(number(v), unit)
     if isinstance(v, str):
-        return v if v.strip() else "none"
+        return (style.code(v) if literal(v) else style.words(v)) if v.strip() else "none"
     if isinstance(v, dict):
         if not v:
             return "none"
-        return ", ".join(_pair(k, x, unit, key) for k, x in v.items())
+        return ", ".join(_pair(k, x, unit, key, style) for k, x in v.items())
     if isinstance(v, (list, tuple, set, frozenset)):
         v = list(v)
         if not v:
             return "none"
         if all(isinstance(x, dict) for x in v):
-            return "; ".join(_entry(x, unit) for x in v)
+            return "; ".join(_entry(x, unit, style) for x in v)
         if len(v) == 2 and "range" in key and all(isinstance(x, Real) and not isinstance(x, bool) for x in v):
             return _with_unit(f"{number(v[0])}–{number(v[1])}", unit)
         if key and _STEP_LISTS.search(key) and all(isinstance(x, Integral) and not isinstance(x, bool) for x in v):
             return ", ".join(f"#{int(x)}" for x in v)
         if unit and all(isinstance(x, Real) and not isinstance(x, bool) for x in v):
             return ", ".join(number(x) for x in v) + ("" if unit == "×" else " ") + unit
-        return ", ".join(value(x) for x in v)
-    return str(v)
+        return ", ".join(value(x, style=style) for x in v)
+    return style.words(str(v))
 
 
-def _pair(k, x, outer_unit: str, outer_key: str = "") -> str:
+def _pair(k, x, outer_unit: str, outer_key: str = "", style: Style = PLAIN) -> str:
     """One entry of a table: its own key's label and unit, else the table's unit ({"bf16": 91.2} under a
     `_pct` key is "bf16 91.2 %"; {"bf16": [85.6, 91.2]} under `saving_range_pct` "bf16 85.6–91.2 %")."""
     label, unit = label_and_unit(k)
     if not unit and not isinstance(x, (bool, str)):
         unit = outer_unit
-    text = value(x, unit, f"{outer_key}_{k}" if "range" in outer_key else str(k))
-    return f"{label} {text}" if label else text
+    text = value(x, unit, f"{outer_key}_{k}" if "range" in outer_key else str(k), style)
+    return f"{style.words(label)} {text}" if label else text
 
 
-def _entry(d: dict, unit: str) -> str:
+def _entry(d: dict, unit: str, style: Style = PLAIN) -> str:
     """One entry of a list of tables: its name first ("kernel launch calls: 0.01 ms per step, …")."""
     lead = next((k for k in _LEADS if isinstance(d.get(k), str) and d[k].strip()), None)
-    rest = ", ".join(_pair(k, x, unit) for k, x in d.items() if k != lead)
+    rest = ", ".join(_pair(k, x, unit, style=style) for k, x in d.items() if k != lead)
     if lead is None:
         return rest or "none"
-    return f"{d[lead]}: {rest}" if rest else d[lead]
+    name = value(d[lead], style=style)
+    return f"{name}: {rest}" if rest else name
 
 
 _LITERAL = re.compile(r"[_=`{}\[\]\\]|::|[A-Za-z]\.[A-Za-z]|\.py\b|/\w")
@@ -187,10 +200,10 @@ def literal(v) -> bool:
     return isinstance(v, str) and bool(_LITERAL.search(v))
 
 
-def named(key: str, v) -> tuple[str, str]:
-    """One named number of a finding's evidence: (label, value with unit)."""
+def named(key: str, v, style: Style = PLAIN) -> tuple[str, str]:
+    """One named number of a finding's evidence: (label, value with unit), both in `style`."""
     label, unit = label_and_unit(key)
-    return label, value(v, unit, key)
+    return style.words(label), value(v, unit, key, style)
 
 
 def column(key: str) -> str:

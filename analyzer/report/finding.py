@@ -30,9 +30,8 @@ def finding_lines(f: Finding, prefix: str = "", *, level: int = 3, pane: bool = 
         ev.append(f"{label('Where')} " + "; ".join(md(p) for p in placed) + " (from the trace's start)")
     if e.sources:
         ev.append(f"{label('Source')} " + ", ".join(md_code(s) for s in e.sources[:5]))
-    for key, v in e.numbers.items():
-        name, text = evidence.named(key, v)
-        ev.append(f"- {md(name)}: {md_code(text) if evidence.literal(v) else md(text)}")
+    style = evidence.Style(words=md, code=md_code)
+    ev += [f"- {name}: {text}" for name, text in (evidence.named(k, v, style) for k, v in e.numbers.items())]
     if pane and hint:
         ev += ["", hint]
     if ev or pane:
