@@ -7,7 +7,7 @@ alternating blocks of steps, the median step time of each.
 Pairs: gradient accumulation of 4 micro-batches without / with `no_sync()`; DDP with / without
 `find_unused_parameters=True` (a model that uses every parameter); rank 1 sleeping 30 ms per step / not.
 Rank 0 prints one line per pair: both medians (ms) and the saving 1 − fixed / before, the figure
-`gpuadvise profile` predicts on the profiled script (README, "Training on many GPUs").
+`gpuadvise profile` predicts on the profiled script (docs/jobs.md).
 """
 
 import argparse

@@ -1,6 +1,6 @@
 """gpuadvise: explains why PyTorch training leaves the GPU idle, and what to change.
 
-The public Python API (README, "From Python and notebooks"):
+The public Python API (docs/python-api.md):
 - `analyze(path_or_paths) -> Report`: the findings for a run folder, trace or snapshot;
 - `capture(out) -> Capture`: `with gpuadvise.capture("runs/exp1") as cap:` profiles a block of code;
 - `step()`: marks the end of an iteration under `gpuadvise profile`;

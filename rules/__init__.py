@@ -1,6 +1,6 @@
 """The rule catalog. Every module here that defines `RULE` is a rule; nothing else needs editing.
 
-`base` holds the contract (`Rule`, `JobRule`), `catalog` the catalog as data (README table, JSON),
+`base` holds the contract (`Rule`, `JobRule`), `catalog` the catalog as data (the docs' rule pages and table, JSON),
 `cli` the `rules` and `explain` commands; docs/rule-api.md is the guide for writing a rule.
 """
 

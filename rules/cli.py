@@ -10,14 +10,37 @@ from gpuadvise.analyzer.errors import EXIT_OK, InputError
 from . import all_rules, catalog, find_rule
 
 
-def rules_main(argv: list[str]) -> int:
+def build_rules_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuadvise rules", description="List every rule: code, name, title.")
     p.add_argument("--format", choices=("text", "markdown", "json"), default="text",
-                   help="text (one line a rule), markdown (the README's rule table) or json (everything a "
+                   help="text (one line a rule), markdown (the documentation's rule table) or json (everything a "
                         "script needs: code, name, topic, title, requires, thresholds, docs sections)")
     p.add_argument("--update", metavar="FILE",
                    help="with --format markdown: write the table into FILE between its rule-table markers")
-    args = p.parse_args(argv)
+    p.add_argument("--pages", metavar="DIR",
+                   help="write the documentation: one page per rule from its docstring into DIR (docs/rules), "
+                        "the table into DIR/index.md and the rules' entries into the site's mkdocs.yml nav")
+    return p
+
+
+def build_explain_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpuadvise explain", description="Show what a rule detects, why it matters, "
+                                                                     "the fix and its thresholds.")
+    p.add_argument("rule", metavar="RULE", help="rule code (GA102) or name (dataloader-stall)")
+    return p
+
+
+def rules_main(argv: list[str]) -> int:
+    args = build_rules_parser().parse_args(argv)
+    if args.pages:
+        try:
+            changed = catalog.write_pages(args.pages)
+        except FileNotFoundError:
+            raise InputError(args.pages, "no such folder") from None
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise InputError(args.pages, str(exc)) from None
+        print(f"{args.pages}: rule pages {'updated: ' + ', '.join(changed) if changed else 'already up to date'}")
+        return EXIT_OK
     if args.update:
         if args.format != "markdown":
             raise InputError(None, "--update writes the markdown table: use it with --format markdown")
@@ -41,10 +64,7 @@ def rules_main(argv: list[str]) -> int:
 
 
 def explain_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="gpuadvise explain", description="Show what a rule detects, why it matters, "
-                                                                     "the fix and its thresholds.")
-    p.add_argument("rule", metavar="RULE", help="rule code (GA102) or name (dataloader-stall)")
-    key = p.parse_args(argv).rule
+    key = build_explain_parser().parse_args(argv).rule
     rule = find_rule(key)
     if rule is None:
         known = ", ".join(r.name for r in all_rules())

@@ -2,7 +2,9 @@
 
 ## What it detects
 Steps in the whole run's step record that take at least twice the level of the steps around them (the
-median of K), and 1 ms more, recurring at one distance N: most of the steps N apart hold one. The window
+median of K), and 1 ms more, recurring at one distance N beyond chance: most of the steps N apart hold
+one, and a hypergeometric test (analyzer/model/recurrence.py) puts the chance of as many at one period,
+were they placed at random, under 1 % over every period and first step that could have been tested. The window
 that recorded one of them (`--when-slower` places a window on the next predicted stall; `--every` and
 `--on-signal` windows may hold one too) names it by what its extra time went to, against the window's
 other steps: an evaluation (model forward ops with no backward), data loading (a new epoch's DataLoader
@@ -27,9 +29,9 @@ torch.distributed.checkpoint.async_save(state_dict, checkpoint_id=path)  # or sa
 ```
 
 ## Thresholds
-A stall is at least 2× its level and 1 ms longer; it must recur at least 3 times at one distance N and
-cover at least 60 % of the unprofiled steps of its residue class, and cost at least 1 % of the run's
-time. The predicted saving is that cost: the stall's median extra time over the time of N steps with one
+A stall is at least 2× its level and 1 ms longer; it must recur at least 3 times at one distance N,
+cover at least 60 % of the unprofiled steps of its residue class from the first one, be beyond chance
+(p < 1 %), and cost at least 1 % of the run's time. The predicted saving is that cost: the stall's median extra time over the time of N steps with one
 stall in them (an upper bound: moving the work elsewhere keeps part of it).
 """
 
@@ -94,9 +96,10 @@ class PeriodicStall(RunRule):
 
     @staticmethod
     def _window(a: RunAnalysis, st):
-        """A window whose trace holds a step of the stall's residue class that its analysis found slow."""
+        """A window whose trace holds a step of the stall's residue class that its analysis found slow: the
+        window placed on a stall first (another window's slow step of that class may be another pause)."""
         phase = st.steps[0] % st.period
-        for w in a.captured():
+        for w in sorted(a.captured(), key=lambda w: (w.trigger != "stall", w.index)):
             fig = w.report.figures
             for s in fig.slow_steps if fig is not None else []:
                 if s["step"] % st.period == phase:

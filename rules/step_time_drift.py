@@ -2,9 +2,12 @@
 
 ## What it detects
 The whole run's step times (the step record `gpuadvise profile` writes for every step, profiled or not)
-rise from their early level to a slower one and stay there: the median of K steps around a point (K =
-`--slower-steps`, 20 by default) against the median of the first K unprofiled steps. The drift began at
-the first step whose level is a quarter of the way up (the step of a jump), and lasted to the last one.
+rise from their early level to a slower one, beyond chance (a CUSUM test at 1 %, stalls and a warm-up
+left out; analyzer/measure/changepoints.py). The drift's shape is a step (a new level), a climb (linear)
+or a faster climb (exponential); it began where the series left its early level (the step of a jump, the
+start of a climb's trend), and lasted to the step before it came back, if it did. The early level is the
+median of the unprofiled steps before the onset, the slow one the median of the new level (a step) or of
+a climb's last K steps (K = `--slower-steps`, 20 by default).
 When a window recorded the slow steps (`--when-slower`, `--on-signal`, `--every`), it is compared with
 window 1 as `gpuadvise compare` compares two runs, and the finding names what changed: the findings that
 appeared or grew, the part of the step that grew (DataLoader wait, compute, sync, …), the op that grew most.
@@ -30,8 +33,8 @@ history.append(loss.item())                                      # e.g. a growin
 ```
 
 ## Thresholds
-Fires when the slow level is at least 15 % and 0.5 ms above the early level, with at least 2·K unprofiled
-steps recorded. A finding counts as grown when its predicted saving rose by 5 percentage points between
+Fires when a rise is beyond chance (the CUSUM test's p < 1 %) and the slow level is at least 15 % and
+0.5 ms above the early level, with at least 2·K unprofiled steps recorded. A finding counts as grown when its predicted saving rose by 5 percentage points between
 the windows; an op is named when its time per step grew by a tenth of the drift. The predicted saving is
 the share of a slow step the drift costs, 1 − early / slow, for the steps from the start of the drift on
 (an upper bound: the steps return to the early level when the cause is fixed). Severity follows it.
@@ -53,6 +56,7 @@ from .base import RunRule
 
 LOADER = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
 # the parts of the step compare's breakdown splits (GPU idle is what the others leave, not a cause)
+SHAPES = {"step": "jumped", "climb": "climbed steadily", "faster climb": "climbed ever faster"}
 PARTS = {"dataloader": "DataLoader wait", "kernel": "GPU compute", "comm": "communication", "memcpy": "copies",
          "sync": "sync wait"}
 
@@ -72,9 +76,11 @@ class StepTimeDrift(RunRule):
         last = a.record.last_step
         span = f"from step {lv.began_at} on" if lv.until is None or last is None or lv.until >= last - lv.k else \
             f"from step {lv.began_at} to step {lv.until}"
-        message = (f"The step time drifted from a median {lv.early_ms:.2f} ms (steps {lv.early_steps[0]}–"
-                   f"{lv.early_steps[1]}) to {lv.slow_ms:.2f} ms (+{lv.change_pct:.0f} %, the median of {lv.k} steps "
-                   f"around step {lv.slow_at}) {span}.")
+        shape = SHAPES.get(lv.shape, lv.shape)
+        slow_steps = lv.slow_steps or (lv.slow_at, lv.slow_at)
+        message = (f"The step time {shape} from a median {lv.early_ms:.2f} ms (steps {lv.early_steps[0]}–"
+                   f"{lv.early_steps[1]}) to {lv.slow_ms:.2f} ms (+{lv.change_pct:.0f} %, the median of steps "
+                   f"{slow_steps[0]}–{slow_steps[1]}) {span}.")
         first, slow = a.window(1), self._slow_window(a, lv)
         cmp = a.comparisons.get(slow.index) if slow is not None else None
         items: list[dict] = []
@@ -106,13 +112,15 @@ class StepTimeDrift(RunRule):
             items=items,
             numbers={"early_ms": round(lv.early_ms, 3), "slow_ms": round(lv.slow_ms, 3),
                      "drift_pct": round(lv.change_pct, 1), "began_at_step": lv.began_at, "until_step": lv.until,
-                     "late_ms": round(lv.late_ms, 3), "k": lv.k, "statistic": f"median of {lv.k} steps",
+                     "late_ms": round(lv.late_ms, 3), "k": lv.k, "shape": lv.shape,
+                     "statistic": f"median of steps {slow_steps[0]}–{slow_steps[1]}",
+                     "chance": float(f"{lv.p_value:.2g}") if lv.p_value is not None else None,
                      "slow_window": slow.index if slow is not None else None,
                      "explained_by": lead["rule"] if lead else None,
                      **(throttled.numbers() | {"clock_share_of_drift_pct": round(throttled.share_of(lv.change_pct), 1)}
                         if throttled is not None else {})})
         basis = (f"the steps from step {lv.began_at} on at the early median ({lv.early_ms:.2f} ms) instead of the "
-                 f"slow one ({lv.slow_ms:.2f} ms): the step record's unprofiled steps, medians of {lv.k}")
+                 f"slow one ({lv.slow_ms:.2f} ms): the step record's unprofiled steps")
         f = self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice)
         f.impact.upper_bound = True  # the drift's cost; its cause's fix is the finding it names
         return [f]

@@ -74,7 +74,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 # -- the `slow` mark ----------------------------------------------------------------------------------
-# `python -m pytest -m "not slow"` is the quick subset (README, "Tests"). A test that starts a Python (the
+# `python -m pytest -m "not slow"` is the quick subset (docs/contributing.md). A test that starts a Python (the
 # real command, a training script: a second or several each) must be marked slow, or it fails here: an
 # audit hook counts the Pythons that subprocess starts, from the test's setup (its module-scoped fixtures
 # included) to its teardown.
@@ -107,5 +107,5 @@ def pytest_runtest_teardown(item, nextitem):
     started = _PYTHONS_STARTED[0] - item.stash.get(_STARTED_BEFORE, _PYTHONS_STARTED[0])
     if started and item.get_closest_marker("slow") is None:
         pytest.fail(f"{item.nodeid} starts {started} Python process(es): mark it @pytest.mark.slow "
-                    "(README, Tests)", pytrace=False)
+                    "(docs/contributing.md)", pytrace=False)
 

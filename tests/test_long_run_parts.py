@@ -157,6 +157,17 @@ def test_windows_never_overlap_and_automatic_ones_are_capped():
     assert [w.index for w in plan.windows] == [1, 2, 3] and plan.phase(18) == "active" and plan.phase(21) is None
 
 
+def test_the_schedule_leaves_the_last_windows_to_evidence():
+    # --every 20 and --when-slower with --max-windows 4: the schedule gets two, a new level and a stall the rest
+    plan = Plan(first_start=2, warmup=1, active=2, earliest_later=6, max_auto=4, kept_for_evidence=2)
+    every = [plan.add(k + 1, k=k, trigger="every", automatic=True) for k in (20, 40, 60, 80)]
+    assert [w is not None for w in every] == [True, True, False, False]
+    assert "kept for --when-slower" in plan.notes[0]
+    assert plan.add(91, k=90, trigger="slower", automatic=True) is not None
+    assert plan.add(111, k=110, trigger="stall", automatic=True) is not None
+    assert plan.add(131, k=130, trigger="stall", automatic=True) is None  # the cap still holds
+
+
 def test_the_schedule_follows_every_window():
     pytest.importorskip("torch")
     from torch.profiler import ProfilerAction as A
@@ -169,8 +180,8 @@ def test_the_schedule_follows_every_window():
 
 # -- run-level measures --------------------------------------------------------------------------------------
 
-def _analysis(tmp_path, ms: dict[int, float], k: int = 10) -> RunAnalysis:
-    path = tmp_path / "steps.jsonl"
+def _analysis(tmp_path, ms: dict[int, float], k: int = 10, name: str = "steps.jsonl") -> RunAnalysis:
+    path = tmp_path / name
     rec = StepRecord(path, flush_s=1e9)
     for n, v in sorted(ms.items()):
         rec.add(n, "after", v, None)
@@ -179,10 +190,13 @@ def _analysis(tmp_path, ms: dict[int, float], k: int = 10) -> RunAnalysis:
 
 
 def test_a_jump_is_dated_to_its_step_and_a_ramp_to_where_it_took_off(tmp_path):
-    jump = _analysis(tmp_path, {n: 2.0 if n < 70 else 5.0 for n in range(1, 150)}).levels
-    assert jump.began_at == 70 and jump.early_ms == 2.0 and jump.slow_ms == 5.0
-    ramp = _analysis(tmp_path, {n: 2.0 if n < 50 else 2.0 + 0.05 * (n - 50) for n in range(1, 150)}).levels
-    assert 50 < ramp.began_at < 80 and ramp.until == 149
+    jump = _analysis(tmp_path, {n: 2.0 if n < 70 else 5.0 for n in range(1, 150)}, name="jump.jsonl").levels
+    assert jump.began_at == 70 and jump.early_ms == 2.0 and jump.slow_ms == 5.0 and jump.shape == "step"
+    ramp = _analysis(tmp_path, {n: 2.0 if n < 50 else 2.0 + 0.05 * (n - 50) for n in range(1, 150)},
+                     name="ramp.jsonl").levels
+    # the climb left its early level at step 50, not where it crossed a threshold; it never came back
+    assert abs(ramp.began_at - 50) <= 2 and ramp.shape == "climb" and ramp.until is None
+    assert ramp.early_ms == 2.0 and ramp.slow_steps[1] == 149
 
 
 def test_a_level_reaches_only_steps_nearby():
@@ -205,3 +219,51 @@ def test_compare_reads_a_long_run_by_its_first_window(tmp_path):
     assert not any("traces" in w for w in cmp["warnings"])  # window 2 is not a second rank
     still = {f["rule"] for f in cmp["findings"]["still_there"]}
     assert "GA160" in still  # the run-level finding is compared like any other
+
+
+# -- windows over the run: their own regime, and each finding once -------------------------------------------
+
+def _straddling_run(tmp_path):
+    from gpuadvise.fixtures.longrun import RunFolder, Window, trace_for
+
+    ms = {n: 2.0 if n < 60 else 6.0 for n in range(1, 131)}  # the step jumps at step 60
+    w1, w2 = Window(1, "schedule", start=3), Window(2, "slower", start=58)  # window 2 records steps 59–61
+    for w in (w1, w2):
+        b = trace_for(w)
+        for _ in range(3):
+            with b.step():
+                b.cpu("aten::addmm", 1_500.0)
+        w.trace = b
+    return RunFolder(ms, [w1, w2]).write(tmp_path / "run")
+
+
+def test_a_window_straddling_the_change_is_measured_against_its_own_side(tmp_path):
+    from gpuadvise.analyzer.run.engine import analyze_paths
+
+    reports = analyze_paths([str(_straddling_run(tmp_path))], jobs=1)
+    w2 = next(r for r in reports if "trace.w2" in r.source)
+    # its neighbours: ten steps of 2 ms before the jump, nine of 6 ms after; its recorded steps mostly after
+    # (the jump fell in steps the window hid: placed between the last step seen before it and the first after)
+    facts = reports.facts[w2.source]["steps"]
+    assert facts["unprofiled_median_ms"] == 6.0 and "after the change at step 63 (between steps 57 and 63)" in facts["regime"]
+    assert facts["overhead_x"] == 1.0  # not "the profiler made the steps 3× slower"
+    run = reports.long_runs[0]
+    assert [w["level_ms"] for w in run.summary["windows"]] == [2.0, 6.0]
+
+
+def test_a_finding_in_every_window_is_stated_once_with_the_windows_it_holds_in(tmp_path):
+    from gpuadvise.analyzer.model.report import all_findings
+    from gpuadvise.analyzer.run.engine import analyze_paths
+    from gpuadvise.rules import find_rule
+
+    folder = find_rule("step-time-drift").positive().write(tmp_path / "run")
+    reports = analyze_paths([str(folder)], jobs=1)
+    found = [f for f in all_findings(reports) if f.rule != "GA160"]
+    assert len(found) == len({(f.rule, f.topic) for f in found})  # each cause once
+    loader = next(f for f in found if f.topic == "dataloader-stall")
+    # kept where its fix saves most (window 2, the slow steps), saying where else it holds and how it grew
+    assert "trace.w2" in loader.trace and "Windows 1, 2 of this run show it" in loader.message
+    assert "from 5 % in window 1 to 70 % in window 2" in loader.message
+    causes = {c["topic"]: c for c in reports.long_runs[0].summary["causes"]}
+    assert [w["index"] for w in causes["dataloader-stall"]["windows"]] == [1, 2]
+    assert causes["dataloader-stall"]["kept_in"] == 2

@@ -2,9 +2,10 @@
 on a periodic stall, every N steps, on a signal and on `gpuadvise trigger`, a crash mid-run, and what
 `gpuadvise analyze` says over the run (drift, periodic stall, memory growth).
 
-Three runs of `gpuadvise profile`, each shared by the tests that read it:
+Four runs of `gpuadvise profile`, each shared by the tests that read it:
 - a loader that slows down from a given step (a cache that stops fitting), under `--when-slower` and
   `--every`;
+- a jittery loop whose host work grows every step from a given step (a climb), under `--when-slower`;
 - a loop that evaluates every 10 steps and keeps a tensor from every step, pausing three times for the test
   to send a signal, run `gpuadvise trigger`, and `gpuadvise trigger --file` (at steps whose windows cannot
   overlap the one the stall gets, wherever the watch places it), then crashing;
@@ -88,7 +89,7 @@ for i in range(1000):
         with torch.no_grad():
             for _ in range(100):
                 model(val)
-    if i in (21, 61, 69):
+    if i in (21, 61, 67):
         pause(f"pause{i}")
     if i == 78:
         raise RuntimeError("crashed at iteration 78")
@@ -212,7 +213,7 @@ def drift_doc(drift_run):
 def test_analyze_reports_the_drift_where_it_began_and_what_grew(drift_run, drift_doc):
     doc = drift_doc
     (over,) = doc["long_runs"]
-    assert abs(over["levels"]["began_at"] - SLOW_FROM) <= 3
+    assert abs(over["levels"]["began_at"] - SLOW_FROM) <= 3 and over["levels"]["shape"] == "step"
     drift = _finding(doc, "step-time-drift")
     n = drift["evidence"]["numbers"]
     assert abs(n["began_at_step"] - SLOW_FROM) <= 3 and n["slow_ms"] > 2 * n["early_ms"]
@@ -231,6 +232,62 @@ def test_markdown_draws_the_step_time_over_the_run(drift_run, tmp_path):
     assert "## Over the run" in text and "![Step time over the run](report-run.svg)" in text
     svg = (tmp_path / "report-run.svg").read_text()
     assert svg.startswith("<svg") and "w2" in svg and "the rise began at step" in svg
+
+
+# ------------------------------------------------------------------------------------------------------
+# A noisy loop whose host work grows every step from a given step on (a history scanned in full)
+
+CLIMB_FROM = 60
+CLIMB = """
+import random, sys, time
+import torch
+
+torch.set_num_threads(1)
+random.seed(0)
+model = torch.nn.Linear(16, 16)
+history = []
+for i in range(int(sys.argv[1])):
+    model(torch.randn(4, 16)).sum().backward()
+    step = i + 1
+    grown = 0.0004 * max(0, step - int(sys.argv[2]))  # 0.4 ms more every step: a list scanned in full
+    time.sleep(0.006 + random.uniform(0, 0.004) + grown)  # 6-10 ms: host jitter, no stall, no period
+"""
+
+
+@pytest.fixture(scope="module")
+def climb_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("climb")
+    _write(d, "train.py", CLIMB)
+    proc = _gpuadvise("profile", "-q", "-o", "RUN", "--wait", 3, "--warmup", 1, "--active", 3, "--when-slower", 50,
+                      "--slower-steps", 20, "train.py", 140, CLIMB_FROM, cwd=d)
+    assert proc.returncode == 0, proc.stderr
+    from gpuadvise.analyzer.report.json import render
+    from gpuadvise.analyzer.run.engine import analyze_paths
+
+    return d / "RUN", json.loads(render(analyze_paths([str(d / "RUN")], jobs=1)))  # what --format json prints
+
+
+def test_a_noisy_loop_gets_no_window_until_its_climb_is_established(climb_run):
+    run, _ = climb_run
+    later = _windows(run)[1:]
+    # the jittery steady part asks for none; the climb asks once its new level is established
+    assert later and all(w["trigger"] == "slower" for w in later), later
+    assert all(w["steps"][0] > CLIMB_FROM + 10 for w in later) and len(later) <= 3
+    assert "the new level is established" in later[0]["detail"] and "sign test" in later[0]["detail"]
+
+
+def test_a_climb_is_dated_where_it_left_the_early_level(climb_run):
+    _, doc = climb_run
+    (over,) = doc["long_runs"]
+    lv = over["levels"]
+    # ±10 steps (6 % of the run) on a busy machine; a threshold put it where the level crossed a quarter
+    assert lv["shape"] in ("climb", "faster climb") and abs(lv["began_at"] - CLIMB_FROM) <= 10, lv
+    drift = _finding(doc, "step-time-drift")
+    assert drift["evidence"]["numbers"]["began_at_step"] == lv["began_at"] and "climbed" in drift["message"]
+    assert not [f for f in doc["findings"] if f["topic"] == "periodic-stall"]
+    # a finding every window shows (a CPU run: no GPU verdict) is stated once
+    topics = [(f["rule"], f["topic"]) for f in doc["findings"]]
+    assert len(topics) == len(set(topics)), topics
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -261,9 +318,9 @@ def stall_run(tmp_path_factory):
         _wait_for(d / "pause61.ready", proc)  # gpuadvise trigger: the run folder's recorded pid, signalled
         triggers["signal"] = _gpuadvise("trigger", "RUN", cwd=d)
         (d / "pause61.go").touch()
-        _wait_for(d / "pause69.ready", proc)  # gpuadvise trigger --file: a request line, read at a step boundary
+        _wait_for(d / "pause67.ready", proc)  # gpuadvise trigger --file: a request line, read at a step boundary
         triggers["file"] = _gpuadvise("trigger", "RUN", "--file", cwd=d)
-        (d / "pause69.go").touch()
+        (d / "pause67.go").touch()
         _, err = proc.communicate(timeout=TIMEOUT)
     finally:
         if proc.poll() is None:
@@ -294,11 +351,11 @@ def test_a_signal_and_trigger_requests_each_record_a_window(stall_run):
     by = {}
     for w in _windows(run):
         by.setdefault(w["trigger"], []).append(w)
-    # the pauses are in steps 22, 62 and 70 (clear of the windows a stall every 10 steps gets): a signal
+    # the pauses are in steps 22, 62 and 68 (none an evaluation step, which a stall window records): a signal
     # records from the second step after it, a request line from the second after the boundary that reads it
     # (every 4th, 72; or sooner, when the rank posts a request of its own and reads the file at once)
     assert [w["steps"][0] for w in by["signal"]] == [25, 65]
-    assert len(by["trigger file"]) == 1 and 72 <= by["trigger file"][0]["steps"][0] <= 74
+    assert len(by["trigger file"]) == 1 and 70 <= by["trigger file"][0]["steps"][0] <= 75
     lines = [json.loads(x) for x in (run / "capture-requests.jsonl").read_text().splitlines()]
     assert [x["trigger"] for x in lines].count("trigger file") == 2  # the request, and the step a rank gave it
 
@@ -311,7 +368,7 @@ def stall_doc(stall_run):
 def test_a_periodic_stall_is_recorded_found_and_named(stall_run, stall_doc):
     run, *_ = stall_run
     stall = [w for w in _windows(run) if w["trigger"] == "stall"]
-    assert len(stall) == 1 and "a stall every 10 steps" in stall[0]["detail"]
+    assert len(stall) == 1 and "a stall every 10 steps, beyond chance" in stall[0]["detail"]
     predicted = int(re.search(r"recording the next one \(step (\d+)\)", stall[0]["detail"]).group(1))
     first, last = stall[0]["steps"]
     assert predicted % 10 == 0 and first < predicted < last  # an evaluation step, inside the recorded steps

@@ -133,7 +133,7 @@ def test_overview_of_a_long_run_draws_its_step_time(tmp_path):
         async with app.run_test(size=SIZE) as pilot:
             await settle(pilot)
             facts = str(app.screen.query_one("#facts").render())
-            assert "the rise began at step 60" in facts and "Window     1 of 2: schedule" in facts
+            assert "a step up from step 60" in facts and "Window     1 of 2: schedule" in facts
             bars = next(x for x in facts.splitlines() if x.startswith("Step time")).split()[2]
             # 2 ms steps, then 6 ms from step 60: on one scale from 0, the end's bars stand far higher
             assert len(set(bars[:20])) == len(set(bars[-20:])) == 1 and "▁▂▃▄▅▆▇█".index(bars[-1]) >= 2 * "▁▂▃▄▅▆▇█".index(bars[0])

@@ -3,13 +3,13 @@ input (`RunAnalysis`, `requires = ("run",)`; docs/rule-api.md section 9).
 
 - The **series**: the unprofiled steps' times (model/steprecord.py: no profiler, no step right after a
   window), then one point per bucket of the bucketed range (its median, at its middle step).
-- **Levels**: the early level is the median of the first K points, a point's level the median of the
-  points within K/2 steps of it (a stall in every other step does not move it; a profiled window's gap
-  does not pull in steps far away), the slow level the highest of those; a drift began at the first step
-  whose level is a quarter of the way from the early level to the slow one (for a jump: the step of the
-  jump), and lasted to the last such step.
-- **Periodic stalls**: points well above their level that recur at one distance N (the residue class
-  mod N that holds most of them, where they cover most of its steps).
+- **Levels** (measure/changepoints.py): the series' first lasting rise beyond chance (a CUSUM test, then
+  step, linear-climb and exponential-climb fits; a warm-up is left out): its onset, shape and, when the
+  series came back down, its last step. The early level is the median of the steps before the onset
+  (after any warm-up), the slow level the new regime's median (a step) or its last K points' (a climb).
+- **Periodic stalls**: points at least `min_x` times the median of the points within K/2 steps and
+  `min_excess_ms` above it, recurring at one distance N beyond chance (a hypergeometric test over every
+  period and first step that could have been tested).
 - **Memory**: the CUDA allocator's allocated bytes where the run used a GPU, else the process's resident
   memory, sampled every few steps: its slope (the median of the pairwise slopes, robust to a few jumps)
   and how often it rose between samples.
@@ -26,21 +26,26 @@ import numpy as np
 
 from gpuadvise.analyzer.model.steprecord import StepRecord
 
+from .changepoints import Change, find_change, local_level, periodic, stall_steps
+
 DEFAULT_K = 20
-BEGAN_FRACTION = 0.25  # of the way from the early level to the slow one
 
 
 @dataclass(frozen=True)
 class Levels:
     k: int  # points in each median
-    early_ms: float
+    early_ms: float  # the median of the steps before the onset (the first K without one), after any warm-up
     early_steps: tuple[int, int]
-    slow_ms: float  # the highest level (median of K points)
-    slow_at: int  # the step it is centred on
+    slow_ms: float  # the raised regime's median: a step's whole regime, a climb's last K points
+    slow_at: int  # the step the raised level is centred on
     late_ms: float  # the median of the last K points
     late_steps: tuple[int, int]
-    began_at: int | None  # None when the slow level is the early one
-    until: int | None  # the last step at the raised level
+    began_at: int | None  # the onset of a rise beyond chance; None when there is none
+    until: int | None  # the last step at the raised level, when the series came back down
+    shape: str = "steady"  # changepoints.Change.shape: steady, step, climb, faster climb, speed-up
+    slow_steps: tuple[int, int] | None = None  # the steps slow_ms is the median of
+    warmup_until: int | None = None  # the last step of a warm-up left out
+    p_value: float | None = None  # of the CUSUM test: the chance of so large a change in a steady series
 
     @property
     def change_pct(self) -> float:
@@ -54,6 +59,7 @@ class Stall:
     expected: int  # steps of that residue class the series holds
     base_ms: float  # the median level of the steps around them
     excess_ms: float  # median extra time of a stall over its level
+    p_value: float = 0.0  # the chance of as many stalls at one period when they fall at random
 
     @property
     def share_pct(self) -> float:
@@ -125,53 +131,51 @@ class RunAnalysis:
         return nearby_median(steps, ms, self.k // 2)
 
     @cached_property
+    def change(self) -> Change:
+        steps, ms = self.series
+        return find_change(steps, ms, k=self.k)
+
+    @cached_property
     def levels(self) -> Levels | None:
         steps, ms = self.series
         k = self.k
         if len(ms) < 2 * k:
             return None
-        level = self.level
-        early = float(np.median(ms[:k]))
-        i = int(np.argmax(level))
-        slow = float(level[i])
-        began = until = None
-        if slow > early:
-            raised = np.flatnonzero(level >= early + BEGAN_FRACTION * (slow - early))
-            if len(raised):
-                began, until = int(steps[raised[0]]), int(steps[raised[-1]])
-        return Levels(k=k, early_ms=early, early_steps=(int(steps[0]), int(steps[k - 1])), slow_ms=slow,
-                      slow_at=int(steps[i]), late_ms=float(np.median(ms[-k:])),
-                      late_steps=(int(steps[-k]), int(steps[-1])), began_at=began, until=until)
+        c = self.change
+        start = int(np.searchsorted(steps, c.warmup_until, side="right")) if c.warmup_until is not None else 0
+        late = (int(steps[-k]), int(steps[-1]))
+        late_ms = float(np.median(ms[-k:]))
+        common = dict(k=k, late_ms=late_ms, late_steps=late, shape=c.shape, warmup_until=c.warmup_until,
+                      p_value=c.p_value)
+        if not c.is_drift or c.onset is None:
+            stop = min(len(ms), start + k)
+            early = float(np.median(ms[start:stop]))
+            return Levels(early_ms=early, early_steps=(int(steps[start]), int(steps[stop - 1])), slow_ms=early,
+                          slow_at=int(steps[start]), began_at=None, until=None, **common)
+        onset = int(np.searchsorted(steps, c.onset))
+        end = int(np.searchsorted(steps, c.until, side="right")) if c.until is not None else len(ms)
+        first = onset if c.shape == "step" else max(onset, end - k)
+        slow = ms[first:end]
+        slow_ms = float(np.median(slow)) if len(slow) else float(c.after_ms)
+        early_ms = float(np.median(ms[start:onset])) if onset > start else float(c.before_ms)
+        return Levels(early_ms=early_ms, early_steps=(int(steps[start]), int(steps[max(start, onset - 1)])),
+                      slow_ms=slow_ms, slow_at=int(steps[(first + end - 1) // 2]), began_at=int(c.onset), until=c.until,
+                      slow_steps=(int(steps[first]), int(steps[end - 1])), **common)
 
     def stalls(self, min_x: float, min_excess_ms: float, min_repeats: int = 3, min_coverage: float = 0.6) -> Stall | None:
-        """The periodic stall with the most occurrences, if any (points ≥ `min_x` × their level and
-        `min_excess_ms` above it, at one distance, covering `min_coverage` of their residue class)."""
+        """The periodic stall beyond chance with the most occurrences, if any (points ≥ `min_x` × their level
+        and `min_excess_ms` above it, at one distance, covering `min_coverage` of their residue class)."""
         steps, ms = self.record.unprofiled()
         if len(ms) < 3 * min_repeats:
             return None
-        level = nearby_median(steps, ms, self.k // 2)
-        hot = (ms >= min_x * level) & (ms - level >= min_excess_ms)
-        at = steps[hot].astype(np.int64)
-        if len(at) < min_repeats:
+        hot, level = stall_steps(steps, ms, self.k, min_x, min_excess_ms)
+        found = periodic(steps, hot, min_repeats=min_repeats, min_coverage=min_coverage)
+        if found is None:
             return None
-        candidates = {int(b - a) for j in range(1, 4) for a, b in zip(at, at[j:]) if b - a >= 2}
-        best = None
-        for n in sorted(candidates):
-            residues, counts = np.unique(at % n, return_counts=True)
-            r = int(residues[np.argmax(counts)])
-            hits = at[at % n == r]
-            expected = int(np.count_nonzero((steps >= hits[0]) & (steps % n == r)))
-            if len(hits) < min_repeats or expected == 0 or len(hits) / expected < min_coverage:
-                continue
-            key = (len(hits), len(hits) / expected, -n)
-            if best is None or key > best[0]:
-                best = (key, n, hits, expected)
-        if best is None:
-            return None
-        _, n, hits, expected = best
-        idx = np.searchsorted(steps, hits)
-        return Stall(period=n, steps=[int(s) for s in hits], expected=expected, base_ms=float(np.median(level[idx])),
-                     excess_ms=float(np.median(ms[idx] - level[idx])))
+        idx = np.searchsorted(steps, found.steps)
+        return Stall(period=found.period, steps=found.steps, expected=found.expected,
+                     base_ms=float(np.median(level[idx])), excess_ms=float(np.median(ms[idx] - level[idx])),
+                     p_value=found.p_value)
 
     def memory_trend(self, from_step: int = 0) -> MemoryTrend | None:
         """The memory samples from `from_step` on: allocated bytes where there are any, else resident."""
@@ -201,15 +205,7 @@ class RunAnalysis:
 def nearby_median(steps: np.ndarray, values: np.ndarray, half: int) -> np.ndarray:
     """For each point, the median of the values whose step is within `half` steps of its own (`steps`
     sorted; a point far from the others keeps its own value)."""
-    n = len(values)
-    if n == 0:
-        return values.astype(float)
-    lo = np.searchsorted(steps, steps - max(half, 1), side="left")
-    hi = np.searchsorted(steps, steps + max(half, 1), side="right")
-    width = int((hi - lo).max())
-    idx = lo[:, None] + np.arange(width)[None, :]
-    grid = np.where(idx < hi[:, None], values.astype(float)[np.minimum(idx, n - 1)], np.nan)
-    return np.nanmedian(grid, axis=1)
+    return local_level(steps, values, half)
 
 
 def theil_sen(x: np.ndarray, y: np.ndarray, max_points: int = 400) -> float:

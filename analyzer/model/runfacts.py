@@ -410,7 +410,7 @@ def loader_profile(facts: dict) -> dict | None:
 
 # -- distributed training (run.json `distributed`) -----------------------------------------------------
 def distributed(facts: dict) -> dict:
-    """run.json's `distributed` as written (README, run.json); {} for a process outside a job."""
+    """run.json's `distributed` as written (docs/jobs.md); {} for a process outside a job."""
     return _dict(_dict(facts).get("distributed"))
 
 

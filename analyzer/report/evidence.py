@@ -111,7 +111,7 @@ def number(v) -> str:
     if abs(v) >= 1000:
         return f"{v:,.0f}".replace(",", " ")
     if abs(v) < 0.001:
-        return f"{v:.6f}".rstrip("0").rstrip(".") or "0"
+        return f"{v:.2g}"  # a chance of 1e-12 is not 0
     return f"{v:.3g}"
 
 

@@ -9,6 +9,7 @@ from . import svg
 from .safe import md, md_code, terminal
 
 SPARK = "▁▂▃▄▅▆▇█"
+SHAPES = {"step": "a step up", "climb": "a steady climb", "faster climb": "an ever faster climb"}
 TRIGGERS = {"schedule": "--wait/--warmup/--active", "signal": "a signal", "trigger file": "gpuadvise trigger --file",
             "slower": "--when-slower: the step got slower", "stall": "--when-slower: a periodic stall",
             "every": "--every"}
@@ -53,10 +54,18 @@ def headline(s: dict) -> str:
     if lv is None:
         return f"{steps}: too few unprofiled steps to compare the run's early and late step time."
     out = (f"{steps}; median step {lv['early_ms']:.2f} ms early (steps {lv['early_steps'][0]}–{lv['early_steps'][1]}), "
-           f"{lv['late_ms']:.2f} ms late (steps {lv['late_steps'][0]}–{lv['late_steps'][1]}), slowest stretch "
-           f"{lv['slow_ms']:.2f} ms around step {lv['slow_at']} ({lv['change_pct']:+.0f} %; medians of {lv['k']} steps)")
-    if lv.get("began_at") is not None and lv["change_pct"] >= 1:
-        out += f"; the rise began at step {lv['began_at']}"
+           f"{lv['late_ms']:.2f} ms late (steps {lv['late_steps'][0]}–{lv['late_steps'][1]})")
+    if lv.get("began_at") is not None:
+        shape = SHAPES.get(lv.get("shape"), "a rise")
+        slow = lv.get("slow_steps") or [lv["slow_at"], lv["slow_at"]]
+        out += (f"; {shape} from step {lv['began_at']}" + (f" to step {lv['until']}" if lv.get("until") else "")
+                + f", to {lv['slow_ms']:.2f} ms ({lv['change_pct']:+.0f} %, the median of steps {slow[0]}–{slow[1]})")
+    elif lv.get("shape") == "speed-up":
+        out += "; the step got faster during the run, and no slower"
+    else:
+        out += "; no lasting change beyond chance"
+    if lv.get("warmup_until") is not None:
+        out += f"; steps up to {lv['warmup_until']} were a warm-up"
     return out + "."
 
 
@@ -125,8 +134,7 @@ def chart_svg(run) -> str:
     lv = s.get("levels") or {}
     bands = [(w["steps"][0], w["steps"][1], f"w{w['index']}: window {w['index']} ({w['trigger']})")
              for w in s.get("windows") or [] if w.get("steps")]
-    marks = [(lv["began_at"], f"the rise began at step {lv['began_at']}")] if lv.get("began_at") is not None and \
-        lv.get("change_pct", 0) >= 15 else []
+    marks = [(lv["began_at"], f"the rise began at step {lv['began_at']}")] if lv.get("began_at") is not None else []
     ms = c.get("ms") or []
     top = _scale_top(ms, lv.get("slow_ms")) if ms else None
     clipped = top is not None and max(c.get("max_ms") or ms) > top

@@ -32,6 +32,7 @@ def analyze_paths(paths: list[str] | Sources, progress=None, rules=None, bytes_p
       as ranks finish.
     """
     sources = paths if isinstance(paths, Sources) else resolve(paths)
+    longrun.own_regime(sources)  # a window straddling a long run's change: its overhead from its own side
     traces = sum(1 for s in sources if s.kind == "trace")
     try:
         codes = ranks.rule_codes(rules)

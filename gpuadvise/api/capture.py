@@ -29,7 +29,7 @@ class Capture:
                  when_slower: float | None = None, every: int | None = None, max_windows: int = 10):
         self.path = Path(out)
         self.force = force
-        # the long-run options are `gpuadvise profile`'s (README, Long runs)
+        # the long-run options are `gpuadvise profile`'s (docs/long-runs.md)
         self._options = {"wait": wait, "warmup": warmup, "active": active, "record_shapes": record_shapes,
                          "with_stack": with_stack, "loader_probe": loader_probe, "memory_history": memory_history,
                          "on_signal": on_signal, "when_slower": when_slower, "every": every, "max_windows": max_windows}

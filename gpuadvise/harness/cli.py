@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "a snapshot (default on)")
     p.add_argument("--memory-steps", type=int, default=2, help="steps of CUDA memory history (default 2)")
     p.add_argument("--max-entries", type=int, default=100_000, help="memory history entries kept (default 100000)")
-    long = p.add_argument_group("long runs", "record more windows while the script runs (README: Long runs)")
+    long = p.add_argument_group("long runs", "record more windows while the script runs (docs/long-runs.md)")
     long.add_argument("--on-signal", action="store_true",
                       help="record a window from the next step each time the process gets the signal (--signal, "
                            "default SIGUSR2) or `gpuadvise trigger RUN` asks")

@@ -17,7 +17,7 @@ only while the window records:
   (what one step spends on each batch when it does not wait).
 
 `attach` registers it on the session's window hooks: on at the first recorded step, off when the
-window ends, when `summary()` merges it all into run.json's `capture.loader` (README, "Where the
+window ends, when `summary()` merges it all into run.json's `capture.loader` (docs/profiling.md, "Where the
 DataLoader's time goes") and the per-process files are removed.
 """
 

@@ -1,5 +1,5 @@
 """Distributed settings as facts: how the job was launched and how DDP, FSDP and DeepSpeed were set up,
-recorded while the script runs and written to run.json's `distributed` (README, run.json).
+recorded while the script runs and written to run.json's `distributed` (docs/jobs.md).
 
 - `world_size`, `rank`, `local_rank`, `local_world_size`, `node`, `backend`: the launcher's environment
   and `torch.distributed` once the process group exists (read at the window's end and at each write);

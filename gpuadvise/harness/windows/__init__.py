@@ -6,5 +6,5 @@ after the first). What asks for a later window: `triggers.py` (`--on-signal`, `-
 `--every`), `slowwatch.py` (`--when-slower`'s drift and periodic-stall watch), `requests.py` (the
 requests every rank of a job follows) and `trigger_command.py` (the `gpuadvise trigger` command).
 
-May import: harness.facts, harness.runfolder, analyzer.errors.
+May import: harness.facts, harness.runfolder, analyzer.errors, analyzer.model.recurrence.
 """

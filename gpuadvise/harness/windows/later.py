@@ -25,6 +25,7 @@ PREFIX = "gpuadvise> "
 # the unprofiled steps on each side of a later window that its recorded steps are compared with (run.json
 # `steps` for window 1 has the steps before it): the level the run was at when the window recorded
 CONTEXT_STEPS = 10
+KEPT_FOR_EVIDENCE = 2  # of --max-windows, when --every and --when-slower share it: a new level and a stall
 LONG_RUN_OPTIONS = ("on_signal", "when_slower", "every")  # any of them: windows after the first
 # status keys the session itself keeps up to date: never what a later window's hooks recorded
 SESSION_KEYS = {"state", "steps_stepped", "step_source", "files", "captured_at", "step_error", "hooks_error", "error",
@@ -40,7 +41,8 @@ class LaterWindows:
         self.session = session
         w, c = session.window, session.config
         self.plan = Plan(w.W, w.w, w.a, earliest_later=w.end + session.memory_steps + 1,
-                         max_auto=int(c.get("max_windows") or 10))
+                         max_auto=int(c.get("max_windows") or 10),
+                         kept_for_evidence=KEPT_FOR_EVIDENCE if c.get("when_slower") and c.get("every") else 0)
         self.triggers = Triggers(c, Requests(session.out, session.rank), w.w, w.a)
         self._hook_window: Planned | None = None  # the later window whose hooks are open
         self._status_before: dict = {}

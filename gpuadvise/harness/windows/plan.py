@@ -57,10 +57,14 @@ class Planned:
 class Plan:
     """The windows of one run and the profiler schedule that records them."""
 
-    def __init__(self, first_start: int, warmup: int, active: int, earliest_later: int, max_auto: int):
+    def __init__(self, first_start: int, warmup: int, active: int, earliest_later: int, max_auto: int,
+                 kept_for_evidence: int = 0):
         self.warmup, self.active = warmup, active
         self.earliest_later = earliest_later  # later windows start after window 1 and its memory history
         self.max_auto = max_auto
+        # --every with --when-slower: the last windows of --max-windows wait for a new regime or a recurring
+        # stall (the moments that explain most), rather than going to the schedule
+        self.kept_for_evidence = min(kept_for_evidence, max(max_auto - 1, 0))
         self.windows = [Planned(1, first_start, warmup, active, "schedule")]
         self.auto = 0  # windows planned by --every / --when-slower
         self.notes: list[str] = []
@@ -72,6 +76,10 @@ class Plan:
         windows already planned). None when the cap is reached or an overlapping window already covers it."""
         if automatic and self.auto >= self.max_auto:
             self._note(f"{trigger}: not recorded at step {k}, --max-windows ({self.max_auto}) reached")
+            return None
+        if automatic and trigger == "every" and self.auto >= self.max_auto - self.kept_for_evidence:
+            self._note(f"{trigger}: not recorded at step {k}, the last {self.kept_for_evidence} of --max-windows "
+                       f"({self.max_auto}) are kept for --when-slower (a new level, a recurring stall)")
             return None
         if len(self.windows) >= MAX_WINDOWS:
             self._note(f"{trigger}: not recorded at step {k}, {MAX_WINDOWS} windows is the most one run keeps")

@@ -1,31 +1,53 @@
 """`--when-slower PCT`: watch the unprofiled step times for the two ways a long run slows down, and say when
-a window should record it.
+a window should record it. A window is spent on evidence: on a new level once it is established, on a
+stall once it recurs at one period beyond chance; a noisy steady loop asks for none.
 
 - **Drift**: the median of the last K unprofiled steps is PCT % above the early median (the median of the
-  first K unprofiled steps after the loop's start-up). After a window is asked for, the watch takes the
-  median of the next K steps as the new level and fires again only PCT % above it (a run that settles at
-  the slow level is recorded once, one that keeps slowing down again).
+  first K unprofiled steps after the loop's start-up), and the new level is established: by the sign
+  test, more of the last K steps lie above the early median than a steady loop would put there by
+  chance (at most `SIGN_ALPHA`, 1 %: 16 of 20). After a window is asked for, the watch takes the median
+  of the next K steps as the new level and fires again only PCT % above it (a run that settles at the
+  slow level is recorded once, one that keeps slowing down again).
 - **Periodic stall**: single steps at least PCT % slower than the median of the last K (and at least
-  twice it, and 1 ms longer), three of them at the same distance N (an evaluation, a checkpoint, a log
-  line every N steps, a DataLoader restarting its workers each epoch; other slow steps between them do
-  not matter, and one that fell in a profiled window, unseen, does not break the count; one seen at its
-  normal speed does). The window is placed on the next one: predicted at the last stall + N. Each period
-  is recorded once.
+  twice it, and 1 ms longer), recurring at one distance N beyond chance among the steps watched
+  (analyzer/model/recurrence.py: a hypergeometric test over every period and first step that could have
+  been tested, at least 3 stalls covering 3/4 of the watched steps of their class from the first one; steps that fell in a profiled window were
+  not watched and count neither way). The window is placed on the next one: predicted at the last stall
+  + N. Each period is recorded once (its multiples too).
 
 Steps right after a window (the trace export runs before them, on cold caches) and steps the profiler
-touched are not fed in. Cost: a deque append per step, a median of K values every `CHECK_EVERY` steps.
+touched are not fed in. Cost: a deque append per step, a median of K values every `CHECK_EVERY` steps,
+and the period test (numpy, over the last `HORIZON` watched steps) only when a new stall is seen.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
+
+from gpuadvise.analyzer.model.recurrence import periodic
+
 CHECK_EVERY = 5
 STALL_MIN_X = 2.0  # a stall is at least this many times the recent median, whatever PCT says
 STALL_MIN_MS = 1.0  # … and this much longer: a step's jitter is no stall
-STALLS_KEPT = 16
+STALLS_KEPT = 64
+HORIZON = 1000  # watched steps the period test looks back over
+STALL_COVERAGE = 0.75  # of the watched steps of the class from the first stall: more than one miss in four breaks a period
+SIGN_ALPHA = 0.01
+
+
+def sign_test_needs(k: int, alpha: float = SIGN_ALPHA) -> int:
+    """The fewest of k steps above the early median that a steady loop reaches with chance ≤ alpha."""
+    tail = 0.0
+    for m in range(k, -1, -1):
+        tail += math.comb(k, m) / 2 ** k
+        if tail > alpha:
+            return m + 1
+    return 0
 
 
 @dataclass(frozen=True)
@@ -33,6 +55,7 @@ class Slowdown:
     kind: str  # "slower" (drift) or "stall"
     detail: str  # what was seen, in words (run.json's window `detail`)
     at_step: int | None = None  # stall: the predicted next stall step
+    period: int | None = None  # stall: its period
 
 
 class SlowWatch:
@@ -43,11 +66,12 @@ class SlowWatch:
         self.recent: deque = deque(maxlen=k)
         self.recent_steps: deque = deque(maxlen=k)
         self.threshold: float | None = None  # drift fires above this median
+        self.established = sign_test_needs(k)  # of the last K above the early median: a new level
         self.stalls: deque = deque(maxlen=STALLS_KEPT)
         self.periods_seen: set[int] = set()
         self._since_check = 0
         self._rearm = False  # a window was asked for: the next K steps set the level to compare with
-        self.checked: list[list[int]] = []  # runs of steps checked for stalls ([first, last]): the others went unseen
+        self.watched: deque = deque(maxlen=HORIZON)  # steps checked for stalls: the period test's population
         self._new_stall = False
 
     @property
@@ -62,10 +86,7 @@ class SlowWatch:
             if len(self.early) == self.k:
                 self.threshold = statistics.median(self.early) * (1 + self.pct / 100)
         if len(self.recent) >= max(5, self.k // 2):
-            if self.checked and self.checked[-1][1] == number - 1:
-                self.checked[-1][1] = number
-            else:
-                self.checked.append([number, number])
+            self.watched.append(number)
             median = sorted(self.recent)[len(self.recent) // 2]  # the upper median: one sort of K values
             if ms >= median * max(1 + self.pct / 100, STALL_MIN_X) and ms - median >= STALL_MIN_MS:
                 if self.stalls and self.stalls[-1] == number - 1:  # slow steps in a row: a new level, no stall
@@ -95,37 +116,35 @@ class SlowWatch:
         if median <= self.threshold:
             return None
         early = self.early_ms
-        seen = Slowdown("slower", f"the median of steps {self.recent_steps[0]}–{self.recent_steps[-1]} "
-                                  f"({median:.2f} ms) is {100 * (median / early - 1):.0f} % above the early median "
-                                  f"({early:.2f} ms, steps {self.early_steps[0]}–{self.early_steps[-1]})")
+        above = sum(1 for v in self.recent if v > early)
+        if above < self.established:  # a few slow steps lift a median; a new level lifts most of them
+            return None
+        seen = Slowdown("slower", f"the new level is established: the median of steps {self.recent_steps[0]}–"
+                                  f"{self.recent_steps[-1]} ({median:.2f} ms) is {100 * (median / early - 1):.0f} % above "
+                                  f"the early median ({early:.2f} ms, steps {self.early_steps[0]}–{self.early_steps[-1]}), "
+                                  f"and {above} of those {len(self.recent)} steps are above it (sign test, chance ≤ "
+                                  f"{100 * SIGN_ALPHA:.0f} %)")
         self._rearm = True
         self.recent.clear()
         self.recent_steps.clear()
         return seen
 
-    def _checked(self, step: int) -> bool:
-        return any(a <= step <= b for a, b in self.checked)
-
     def _stall(self) -> Slowdown | None:
-        """The newest stall t, with two stalls among t − N, t − 2N, t − 3N and none of them seen at normal
-        speed: a period N not recorded yet."""
+        """The newest stall t in a period beyond chance not recorded yet (nor a divisor of its)."""
         if len(self.stalls) < 3:
             return None
-        t, seen = self.stalls[-1], set(self.stalls)
-        # a period is the distance to an earlier stall, or a third or half of it (a stall between went unseen)
-        periods = sorted({(t - u) // j for u in self.stalls if u < t for j in (1, 2, 3) if (t - u) % j == 0})
-        for period in periods:
-            if period < 2 or any(period % p == 0 for p in self.periods_seen):
-                continue  # recorded already (its multiples too)
-            before = [t - j * period for j in (1, 2, 3)]
-            hits = [s for s in before if s in seen]
-            if len(hits) >= 2 and not any(self._checked(s) and s not in seen for s in before):
-                break
-        else:
+        t = self.stalls[-1]
+        steps = np.fromiter(self.watched, dtype=np.int64, count=len(self.watched))
+        stalls = np.fromiter(self.stalls, dtype=np.int64, count=len(self.stalls))
+        found = periodic(steps, np.isin(steps, stalls), min_coverage=STALL_COVERAGE)
+        if found is None or t not in found.steps or any(found.period % p == 0 for p in self.periods_seen):
             return None
+        period = found.period
         self.periods_seen.add(period)
         median = statistics.median(self.recent)
-        at = sorted(hits) + [t]
-        return Slowdown("stall", f"steps {', '.join(map(str, at))} were each ≥ {max(1 + self.pct / 100, STALL_MIN_X):.1f}× "
-                                 f"the median step ({median:.2f} ms): a stall every {period} steps; recording the next "
-                                 f"one (step {t + period})", at_step=t + period)
+        shown = found.steps[-6:]
+        return Slowdown("stall", f"a stall every {period} steps, beyond chance: steps {', '.join(map(str, shown))} were "
+                                 f"each ≥ {max(1 + self.pct / 100, STALL_MIN_X):.1f}× the median step ({median:.2f} ms), "
+                                 f"{len(found.steps)} of the {found.expected} watched steps {period} apart (chance "
+                                 f"{found.p_value:.1g}); recording the next one (step {t + period})",
+                        at_step=t + period, period=period)

@@ -1,0 +1,430 @@
+"""Change points on labelled step-time series: where a drift began, its shape, a stall's period, and what
+pure noise makes each method say. Ground truth is known because the series are made here, from seeds.
+
+    python bench/bench_changepoints.py                # both methods side by side, 1 200 series each
+    python bench/bench_changepoints.py --seeds 400    # more series per family
+    python bench/bench_changepoints.py --method changepoint   # only the change-point module
+    python bench/bench_changepoints.py --loops        # and four real CPU loops under gpuadvise profile
+
+Methods:
+- `threshold` (before): the run-level measures as they were (the onset at the first step whose local
+  median is a quarter of the way from the early median to the slowest, a stall period wherever one
+  residue class held most slow steps) and the `--when-slower` watch as it was. Copied below so that the
+  two are measured in the same run.
+- `changepoint` (after): analyzer/measure/changepoints.py (CUSUM test, step/linear/exponential fits,
+  warm-up, hypergeometric period test) and harness/windows/slowwatch.py.
+
+Families (each series 150, 300 or 600 steps, base 2, 10 or 50 ms, noise 1–15 % Gaussian, uniform
+jitter or log-normal): step change, linear climb, exponential climb, slow growth, periodic stall (periods
+7–61, some recurring only twice), random GC-like pauses, warm-up, warm-up then climb, stall then step,
+pure noise. An exponential climb's onset is where its excess reached the
+noise's standard deviation (its mathematical start is invisible under noise). Printed per family: how often a drift was found, onset error (median and 95th percentile, in
+steps and % of the run; the share within ±5 % of the run), how often a period was found and was exact,
+and the `--when-slower` watch's windows (right and wrong triggers). Targets: onset within ±5 % on climbs
+and step changes, no drift and no periodic stall on pure noise in 99 % of series, a period found exactly
+when it recurs at least 3 times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import zlib
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpuadvise.analyzer.measure.changepoints import find_change, periodic, stall_steps  # noqa: E402
+from gpuadvise.harness.windows.slowwatch import SlowWatch  # noqa: E402
+
+K = 20
+MIN_DRIFT_PCT, MIN_DRIFT_MS = 15.0, 0.5  # step-time-drift's thresholds
+MIN_X, MIN_EXCESS_MS = 2.0, 1.0  # periodic-stall's
+WATCH_PCT = 50.0
+DRIFTS = ("step", "linear", "exponential", "slow growth", "warm-up then climb", "stall then step")
+STALLS = ("periodic stall", "stall then step")
+
+
+# -- the series ------------------------------------------------------------------------------------------
+
+def series(family: str, seed: int) -> dict:
+    rng = np.random.default_rng([zlib.crc32(family.encode()), seed])
+    n = int(rng.choice([150, 300, 600]))
+    base = float(rng.choice([2.0, 10.0, 50.0]))
+    cv = float(rng.choice([0.01, 0.05, 0.15]))
+    kind = rng.choice(["gauss", "uniform", "lognormal"])
+    t = np.arange(3, n + 3)
+    if kind == "gauss":
+        noise = rng.normal(0, cv * base, n)
+    elif kind == "uniform":
+        noise = rng.uniform(-cv * base * 1.7, cv * base * 1.7, n)
+    else:
+        noise = base * (rng.lognormal(0, cv, n) - np.exp(cv * cv / 2))
+    y = base + noise
+    truth = {"family": family, "n": n, "onset": None, "period": None, "drift": False, "stall": False}
+    onset = int(rng.integers(int(0.2 * n), int(0.8 * n)))
+    if family in ("step", "stall then step"):
+        y = y + np.where(t >= onset, base * rng.uniform(0.25, 1.0), 0.0)
+        truth.update(onset=onset, drift=True)
+    elif family in ("linear", "warm-up then climb"):
+        rise = base * rng.uniform(0.4, 2.0)
+        y = y + np.where(t >= onset, rise * (t - onset) / (t[-1] - onset), 0.0)
+        truth.update(onset=onset, drift=True)
+    elif family == "exponential":
+        efold = (t[-1] - onset) * rng.uniform(0.15, 0.35)
+        rise = base * rng.uniform(0.5, 3.0)
+        excess = np.where(t >= onset, rise * np.expm1((t - onset) / efold) / np.expm1((t[-1] - onset) / efold), 0.0)
+        y = y + excess
+        # an exponential has no visible start: it left the early level where its excess reached the noise
+        truth.update(onset=int(t[np.argmax(excess >= cv * base)]), drift=True, start=onset)
+    elif family == "slow growth":  # memory that fills a cache: 20–40 % over most of the run
+        onset = int(rng.integers(int(0.1 * n), int(0.3 * n)))
+        y = y + np.where(t >= onset, base * rng.uniform(0.3, 0.5) * (t - onset) / (t[-1] - onset), 0.0)
+        truth.update(onset=onset, drift=True)
+    if family in ("warm-up", "warm-up then climb"):
+        w = int(rng.integers(3, 16))
+        y[:w] += base * rng.uniform(0.5, 4.0) * np.exp(-np.arange(w) / max(w / 3, 1))
+    if family in STALLS:
+        period = int(rng.choice([7, 16, 25, 40, 61]))
+        # some runs hold the stall only twice: no period can be told from two
+        first = int(rng.integers(3, period + 3))
+        if rng.random() < 0.25:
+            first = max(3, n + 3 - int(2.5 * period))
+        hits = t[(t >= first) & ((t - first) % period == 0)]
+        y[np.searchsorted(t, hits)] += base * rng.uniform(3.0, 10.0) + 2.0
+        truth.update(period=period, stall=len(hits) >= 3, recurrences=len(hits))
+    if family == "gc pauses":
+        idx = rng.choice(n, int(rng.integers(3, 16)), replace=False)
+        y[idx] += base * rng.uniform(2.0, 10.0, len(idx)) + 2.0
+    return {"t": t, "y": np.maximum(y, 0.05 * base), "truth": truth, "base": base}
+
+
+FAMILIES = ("step", "linear", "exponential", "slow growth", "periodic stall", "gc pauses", "warm-up",
+            "warm-up then climb", "stall then step", "noise")
+
+
+# -- the threshold method, as it was before the change-point module ---------------------------------------
+
+def _nearby_median(steps, values, half):
+    n = len(values)
+    lo = np.searchsorted(steps, steps - max(half, 1), side="left")
+    hi = np.searchsorted(steps, steps + max(half, 1), side="right")
+    width = int((hi - lo).max())
+    idx = lo[:, None] + np.arange(width)[None, :]
+    grid = np.where(idx < hi[:, None], values.astype(float)[np.minimum(idx, n - 1)], np.nan)
+    return np.nanmedian(grid, axis=1)
+
+
+def threshold_drift(t, y):
+    level = _nearby_median(t, y, K // 2)
+    early = float(np.median(y[:K]))
+    slow = float(level.max())
+    if slow <= early:
+        return None
+    raised = np.flatnonzero(level >= early + 0.25 * (slow - early))
+    if not len(raised):
+        return None
+    ok = 100 * (slow / early - 1) >= MIN_DRIFT_PCT and slow - early >= MIN_DRIFT_MS
+    return int(t[raised[0]]) if ok else None
+
+
+def threshold_period(t, y):
+    level = _nearby_median(t, y, K // 2)
+    hot = (y >= MIN_X * level) & (y - level >= MIN_EXCESS_MS)
+    at = t[hot].astype(np.int64)
+    if len(at) < 3:
+        return None
+    best = None
+    for n in sorted({int(b - a) for j in range(1, 4) for a, b in zip(at, at[j:]) if b - a >= 2}):
+        residues, counts = np.unique(at % n, return_counts=True)
+        r = int(residues[np.argmax(counts)])
+        hits = at[at % n == r]
+        expected = int(np.count_nonzero((t >= hits[0]) & (t % n == r)))
+        if len(hits) < 3 or expected == 0 or len(hits) / expected < 0.6:
+            continue
+        key = (len(hits), len(hits) / expected, -n)
+        if best is None or key > best[0]:
+            best = (key, n)
+    if best is None:
+        return None
+    n = best[1]
+    hits = at[at % n == np.unique(at % n)[0]]
+    # the run-level rule's 1 % of the run's time
+    base = float(np.median(level))
+    excess = float(np.median(y[hot] - level[hot]))
+    return n if 100 * excess / (n * base + excess) >= 1.0 else None
+
+
+class ThresholdWatch:
+    """--when-slower as it was: a drift when the median of the last K is PCT % above the early median (the
+    next K steps set a new level), a stall when three slow steps fall at one distance."""
+
+    def __init__(self, pct, k=K):
+        self.pct, self.k = pct, k
+        self.early, self.recent, self.recent_steps = [], deque(maxlen=k), deque(maxlen=k)
+        self.threshold, self.stalls, self.periods_seen = None, deque(maxlen=16), set()
+        self._since, self._rearm, self._new = 0, False, False
+
+    def observe(self, number, ms):
+        if len(self.early) < self.k:
+            self.early.append(ms)
+            if len(self.early) == self.k:
+                self.threshold = statistics.median(self.early) * (1 + self.pct / 100)
+        if len(self.recent) >= max(5, self.k // 2):
+            median = sorted(self.recent)[len(self.recent) // 2]
+            if ms >= median * max(1 + self.pct / 100, 2.0) and ms - median >= 1.0:
+                if self.stalls and self.stalls[-1] == number - 1:
+                    self.stalls.pop()
+                else:
+                    self.stalls.append(number)
+                    self._new = True
+        self.recent.append(ms)
+        self.recent_steps.append(number)
+        self._since += 1
+
+    def check(self):
+        if self._new:
+            self._new = False
+            if len(self.stalls) >= 3:
+                t, seen = self.stalls[-1], set(self.stalls)
+                for period in sorted({(t - u) // j for u in self.stalls if u < t for j in (1, 2, 3) if (t - u) % j == 0}):
+                    if period < 2 or any(period % p == 0 for p in self.periods_seen):
+                        continue
+                    if sum(1 for j in (1, 2, 3) if t - j * period in seen) >= 2:
+                        self.periods_seen.add(period)
+                        return ("stall", period)
+        if self._since < 5 or self.threshold is None or len(self.recent) < self.k:
+            return None
+        self._since = 0
+        median = statistics.median(self.recent)
+        if self._rearm:
+            self._rearm = False
+            self.threshold = max(self.threshold, median * (1 + self.pct / 100))
+            return None
+        if median <= self.threshold:
+            return None
+        self._rearm = True
+        self.recent.clear()
+        self.recent_steps.clear()
+        return ("slower", None)
+
+
+# -- the change-point method ---------------------------------------------------------------------------------
+
+def changepoint_drift(t, y):
+    c = find_change(t, y, k=K)
+    if not c.is_drift or c.before_ms is None or c.after_ms is None:
+        return None
+    ok = 100 * (c.after_ms / c.before_ms - 1) >= MIN_DRIFT_PCT and c.after_ms - c.before_ms >= MIN_DRIFT_MS
+    return c.onset if ok else None
+
+
+def changepoint_period(t, y):
+    hot, level = stall_steps(t, y, K, MIN_X, MIN_EXCESS_MS)
+    p = periodic(t, hot)
+    if p is None:
+        return None
+    base = float(np.median(level))
+    excess = float(np.median(y[hot] - level[hot]))
+    return p.period if 100 * excess / (p.period * base + excess) >= 1.0 else None
+
+
+def watch_windows(watch, t, y) -> list[tuple]:
+    """Feed a watch the series as the harness does (a check every step); (step, kind, period) per trigger."""
+    out = []
+    for step, ms in zip(t, y):
+        watch.observe(int(step), float(ms))
+        seen = watch.check()
+        if seen is not None:
+            kind = seen[0] if isinstance(seen, tuple) else seen.kind
+            period = seen[1] if isinstance(seen, tuple) else getattr(seen, "period", None)
+            out.append((int(step), kind, period))
+    return out
+
+
+METHODS = {
+    "threshold": (threshold_drift, threshold_period, lambda: ThresholdWatch(WATCH_PCT)),
+    "changepoint": (changepoint_drift, changepoint_period, lambda: SlowWatch(WATCH_PCT, K)),
+}
+
+
+def evaluate(method: str, seeds: int) -> list[dict]:
+    drift_of, period_of, new_watch = METHODS[method]
+    rows = []
+    for family in FAMILIES:
+        stats = {"family": family, "series": 0, "drift": 0, "onset_err": [], "onset_pct": [], "period_found": 0,
+                 "period_exact": 0, "period_due": 0, "period_said_wrongly": 0, "right": 0, "wrong": 0,
+                 "windows": 0, "recall_due": 0, "recall_hit": 0}
+        for seed in range(seeds):
+            s = series(family, seed)
+            t, y, tr = s["t"], s["y"], s["truth"]
+            stats["series"] += 1
+            onset = drift_of(t, y)
+            if onset is not None:
+                stats["drift"] += 1
+                if tr["onset"] is not None:
+                    stats["onset_err"].append(abs(onset - tr["onset"]))
+                    stats["onset_pct"].append(100 * abs(onset - tr["onset"]) / tr["n"])
+            period = period_of(t, y)
+            if tr["stall"]:
+                stats["period_due"] += 1
+                stats["period_found"] += period is not None
+                stats["period_exact"] += period == tr["period"]
+            elif period is not None:
+                stats["period_said_wrongly"] += 1
+            wins = watch_windows(new_watch(), t, y)
+            stats["windows"] += len(wins)
+            # a trigger is right when it records what is there: a drift after its onset (a climb that goes on
+            # may be recorded again, higher), a stall at its period (or a multiple, placed on one), once
+            drift_seen = stall_seen = False
+            for step, kind, per in wins:
+                if kind == "slower" and tr["drift"] and step >= tr["onset"]:
+                    stats["right"] += 1
+                    drift_seen = True
+                elif kind == "stall" and tr["stall"] and not stall_seen and (per is None or per % tr["period"] == 0):
+                    stats["right"] += 1
+                    stall_seen = True
+                else:
+                    stats["wrong"] += 1
+            big = tr["drift"] and float(np.median(y[-K:])) >= 1.6 * float(np.median(y[:K]))  # what --when-slower 50 must see
+            due = big or tr["stall"]
+            if due:
+                stats["recall_due"] += 1
+                stats["recall_hit"] += (drift_seen if big else True) and (stall_seen if tr["stall"] else True)
+        rows.append(stats)
+    return rows
+
+
+def _pct(a, b):
+    return f"{100 * a / b:.1f} %" if b else "–"
+
+
+def table(method: str, rows: list[dict]) -> str:
+    out = [f"### {method}", "",
+           "| Family | Series | Drift found | Onset error, steps (median / p95) | Onset error, % of run (p95) | "
+           "Onset within ±5 % | Period exact (≥ 3 recurrences) | Period named wrongly | Watch windows per series | "
+           "Watch precision | Watch recall |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        e, p = r["onset_err"], r["onset_pct"]
+        onset = f"{np.median(e):.0f} / {np.percentile(e, 95):.0f}" if e else "–"
+        within = _pct(sum(1 for v in p if v <= 5.0), len(p)) if p else "–"
+        exact = f"{r['period_exact']}/{r['period_due']}" if r["period_due"] else "–"
+        trig = r["right"] + r["wrong"]
+        out.append(f"| {r['family']} | {r['series']} | {_pct(r['drift'], r['series'])} | {onset} | "
+                   f"{np.percentile(p, 95):.1f} |" if p else f"| {r['family']} | {r['series']} | "
+                   f"{_pct(r['drift'], r['series'])} | – | – |")
+        out[-1] += (f" {within} | {exact} | {_pct(r['period_said_wrongly'], r['series'])} | "
+                    f"{r['windows'] / r['series']:.2f} | {_pct(r['right'], trig)} | "
+                    f"{_pct(r['recall_hit'], r['recall_due'])} |")
+    return "\n".join(out)
+
+
+def targets(rows: list[dict]) -> list[str]:
+    by = {r["family"]: r for r in rows}
+    lines = []
+    for fam in ("step", "linear", "exponential"):
+        p = by[fam]["onset_pct"]
+        found = len(p) / by[fam]["series"]
+        within = sum(1 for v in p if v <= 5.0) / max(len(p), 1)
+        lines.append(f"{fam}: drift found in {100 * found:.1f} %, onset within ±5 % of the run in {100 * within:.1f} % "
+                     "of those found")
+    noise = by["noise"]
+    lines.append(f"pure noise: no drift in {100 - 100 * noise['drift'] / noise['series']:.1f} %, no periodic stall in "
+                 f"{100 - 100 * noise['period_said_wrongly'] / noise['series']:.1f} % (target ≥ 99 %)")
+    ps = by["periodic stall"]
+    lines.append(f"periodic stall: exact period in {ps['period_exact']}/{ps['period_due']} that recur ≥ 3 times; "
+                 f"a period named in {ps['period_said_wrongly']} of {ps['series'] - ps['period_due']} that recur twice")
+    return lines
+
+
+# -- real CPU loops, profiled ---------------------------------------------------------------------------------
+
+LOOP = """
+import random, sys, time
+import torch
+
+torch.set_num_threads(1)
+random.seed(0)
+model = torch.nn.Linear(16, 16)
+kind, steps, at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for i in range(steps):
+    model(torch.randn(4, 16)).sum().backward()
+    step = i + 1
+    ms = 6.0 + random.uniform(0, 4.0)  # host jitter
+    if kind == "climb":
+        ms += 0.4 * max(0, step - at)  # a list scanned in full, one more item each step
+    elif kind == "step":
+        ms += 8.0 if step >= at else 0.0  # a cache that stops fitting
+    elif kind == "stall" and step % at == 0:
+        ms += 80.0  # a checkpoint every `at` steps
+    time.sleep(ms / 1e3)
+"""
+LOOPS = (("climb", 150, 60), ("step", 150, 70), ("stall", 150, 20), ("noisy steady", 150, 0))
+
+
+def loops() -> None:
+    """Each loop under `gpuadvise profile --when-slower 50`, then `gpuadvise analyze`: its truth against
+    the run-level levels, the periodic-stall finding and the windows recorded."""
+    import json
+    import os
+    import subprocess
+    import tempfile
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "loop.py"
+        script.write_text(LOOP)
+        print("| Loop | Truth | Shape found | Onset found | Period found | Windows after the first (why) |")
+        print("|---|---|---|---:|---:|---|")
+        heads = []
+        for kind, steps, at in LOOPS:
+            run = Path(tmp) / kind.replace(" ", "-")
+            subprocess.run([sys.executable, "-m", "gpuadvise", "profile", "-q", "-o", str(run), "--wait", "3",
+                            "--warmup", "1", "--active", "3", "--when-slower", "50", "--slower-steps", "20",
+                            str(script), kind.split()[0], str(steps), str(at)], check=True, env=env, cwd=tmp)
+            doc = json.loads(subprocess.run([sys.executable, "-m", "gpuadvise", "analyze", str(run), "--format", "json"],
+                                            check=True, capture_output=True, text=True, env=env).stdout)
+            text = subprocess.run([sys.executable, "-m", "gpuadvise", "analyze", str(run)], capture_output=True,
+                                  text=True, env=env).stdout
+            lv = doc["long_runs"][0]["levels"] or {}
+            stall = next((f for f in doc["findings"] if f["topic"] == "periodic-stall"), None)
+            later = doc["long_runs"][0]["windows"][1:]
+            truth = {"climb": f"climb from step {at}", "step": f"step at step {at}", "stall": f"stall every {at}",
+                     "noisy steady": "steady"}[kind]
+            print(f"| {kind} | {truth} | {lv.get('shape', '–')} | {lv.get('began_at') or '–'} | "
+                  f"{stall['evidence']['numbers']['period_steps'] if stall else '–'} | "
+                  f"{len(later)} ({', '.join(w['trigger'] for w in later) or 'none'}) |")
+            heads.append((kind, [x for x in text.splitlines() if x.startswith(("over the run", "  window"))]
+                          + [x for x in text.splitlines() if x.startswith(("1. ", "2. ", "3. "))]))
+        for kind, lines in heads:
+            print(f"\n{kind}:")
+            print("\n".join(lines))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=120, help="series per family (default 120)")
+    ap.add_argument("--method", choices=["both", *METHODS], default="both")
+    ap.add_argument("--loops", action="store_true", help="also profile the four real CPU loops (about a minute)")
+    args = ap.parse_args(argv)
+    for method in (METHODS if args.method == "both" else [args.method]):
+        t0 = time.perf_counter()
+        rows = evaluate(method, args.seeds)
+        print(table(method, rows))
+        print()
+        for line in targets(rows):
+            print(f"- {line}")
+        print(f"\n({time.perf_counter() - t0:.1f} s)\n")
+    if args.loops:
+        loops()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

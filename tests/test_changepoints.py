@@ -1,0 +1,112 @@
+"""Change points on seeded step-time series whose truth is known (the fast version of
+bench/bench_changepoints.py): a drift's onset and shape, a warm-up left out, a stall's period beyond
+chance, and nothing named on noise or random pauses."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuadvise.analyzer.measure.changepoints import find_change, periodic, stall_steps
+from gpuadvise.harness.windows.slowwatch import SlowWatch
+
+SEEDS = 60
+
+
+def _noise(rng, n, base):
+    cv = rng.choice([0.01, 0.05, 0.15])
+    kind = rng.integers(3)
+    if kind == 0:
+        return rng.normal(0, cv * base, n)
+    if kind == 1:
+        return rng.uniform(-1.7 * cv * base, 1.7 * cv * base, n)
+    return base * (rng.lognormal(0, cv, n) - np.exp(cv * cv / 2))
+
+
+def _series(shape: str, seed: int):
+    rng = np.random.default_rng([ord(shape[0]), len(shape), seed])
+    n = int(rng.choice([150, 300]))
+    base = float(rng.choice([2.0, 10.0, 50.0]))
+    t = np.arange(3, n + 3)
+    y = base + _noise(rng, n, base)
+    onset = int(rng.integers(int(0.2 * n), int(0.8 * n)))
+    if shape == "step":
+        y += np.where(t >= onset, base * rng.uniform(0.25, 1.0), 0.0)
+    elif shape == "climb":
+        y += np.where(t >= onset, base * rng.uniform(0.4, 2.0) * (t - onset) / (t[-1] - onset), 0.0)
+    return t, np.maximum(y, 0.05 * base), onset, n
+
+
+@pytest.mark.parametrize("shape", ["step", "climb"])
+def test_a_drift_is_dated_within_5_percent_of_the_run_and_told_by_its_shape(shape):
+    errors, shapes = [], []
+    for seed in range(SEEDS):
+        t, y, onset, n = _series(shape, seed)
+        c = find_change(t, y)
+        assert c.is_drift, (seed, c)
+        errors.append(abs(c.onset - onset) / n)
+        shapes.append(c.shape)
+    assert np.mean(np.array(errors) <= 0.05) >= 0.95, sorted(errors)[-5:]
+    assert shapes.count(shape) >= 0.9 * SEEDS, shapes
+
+
+def test_pure_noise_and_random_pauses_name_no_drift_and_no_period():
+    for seed in range(2 * SEEDS):
+        t, y, _, n = _series("noise", seed)
+        if seed % 2:  # GC-like pauses: a few steps far slower, at random
+            rng = np.random.default_rng(seed)
+            y[rng.choice(n, int(rng.integers(3, 16)), replace=False)] *= rng.uniform(3, 10)
+        c = find_change(t, y)
+        assert not c.is_drift, (seed, c)
+        hot, _ = stall_steps(t, y, 20, 2.0, 1.0)
+        assert periodic(t, hot) is None, seed
+
+
+def test_a_warm_up_is_left_out_and_a_later_climb_still_dated():
+    t = np.arange(3, 203)
+    rng = np.random.default_rng(7)
+    y = 10 + rng.normal(0, 0.3, len(t))
+    y[:8] += 20 * np.exp(-np.arange(8) / 3)  # slow first steps: caches, allocator, autotuning
+    steady = find_change(t, y)
+    assert steady.shape == "steady" and steady.warmup_until is not None and steady.warmup_until <= 12
+    climb = find_change(t, y + np.where(t >= 120, 0.05 * (t - 120), 0.0))
+    assert climb.shape == "climb" and abs(climb.onset - 120) <= 5 and climb.before_ms == pytest.approx(10, abs=0.2)
+
+
+def test_a_rise_that_came_back_ends_where_it_fell():
+    t = np.arange(3, 203)
+    y = 10 + np.random.default_rng(3).normal(0, 0.3, len(t)) + np.where((t >= 60) & (t < 140), 4.0, 0.0)
+    c = find_change(t, y)
+    assert (c.shape, c.onset, c.until) == ("step", 60, 139)
+
+
+@pytest.mark.parametrize("period", [7, 16, 40])
+def test_a_period_is_found_exactly_from_three_recurrences_and_never_from_two(period):
+    rng = np.random.default_rng(period)
+    t = np.arange(3, 303)
+    y = 10 + rng.normal(0, 0.5, len(t))
+    for repeats in (2, 3, 5):
+        first = 300 - (repeats - 1) * period - 3
+        s = y.copy()
+        s[np.searchsorted(t, first + period * np.arange(repeats))] += 40
+        hot, _ = stall_steps(t, s, 20, 2.0, 1.0)
+        found = periodic(t, hot)
+        assert (found.period if found else None) == (period if repeats >= 3 else None), repeats
+
+
+def test_the_watch_records_a_recurring_stall_once_and_a_noisy_steady_loop_not_at_all():
+    rng = np.random.default_rng(1)
+    noisy = SlowWatch(50, k=20)
+    stalls = SlowWatch(50, k=20)
+    fired = {"noisy": [], "stalls": []}
+    for n in range(3, 400):
+        ms = 3.0 + float(rng.uniform(2, 6))  # 2–6 ms of host jitter on a 3 ms step
+        noisy.observe(n, ms)
+        stalls.observe(n, ms + (40.0 if n % 25 == 0 else 0.0))
+        for name, w in (("noisy", noisy), ("stalls", stalls)):
+            seen = w.check()
+            if seen is not None:
+                fired[name].append(seen)
+    assert fired["noisy"] == []
+    assert [(s.kind, s.period) for s in fired["stalls"]] == [("stall", 25)]
+    assert "beyond chance" in fired["stalls"][0].detail
