@@ -11,6 +11,10 @@ a climb's last K steps (K = `--slower-steps`, 20 by default).
 When a window recorded the slow steps (`--when-slower`, `--on-signal`, `--every`), it is compared with
 window 1 as `gpuadvise compare` compares two runs, and the finding names what changed: the findings that
 appeared or grew, the part of the step that grew (DataLoader wait, compute, sync, …), the op that grew most.
+Where the run sampled the GPU's own telemetry (NVML, the `nvml` extra), a drift during which the SM clock
+fell says so: thermal or power throttling, by the reasons NVML reported. When the lower clock accounts for
+at least half of the drift (GPU-bound work slows by at most the clock's ratio), the fix is the machine's;
+otherwise the finding names the throttling beside what the windows found.
 
 ## Why it matters
 A run that slows down after its first epoch (DataLoader workers re-created each epoch, a cache that no
@@ -22,6 +26,8 @@ throttles, spends every later step at the slow speed. A profile of the first ste
 # Record the slow steps while the run is slow, then fix what the comparison names:
 #   gpuadvise profile --when-slower 20 train.py      # a window when the median step is 20 % slower
 #   gpuadvise trigger RUN                            # or ask a --on-signal run for a window now
+# When the finding names throttling, the fix is the machine's: its cooling or power limit
+#   nvidia-smi -q -d PERFORMANCE                     # the active clock-throttle reasons
 loader = DataLoader(ds, num_workers=8, persistent_workers=True)  # e.g. workers re-created each epoch
 history.append(loss.item())                                      # e.g. a growing list of tensors
 ```
@@ -32,11 +38,16 @@ Fires when a rise is beyond chance (the CUSUM test's p < 1 %) and the slow level
 the windows; an op is named when its time per step grew by a tenth of the drift. The predicted saving is
 the share of a slow step the drift costs, 1 − early / slow, for the steps from the start of the drift on
 (an upper bound: the steps return to the early level when the cause is fixed). Severity follows it.
+The clock counts as fallen when the median SM clock of the NVML samples during the drift is at least 5 %
+below the one before it and a one-sided Mann-Whitney test on the samples gives p < 0.01 (at least 3
+samples a side); a throttle reason is named when NVML reported it in a quarter of the samples during
+the drift and in under half as many before it.
 """
 
 from __future__ import annotations
 
 from gpuadvise.analyzer.measure.longrun import RunAnalysis
+from gpuadvise.analyzer.measure.telemetry import throttling_evidence
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.fixtures.longrun import RunFolder, Window, trace_for
@@ -90,6 +101,11 @@ class StepTimeDrift(RunRule):
             advice = (f"Fix what grew: {lead['rule']} ({lead['topic']}) explains the slow steps best; its finding on "
                       f"window {slow.index} says how." if lead else
                       f"Compare the windows in full: `gpuadvise compare` on window 1's and window {slow.index}'s traces.")
+        throttled = _throttling(a, lv)
+        if throttled is not None:  # the GPU slowed itself down: the machine is to fix, not (only) the code
+            message += " " + throttled.sentence(lv.change_pct)
+            advice = throttled.advice() if throttled.explains(lv.change_pct) else \
+                advice + " The GPU also throttled: " + throttled.advice()
         saving = 100.0 * (1.0 - lv.early_ms / lv.slow_ms)
         evidence = Evidence(
             steps=list(range(slow.steps[0], slow.steps[1] + 1)) if slow is not None and slow.steps else [],
@@ -100,7 +116,9 @@ class StepTimeDrift(RunRule):
                      "statistic": f"median of steps {slow_steps[0]}–{slow_steps[1]}",
                      "chance": float(f"{lv.p_value:.2g}") if lv.p_value is not None else None,
                      "slow_window": slow.index if slow is not None else None,
-                     "explained_by": lead["rule"] if lead else None})
+                     "explained_by": lead["rule"] if lead else None,
+                     **(throttled.numbers() | {"clock_share_of_drift_pct": round(throttled.share_of(lv.change_pct), 1)}
+                        if throttled is not None else {})})
         basis = (f"the steps from step {lv.began_at} on at the early median ({lv.early_ms:.2f} ms) instead of the "
                  f"slow one ({lv.slow_ms:.2f} ms): the step record's unprofiled steps")
         f = self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice)
@@ -178,6 +196,12 @@ def _loader_steps(b: TraceBuilder, wait_us: float) -> TraceBuilder:
                 b.cpu("aten::addmm", 1_500.0)
             b.cpu("autograd::engine::evaluate_function: AddmmBackward0", 300.0)
     return b
+
+
+def _throttling(a: RunAnalysis, lv):
+    """The GPU's telemetry over the drift against before it (measure/telemetry.py): the SM clock's fall
+    beyond chance and NVML's throttle reasons; None without telemetry or without a fall."""
+    return throttling_evidence(a.record.telemetry, (0, lv.began_at - 1), (lv.began_at, lv.until))
 
 
 def _why(w) -> str:

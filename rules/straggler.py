@@ -9,7 +9,10 @@ the last rank's arrival minus its own, the part of it it did nothing else is tim
 rank that arrived last *caused* the others' wait. Per step, the straggler is the rank that caused the
 most wait (without collectives: the one with the most *work*, its step time minus its wait). The finding
 says why that rank is late: its DataLoader, syncs with its GPU, GPU compute, CPU ops, Python between ops
-(with the op that follows it), or a step that began late, and lists the rank's own findings.
+(with the op that follows it), or a step that began late, and lists the rank's own findings. Where the
+run sampled the GPUs' telemetry (NVML, the `nvml` extra: `telemetry.rankN.jsonl`), a straggler whose SM
+clock ran lower than the other ranks' beyond chance (one-sided Mann-Whitney on the samples, p < 0.01, at
+least 5 % lower) is named as a slower GPU, with the throttle reasons NVML reported, and the machine's fix.
 
 ## Why it matters
 The job runs at the speed of its slowest rank: every other GPU idles (inside its all-reduce) for as
@@ -52,6 +55,7 @@ from collections import Counter
 
 import numpy as np
 
+from gpuadvise.analyzer.measure.telemetry import clock_gap
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.fixtures.builder import RankFolder, job_folder
 
@@ -125,6 +129,11 @@ class Straggler(JobRule):
         )
         basis = (f"job step time over {n_steps} matched step{'s' if n_steps != 1 else ''} if rank {rank} ran at the "
                  f"speed of the other ranks (the next slowest rank then sets the pace)")
+        clocks = _clock_gap(a, rank)
+        if clocks is not None:  # its GPU itself runs slower: the machine's fix comes first
+            message += " " + clocks.rank_sentence(rank)
+            advice = f"Rank {rank}'s GPU: " + clocks.advice() + " " + advice
+            evidence.numbers.update(clocks.numbers())
         f = self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice)
         f.rank = rank
         f.trace = job.ranks[i].source
@@ -135,6 +144,15 @@ class Straggler(JobRule):
 
     def negative(self) -> RankFolder:
         return job_folder(ranks=8, straggler=5, slowdown=1.05)  # 5 % slower: within normal jitter
+
+
+def _clock_gap(a, rank):
+    """The straggler's GPU clock against the other ranks' over the run (measure/telemetry.py), where the
+    run sampled the GPUs' telemetry (`a.telemetry`: rank → Telemetry); None without it or without a gap."""
+    telemetry = getattr(a, "telemetry", None) or {}
+    if rank not in telemetry:
+        return None
+    return clock_gap(telemetry[rank], [t for r, t in telemetry.items() if r != rank])
 
 
 def _beyond_jitter(job, rank: int, count: int, extra_work_us: float, mine: list, t: dict) -> bool:

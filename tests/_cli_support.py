@@ -137,3 +137,57 @@ def tui_trace() -> TraceBuilder:
                 b.memory(-(128 << 20), allocated, 4 << 30)
     b.finish()
     return b
+
+
+def signal_when_ready(cmd: list[str], cwd: Path, how: str, env: dict, timeout: float = 300) -> tuple[int, str, str]:
+    """Start `cmd` in its own session; once its script prints "before wait" (inside a step), signal it the
+    way a terminal (Ctrl-C, `how="ctrl-c"`: SIGINT to the whole foreground process group) or a job
+    scheduler (SIGTERM to the process it started) would. Returns (exit code, stdout, stderr)."""
+    import signal
+
+    import pytest
+
+    with open(cwd / "stderr.txt", "wb") as err:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
+                                env=env, start_new_session=True)
+        try:
+            lines = []
+            for raw in proc.stdout:
+                lines.append(raw.decode())
+                if raw.startswith(b"before wait"):
+                    break
+            else:
+                proc.wait(timeout=timeout)
+                pytest.fail(f"the script ended before it was signalled: rc={proc.returncode} "
+                            f"{''.join(lines)} {(cwd / 'stderr.txt').read_text()}")
+            if how == "ctrl-c":
+                os.killpg(proc.pid, signal.SIGINT)
+            else:
+                os.kill(proc.pid, signal.SIGTERM)
+            rest, _ = proc.communicate(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return proc.returncode, "".join(lines) + rest.decode(), (cwd / "stderr.txt").read_text()
+
+
+# What a person reads must not be Python: outside code (names from the trace, the Fix's examples), no
+# repr of an empty list or table, no True/False/None, no snake_case key or unit suffix, no list, tuple or
+# dict syntax.
+PYTHON_REPRS = re.compile(r"\[\]|\{\}|\b(?:True|False|None)\b|_(?:pct|ms|us|gib|mib)\b|\b[a-z0-9]+(?:_[a-z0-9]+)+\b"
+                          r"|\[[^\]\n]*,[^\]\n]*\]|\(\s*-?\d[\d.]*\s*,\s*-?\d[\d.]*\s*\)|\{\s*'|'\w+'\s*:")
+
+
+def python_reprs(text: str) -> list[str]:
+    """The Python reprs in `text` as a reader sees it: markdown escapes undone, code left out."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"<(script|style|code|pre|svg)\b.*?</\1>", "", text, flags=re.S)
+    text = re.sub(r"<[^>]+>", " ", text).replace("\\", "")
+    text = re.sub(r"(`+).*?\1", "", text, flags=re.S)
+    return [m.group(0) for m in PYTHON_REPRS.finditer(text)]
+
+
+def evidence_parts(text: str) -> list[str]:
+    """Each finding's evidence in a rendered report: from its Evidence heading up to its Impact."""
+    return re.findall(r"Evidence(.*?)Impact", text, flags=re.S)

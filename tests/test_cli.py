@@ -212,52 +212,26 @@ def _missing(d: Path) -> Path:
     return d / "no_such_trace.json"
 
 
-def _empty(d: Path) -> Path:
-    p = d / "empty.json"
-    p.write_bytes(b"")
-    return p
+def _file(name: str, content: str | bytes):
+    """A maker of one bad input file: `name` holding `content` in the folder it is given."""
+    def make(d: Path) -> Path:
+        p = d / name
+        if isinstance(content, bytes):
+            p.write_bytes(content)
+        else:
+            p.write_text(content)
+        return p
+    return make
 
 
-def _blank(d: Path) -> Path:
-    p = d / "blank.json"
-    p.write_text("  \n\t\n")
-    return p
-
-
-def _not_json(d: Path) -> Path:
-    p = d / "notes.json"
-    p.write_text("this is not JSON at all\n")
-    return p
-
-
-def _not_a_trace(d: Path) -> Path:
-    p = d / "config.json"
-    p.write_text(json.dumps({"lr": 0.1, "batch_size": 64}))
-    return p
-
-
-def _json_list_of_numbers(d: Path) -> Path:
-    p = d / "numbers.json"
-    p.write_text("[1, 2, 3]")
-    return p
-
-
-def _no_readable_event(d: Path) -> Path:
-    p = d / "junk_events.json"
-    p.write_text(json.dumps({"traceEvents": [1, "x", [2]]}))
-    return p
-
-
-def _gz_not_json(d: Path) -> Path:
-    p = d / "garbage.json.gz"
-    p.write_bytes(gzip.compress(b"\x00\x01 binary, not JSON"))
-    return p
-
-
-def _corrupt_gz(d: Path) -> Path:
-    p = d / "corrupt.json.gz"
-    p.write_bytes(b"\x1f\x8b" + b"\xff" * 64)
-    return p
+_empty = _file("empty.json", b"")
+_blank = _file("blank.json", "  \n\t\n")
+_not_json = _file("notes.json", "this is not JSON at all\n")
+_not_a_trace = _file("config.json", json.dumps({"lr": 0.1, "batch_size": 64}))
+_json_list_of_numbers = _file("numbers.json", "[1, 2, 3]")
+_no_readable_event = _file("junk_events.json", json.dumps({"traceEvents": [1, "x", [2]]}))
+_gz_not_json = _file("garbage.json.gz", gzip.compress(b"\x00\x01 binary, not JSON"))
+_corrupt_gz = _file("corrupt.json.gz", b"\x1f\x8b" + b"\xff" * 64)
 
 
 def _empty_folder(d: Path) -> Path:

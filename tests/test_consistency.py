@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from _cli_support import library_pointers
+from _cli_support import evidence_parts, library_pointers, python_reprs
 from _corpus_support import SNAPSHOT_NAMES, TRACES, XDIST_GROUP, analysed as analysed_path, corpus_files
 from gpuadvise.analyzer.model.findings import SEVERITIES
 
@@ -162,6 +162,16 @@ def _step_findings(a: dict, skip: set[str]):
         for f in r.findings:
             if f.topic not in skip:
                 yield r, f
+
+
+@pytest.mark.parametrize("key", INPUTS)
+def test_the_evidence_reads_in_words(key, tmp_root):
+    """On real traces too (they reach evidence the fixtures do not), every finding's evidence in the
+    markdown and HTML reports has labels and units, never a Python repr (_cli_support.python_reprs)."""
+    out = analysed(key, tmp_root)
+    for fmt in ("md", "html"):
+        for part in evidence_parts(out[fmt].split("<body", 1)[-1]):
+            assert not python_reprs(part), f"{key} {fmt}: {python_reprs(part)}\n{part[:600]}"
 
 
 @pytest.mark.parametrize("key", INPUTS)

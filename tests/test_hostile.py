@@ -35,7 +35,7 @@ from typing import Callable
 
 import pytest
 
-from _cli_support import DATALOADER_FACTS, call_main, run_cli, write_rule_positive
+from _cli_support import DATALOADER_FACTS, call_main, run_cli, signal_when_ready, write_rule_positive
 from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.rules import find_rule
 
@@ -864,31 +864,8 @@ def test_profiler_failing_at_start_leaves_the_script_alone(tmp_path):
 
 
 def _signal_mid_window(cmd: list[str], cwd: Path, how: str) -> tuple[int, str, str]:
-    """Start `cmd` in its own session; once it prints "before wait" (one step into a three-step window),
-    send Ctrl-C to its process group or SIGTERM to the process, as a terminal or a scheduler would."""
-    with open(cwd / "stderr.txt", "wb") as err:
-        proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
-                                env=_env(), start_new_session=True)
-        try:
-            lines = []
-            for raw in proc.stdout:
-                lines.append(raw.decode())
-                if raw.startswith(b"before wait"):
-                    break
-            else:
-                proc.wait(timeout=TIMEOUT)
-                pytest.fail(f"ended before the signal: rc={proc.returncode} {''.join(lines)} "
-                            f"{(cwd / 'stderr.txt').read_text()}")
-            if how == "ctrl-c":
-                os.killpg(proc.pid, signal.SIGINT)
-            else:
-                os.kill(proc.pid, signal.SIGTERM)
-            rest, _ = proc.communicate(timeout=TIMEOUT)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    return proc.returncode, "".join(lines) + rest.decode(), (cwd / "stderr.txt").read_text()
+    """Start `cmd`, signal it once its script prints "before wait" (_cli_support.signal_when_ready)."""
+    return signal_when_ready(cmd, cwd, how, _env(), TIMEOUT)
 
 
 MID_WINDOW = TRAIN_STEP + """

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from _cli_support import signal_when_ready
+
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.slow  # every test runs the real command
 
@@ -209,32 +211,8 @@ def test_exit_status_is_the_scripts(tmp_path, name):
 
 
 def _interrupt(cmd: list[str], cwd: Path, how: str) -> tuple[int, str, str]:
-    """Start cmd in its own session, wait for the script's "before wait" line, then signal it the way a
-    terminal (Ctrl-C: SIGINT to the whole foreground process group) or a job scheduler (SIGTERM to the
-    process it started) would."""
-    with open(cwd / "stderr.txt", "wb") as err:
-        proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
-                                env=_env(), start_new_session=True)
-        try:
-            lines = []
-            for raw in proc.stdout:
-                lines.append(raw.decode())
-                if raw.startswith(b"before wait"):
-                    break
-            else:
-                proc.wait(timeout=TIMEOUT)
-                pytest.fail(f"the script ended before it was signalled: rc={proc.returncode} "
-                            f"{''.join(lines)} {(cwd / 'stderr.txt').read_text()}")
-            if how == "ctrl-c":
-                os.killpg(proc.pid, signal.SIGINT)
-            else:
-                os.kill(proc.pid, signal.SIGTERM)
-            rest, _ = proc.communicate(timeout=TIMEOUT)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    return proc.returncode, "".join(lines) + rest.decode(), (cwd / "stderr.txt").read_text()
+    """Start `cmd`, signal it once its script prints "before wait" (_cli_support.signal_when_ready)."""
+    return signal_when_ready(cmd, cwd, how, _env(), TIMEOUT)
 
 
 @pytest.mark.parametrize("how, signum", [("ctrl-c", signal.SIGINT), ("sigterm", signal.SIGTERM)])
@@ -360,19 +338,26 @@ def test_created_at_points_at_user_code_in_any_folder(tmp_path, folder):
 
 # -- 4. stepping without an optimizer -----------------------------------------------------------------
 def test_inference_loop_is_stepped_by_dataloader_batches(tmp_path):
-    copy_probe("infer.py", tmp_path)
-    proc = profile(["-q", "-o", "run", *WINDOW, "infer.py"], tmp_path)
+    model, steps, capture = _two_steps_captured("infer.py", tmp_path)
+    names = set(model.cpu["name"].astype(str))
+    assert {f"ProfilerStep#{s.number}" for s in steps} <= names
+    assert "DataLoader" in capture["step_source"]
+
+
+def _two_steps_captured(probe: str, tmp_path: Path):
+    """Profile probe script `probe` (it prints "done"): its window's trace holds two steps and run.json
+    says it was captured. Returns the trace's model, its steps and run.json's capture record."""
+    copy_probe(probe, tmp_path)
+    proc = profile(["-q", "-o", "run", *WINDOW, probe], tmp_path)
     assert proc.returncode == 0, show(proc)
     assert "done" in proc.stdout
     trace = tmp_path / "run" / "trace.pt.trace.json.gz"
     assert trace.is_file(), show(proc)
     model, steps = load_steps(trace)
     assert len(steps) == 2
-    names = set(model.cpu["name"].astype(str))
-    assert {f"ProfilerStep#{s.number}" for s in steps} <= names
     capture = run_json(tmp_path / "run")["capture"]
     assert capture["state"] == "captured"
-    assert "DataLoader" in capture["step_source"]
+    return model, steps, capture
 
 
 def test_manual_gpuadvise_step(tmp_path):
@@ -383,16 +368,7 @@ def test_manual_gpuadvise_step(tmp_path):
     plain = native(["-c", "import gpuadvise; gpuadvise.step(); gpuadvise.step(); print('ok')"], tmp_path)
     assert plain.returncode == 0 and plain.stdout == "ok\n", show(plain)
 
-    copy_probe("manual_step.py", tmp_path)
-    proc = profile(["-q", "-o", "run", *WINDOW, "manual_step.py"], tmp_path)
-    assert proc.returncode == 0, show(proc)
-    assert "done" in proc.stdout
-    trace = tmp_path / "run" / "trace.pt.trace.json.gz"
-    assert trace.is_file(), show(proc)
-    _, steps = load_steps(trace)
-    assert len(steps) == 2
-    capture = run_json(tmp_path / "run")["capture"]
-    assert capture["state"] == "captured"
+    _, _, capture = _two_steps_captured("manual_step.py", tmp_path)
     assert capture["step_source"] == "gpuadvise.step()"
 
 

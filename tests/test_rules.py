@@ -18,6 +18,8 @@ from gpuadvise.analyzer.model.report import all_findings
 from gpuadvise.analyzer.run.engine import analyze_paths
 from gpuadvise.analyzer.run.single import analyze_model, analyze_snapshot
 from gpuadvise.analyzer.model.findings import Evidence, Impact
+from _cli_support import evidence_parts, python_reprs
+from gpuadvise.analyzer.report import evidence
 from gpuadvise.analyzer.read.loader import load_trace
 from gpuadvise.analyzer.read.snapshot import load_snapshot
 from gpuadvise.fixtures.builder import RankFolder, TraceBuilder
@@ -256,6 +258,40 @@ def test_findings_are_complete_and_sorted(rule, kind, fixture_reports):
                            for g in after)
                 assert all(b.impact.est_step_saving_pct >= 0.5 * f.impact.est_step_saving_pct or
                            b.impact.est_step_saving_pct >= f.impact.est_step_saving_pct for b in before if not b.impact.upper_bound)
+
+
+@pytest.mark.parametrize("rule", RULES, ids=IDS)
+def test_every_renderer_shows_the_evidence_in_words(rule, fixture_reports):
+    """The rule's positive-fixture findings (a job rule's: its ranks' and the job's) in the text,
+    markdown and HTML reports and the TUI's finding pane: labels and units, never a repr; the JSON keeps
+    the evidence's keys."""
+    import json as json_module
+
+    from gpuadvise.analyzer.model.report import TraceReport
+    from gpuadvise.analyzer.report import html_report, json as json_report, markdown, text
+    from gpuadvise.tui.finding_markdown import finding_markdown
+
+    findings = list(fixture_reports(rule, "positive").findings)
+    reports = [TraceReport(source="train", rank=None, model=None, metrics=None, findings=findings, kind="snapshot")]
+    shown = {"markdown": evidence_parts(markdown.render(reports)),
+             "HTML": evidence_parts(html_report.render(reports).split("<body", 1)[-1]),
+             "pane": [part for f in findings for part in evidence_parts(finding_markdown(f))],
+             # the terminal summary quotes a finding's source lines and its job-wide saving
+             "text": [line for line in text.render(reports, top=len(findings)).splitlines()
+                      if line.startswith(("   at ", "   on every rank"))]}
+    assert len(shown["markdown"]) == len(shown["pane"]) == sum(1 for f in findings if _has_evidence(f.evidence))
+    for name, parts in shown.items():
+        for part in parts:
+            assert not python_reprs(part), f"{rule.name} {name}: {python_reprs(part)}\n{part}"
+    for f, part in zip([f for f in findings if _has_evidence(f.evidence)], shown["pane"]):
+        for key, value in f.evidence.numbers.items():  # every named number is shown, under its label
+            assert evidence.named(key, value)[0] in part.replace("\\", ""), (key, part)
+    kept = {k for f in json_module.loads(json_report.render(reports))["findings"] for k in f["evidence"]["numbers"]}
+    assert kept == {k for f in findings for k in f.evidence.numbers}
+
+
+def _has_evidence(e) -> bool:
+    return bool(e.steps or e.time_ranges_ms or e.sources or e.numbers)
 
 
 def test_cpu_only_and_no_cuda_findings_are_complete(load_built):

@@ -8,7 +8,6 @@ of the safety of trace names on screen.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 
@@ -21,6 +20,7 @@ pytest.importorskip("textual")
 from rich.text import Text  # noqa: E402
 
 from _cli_support import tui_trace  # noqa: E402
+from _tui_support import press, run, settle  # noqa: E402
 from gpuadvise.analyzer.report import render  # noqa: E402
 from gpuadvise.analyzer.run.engine import analyze_paths  # noqa: E402
 from gpuadvise.fixtures.builder import TraceBuilder  # noqa: E402
@@ -39,17 +39,6 @@ from gpuadvise.tui.widgets.table_view import Column, TableView  # noqa: E402
 from gpuadvise.tui.widgets.timeline_view import TimelineView  # noqa: E402
 
 SIZE = (120, 36)
-
-
-def run(coro):
-    """Pilot tests are coroutines; run each in its own event loop (no pytest-asyncio needed)."""
-    return asyncio.run(coro)
-
-
-async def settle(pilot) -> None:
-    await pilot.pause()
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
 
 
 def memory_builder() -> TraceBuilder:
@@ -126,19 +115,11 @@ def test_opens_on_findings_then_every_screen_by_key_and_help(stall):
             assert isinstance(app.screen, FindingsScreen)
             for key, cls in (("1", OverviewScreen), ("3", TimelineScreen), ("4", KernelsScreen),
                              ("5", CopiesScreen), ("6", MemoryScreen), ("2", FindingsScreen)):
-                await pilot.press(key)
-                await pilot.pause()
-                assert isinstance(app.screen, cls), key
+                assert isinstance(await press(pilot, key), cls), key
             # help: the current screen's keys, then the global ones; escape closes, F1 opens too
-            await pilot.press("3", "question_mark")
-            await pilot.pause()
-            assert isinstance(app.screen, HelpScreen) and "zoom in" in app.screen.screen_help
-            await pilot.press("escape")
-            await pilot.pause()
-            assert isinstance(app.screen, TimelineScreen)
-            await pilot.press("f1")
-            await pilot.pause()
-            assert isinstance(app.screen, HelpScreen)
+            assert isinstance(await press(pilot, "3", "question_mark"), HelpScreen) and "zoom in" in app.screen.screen_help
+            assert isinstance(await press(pilot, "escape"), TimelineScreen)
+            assert isinstance(await press(pilot, "f1"), HelpScreen)
 
     run(go())
 
@@ -334,12 +315,8 @@ def test_timeline_zoom_pan_steps_and_lanes(stall):
             await pilot.press("down")
             assert view.lane == lane + 1
             # the step picker
-            await pilot.press("s")
-            await pilot.pause()
-            assert isinstance(app.screen, StepPicker)
-            await pilot.press("down", "down", "enter")
-            await pilot.pause()
-            assert isinstance(app.screen, TimelineScreen) and view.step_pos == 2
+            assert isinstance(await press(pilot, "s"), StepPicker)
+            assert isinstance(await press(pilot, "down", "down", "enter"), TimelineScreen) and view.step_pos == 2
             # every visible line renders to the widget's width
             width = view.scrollable_content_region.width
             for y in range(view.scrollable_content_region.height):
@@ -480,9 +457,7 @@ def test_export_writes_the_markdown_report_atomically(stall, tmp_path):
         app = make_app(stall, tmp_path, first_screen="overview")
         async with app.run_test(size=SIZE) as pilot:
             await settle(pilot)
-            await pilot.press("e")
-            await pilot.pause()
-            assert isinstance(app.screen, ExportScreen)
+            assert isinstance(await press(pilot, "e"), ExportScreen)
             await pilot.press("enter")
             await pilot.pause()
             target = tmp_path / "gpuadvise-report.md"
@@ -851,7 +826,7 @@ def test_stall_detail_pane_shows_where_loading_time_goes(tmp_path):
                 await pilot.pause()
             md = screen.query_one("#finding-detail").source.replace("\\", "")
             assert "decode_image" in md and "data/ds.py:41" in md  # the hot function, in the evidence table
-            assert "build per batch ms: 20" in md
+            assert "build per batch: 20 ms" in md
             assert "suggested num workers: 5" in md  # 20 ms per batch, one used every 4 ms, 7 free cores
 
     run(go())

@@ -4,16 +4,12 @@ markdown with its charts, and bad input exits 2. No torch, no GPU."""
 
 from __future__ import annotations
 
-import asyncio
-import io
-
 import pytest
 
 pytest.importorskip("textual")
 
-from rich.console import Console  # noqa: E402
-
 from _compare_support import run_folder  # noqa: E402
+from _tui_support import press, run, settle, shown  # noqa: E402
 from gpuadvise.analyzer.compare import diff as cm  # noqa: E402
 from gpuadvise.analyzer.compare.load import load_side  # noqa: E402
 from gpuadvise.analyzer.report import compare as rc  # noqa: E402
@@ -23,24 +19,6 @@ from gpuadvise.tui.screens.dialogs import ExportScreen  # noqa: E402
 from gpuadvise.tui.screens.loading import LoadingScreen  # noqa: E402
 
 SIZE = (120, 40)
-
-
-def run(coro):
-    return asyncio.run(coro)
-
-
-async def settle(pilot) -> None:
-    await pilot.pause()
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
-    await pilot.pause()
-
-
-def shown(screen, selector: str) -> str:
-    """The plain text a Static shows (a rich Text, Table or Group), as it renders 200 columns wide."""
-    console = Console(width=200, file=io.StringIO(), color_system=None)
-    console.print(screen.query_one(selector).content)
-    return console.file.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -102,12 +80,8 @@ def test_export_writes_markdown_and_charts(result, tmp_path):
         app = CompareApp(result=result, export_dir=tmp_path, cursor_blink=False)
         async with app.run_test(size=SIZE) as pilot:
             await settle(pilot)
-            await pilot.press("e")
-            await pilot.pause()
-            assert isinstance(app.screen, ExportScreen)
-            await pilot.press("enter")
-            await pilot.pause()
-            assert isinstance(app.screen, CompareScreen)
+            assert isinstance(await press(pilot, "e"), ExportScreen)
+            assert isinstance(await press(pilot, "enter"), CompareScreen)
         return app.last_export
 
     path = run(go())
@@ -122,12 +96,8 @@ def test_help_lists_the_compare_keys(result):
         app = CompareApp(result=result, cursor_blink=False)
         async with app.run_test(size=SIZE) as pilot:
             await settle(pilot)
-            await pilot.press("question_mark")
-            await pilot.pause()
-            assert isinstance(app.screen, CompareHelp)
-            await pilot.press("escape")
-            await pilot.pause()
-            assert isinstance(app.screen, CompareScreen)
+            assert isinstance(await press(pilot, "question_mark"), CompareHelp)
+            assert isinstance(await press(pilot, "escape"), CompareScreen)
 
     run(go())
 

@@ -12,6 +12,7 @@ import pytest
 
 pytest.importorskip("textual")
 
+from _tui_support import settle  # noqa: E402
 from gpuadvise.tui.app import GpuadviseApp  # noqa: E402
 from gpuadvise.tui.screens.findings import FindingsScreen  # noqa: E402
 from gpuadvise.tui.screens.memory import MemoryScreen  # noqa: E402
@@ -27,12 +28,6 @@ NW0 = TRACES / "kineto/tb_plugin/samples/resnet50_num_workers_0/worker0.16231430
 if not NW0.is_file():
     pytest.skip(f"real trace not found at {NW0} (set GPUADVISE_TRACES to the corpus folder)", allow_module_level=True)
 pytestmark = pytest.mark.slow  # a real ResNet-50 trace on every screen
-
-
-async def settle(pilot) -> None:
-    await pilot.pause()
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
 
 
 def test_resnet50_num_workers_0_every_screen(tmp_path):

@@ -14,6 +14,18 @@ class Evidence:
     items: list[dict] = field(default_factory=list)  # top offenders: name, count, total_ms, ...
     sources: list[str] = field(default_factory=list)  # user source lines (file.py(line): func)
     numbers: dict = field(default_factory=dict)  # the measured figures the message quotes
+    # the step each time range lies in (None: outside every step), set by the engine (place_ranges) so that
+    # renderers show the ranges in step order beside their steps; not part of the JSON
+    range_steps: list[int | None] = field(default_factory=list)
+
+    def place_ranges(self, steps: list[tuple[int, float, float]]) -> None:
+        """Name the step of each time range: `steps` are (number, start ms, end ms) from the trace start;
+        a range belongs to the step that holds its middle."""
+        placed = []
+        for a, b in self.time_ranges_ms:
+            mid = (a + b) / 2
+            placed.append(next((n for n, s, e in steps if s <= mid <= e), None))
+        self.range_steps = placed
 
 
 @dataclass
@@ -57,6 +69,7 @@ class Finding:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["impact"].pop("removes", None)
+        d["evidence"].pop("range_steps", None)
         d["evidence"]["time_ranges_ms"] = [list(r) for r in self.evidence.time_ranges_ms]
         # the JSON keeps its field order: recommendation where it always was, advice and fix after
         out = {k: d[k] for k in ("rule", "topic", "severity", "title", "message", "evidence", "impact")}

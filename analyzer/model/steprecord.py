@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .telemetry import Telemetry
+
 UNPROFILED = ("w", "n", "o")  # phase letters of steps nothing of the profiler touched
 PHASE_NAMES = {"w": "wait", "s": "shapes", "u": "warmup", "a": "active", "m": "memory", "n": "after", "o": "off"}
 
@@ -43,6 +45,8 @@ class StepRecord:
     mem_allocated: np.ndarray = field(default_factory=lambda: np.zeros(0))
     mem_reserved: np.ndarray = field(default_factory=lambda: np.zeros(0))
     damaged_lines: int = 0  # lines that could not be read (a crash while one was being written)
+    # the GPU's own readings over the run (NVML, `telemetry.jsonl` beside the record); None: not sampled
+    telemetry: "Telemetry | None" = None
 
     @property
     def steps(self) -> int:

@@ -17,6 +17,8 @@ import numpy as np
 from gpuadvise.analyzer.errors import InputError
 from gpuadvise.analyzer.model.steprecord import Bucket, StepRecord
 
+from .telemetry import load_telemetry, telemetry_beside
+
 FORMAT = "gpuadvise step record"
 MAX_LINES = 2_000_000  # a record of a billion steps is ~10 000 lines: more is not one
 
@@ -78,7 +80,13 @@ def load_step_record(path: Path) -> StepRecord:
         number=np.array(numbers, dtype=np.int64)[order], phase=np.array(phases, dtype="<U1")[order],
         ms=(gpu_ms if any_gpu else cpu_ms)[order], cpu_ms=cpu_ms[order], buckets=sorted(buckets, key=lambda b: b.first),
         mem_step=mem_arr[:, 0].astype(np.int64), mem_rss=mem_arr[:, 1], mem_allocated=mem_arr[:, 2],
-        mem_reserved=mem_arr[:, 3], damaged_lines=damaged)
+        mem_reserved=mem_arr[:, 3], damaged_lines=damaged, telemetry=_telemetry(Path(path)))
+
+
+def _telemetry(path: Path):
+    """The GPU telemetry sampled beside the record, when the run sampled it."""
+    beside = telemetry_beside(path)
+    return load_telemetry(beside) if beside.is_file() else None
 
 
 def _json(line: str):

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 from gpuadvise.analyzer.model.findings import Finding
 
+from . import evidence
 from .safe import md, md_cell, md_code, md_text, short
 
 
 def finding_lines(f: Finding, prefix: str = "", *, level: int = 3, pane: bool = False, hint: str | None = None) -> list[str]:
-    """The finding under a `level` heading (its title after `prefix`, e.g. "2. "). `pane` (the TUI's detail pane) gives every part its own
-    heading, lists the evidence's named numbers and shows more offenders; `hint` is a line after the
-    evidence (the TUI's "press enter" line)."""
+    """The finding under a `level` heading (its title after `prefix`, e.g. "2. "). Its evidence is in
+    people's words (report/evidence.py): the steps, the time ranges beside their steps, the named numbers
+    with labels and units, the offenders' table with labelled columns. `pane` (the TUI's detail pane)
+    gives every part its own heading and shows more offenders; `hint` is a line after the evidence (the
+    TUI's "press enter" line)."""
     e = f.evidence
     where = f" · rank {f.rank}" if f.rank is not None else ""
     out = [f"{'#' * level} {prefix}{md(f.title)}", "",
@@ -20,25 +23,26 @@ def finding_lines(f: Finding, prefix: str = "", *, level: int = 3, pane: bool = 
            md_text(f.message), ""]
     label = (lambda name: f"- **{name}:**") if pane else (lambda name: f"- {name}:")
     ev = []
+    placed = evidence.where(e.steps, e.time_ranges_ms, e.range_steps)
     if e.steps:
         ev.append(f"{label('Steps')} {', '.join('#' + str(s) for s in e.steps[:12])}{' …' if len(e.steps) > 12 else ''}")
-    if e.time_ranges_ms:
-        ev.append(("- **Where** (ms from trace start): " if pane else "- Where (ms from trace start): ")
-                  + ", ".join(f"{a:.2f}–{b:.2f}" for a, b in e.time_ranges_ms[:6]))
+    if placed:
+        ev.append(f"{label('Where')} " + "; ".join(md(p) for p in placed) + " (from the trace's start)")
     if e.sources:
         ev.append(f"{label('Source')} " + ", ".join(md_code(s) for s in e.sources[:5]))
-    if pane:
-        ev += [f"- {md(key.replace('_', ' '))}: {md(fmt(value))}" for key, value in e.numbers.items()]
-        if hint:
-            ev += ["", hint]
+    style = evidence.Style(words=md, code=md_code)
+    ev += [f"- {name}: {text}" for name, text in (evidence.named(k, v, style) for k, v in e.numbers.items())]
+    if pane and hint:
+        ev += ["", hint]
     if ev or pane:
         out += [_section("Evidence", level, pane), ""] + ev + [""]
     if e.items:
         limit = 15 if pane else 10
         keys = list(e.items[0].keys())
-        out += ["| " + " | ".join(md(k) for k in keys) + " |", "|" + "---|" * len(keys)]
+        out += ["| " + " | ".join(md(evidence.column(k)) for k in keys) + " |", "|" + "---|" * len(keys)]
         for item in e.items[:limit]:
-            cells = [md_cell(short(str(item.get(k, "")), 80)) if k == "name" else md(fmt(item.get(k, ""))) for k in keys]
+            cells = [md_cell(short(str(item.get(k, "")), 80)) if k == "name" or evidence.literal(item.get(k))
+                     else md(evidence.cell(k, item.get(k))) for k in keys]
             out.append("| " + " | ".join(cells) + " |")
         if pane and len(e.items) > limit:
             out.append(f"\n*…and {len(e.items) - limit} more.*")
@@ -71,8 +75,3 @@ def saving(f: Finding) -> str:
         pct += f" ({r[0]:.0f}–{r[1]:.0f} %)"
     return f"up to {pct}" if f.impact.upper_bound else pct
 
-
-def fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
-    return str(v)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from gpuadvise.analyzer.model.report import TraceReport, overhead_words
 from gpuadvise.analyzer.model.findings import Finding
 from gpuadvise.analyzer.model.summary import TraceSummary, summarize
-from .finding import finding_lines, fmt, saving
+from . import evidence
+from .finding import finding_lines, saving
 from .longrun import markdown_section as run_section, shown
 from .safe import md, md_cell, md_code, md_text, short
 
@@ -224,8 +225,8 @@ def _memory_section(t: TraceSummary, multi: bool) -> list[str]:
     if sites:
         keys = list(sites[0].keys())
         out += ["Top allocation sites" + (" (by memory live at the allocation peak)" if h is not None and h.top_sites else "")
-                + ":", "", "| " + " | ".join(md(k) for k in keys) + " |", "|" + "---|" * len(keys)]
-        out += ["| " + " | ".join(md_cell(short(str(v), 80)) if k == "name" else md(fmt(v)) for k, v in row.items()) + " |"
+                + ":", "", "| " + " | ".join(md(evidence.column(k)) for k in keys) + " |", "|" + "---|" * len(keys)]
+        out += ["| " + " | ".join(md_cell(short(str(v), 80)) if k == "name" else md(evidence.cell(k, v)) for k, v in row.items()) + " |"
                 for row in sites]
         out.append("")
     return out

@@ -15,6 +15,7 @@ from gpuadvise.analyzer.model.report import Reports, TraceReport
 from gpuadvise.analyzer.read.sources import Sources, resolve
 
 from . import captures, longrun, ranks
+from .telemetry import rank_telemetry
 from .single import analyze_source, run_rules
 
 
@@ -82,6 +83,7 @@ def analyze_job(reports: list[TraceReport], rules=None):
         by_rank.setdefault(r.rank, []).extend(r.findings)
     notes = list(view.notes)
     analysis = JobAnalysis(view, by_rank)
+    analysis.telemetry = rank_telemetry(reports)  # each rank's GPU clocks, where the run sampled them
     findings = run_rules(analysis, rules, source=None, rank=None, notes=notes, keep_rank=True)
     fix_on_every_rank(view, reports)
     return JobReport(view=view, findings=findings, notes=notes)

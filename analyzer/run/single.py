@@ -76,8 +76,24 @@ def run_rules(analysis, rules, source: str | None, rank: int | None, notes: list
                 f.rank = rank
                 f.trace = source
             _for_every_rank(analysis, found)
+            _place_ranges(analysis, found)
         findings.extend(found)
     return order(findings)
+
+
+def _place_ranges(analysis, found: list[Finding]) -> None:
+    """The step each evidence time range lies in (the ProfilerSteps' CPU spans, those left out of the
+    figures included), for the renderers to show the ranges beside their steps."""
+    metrics = getattr(analysis, "metrics", None)
+    if metrics is None:
+        return
+    every = list(metrics.steps) + list(getattr(metrics, "left_out_steps", []) or [])
+    spans = [(s.number, s.start / 1e3, s.end / 1e3) for s in every]
+    if not spans:
+        return
+    for f in found:
+        if f.evidence.time_ranges_ms:
+            f.evidence.place_ranges(spans)
 
 
 def _for_every_rank(analysis, found: list[Finding]) -> None:

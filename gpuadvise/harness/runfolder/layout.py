@@ -2,7 +2,8 @@
 
 Files: `trace.pt.trace.json.gz` (the recorded window, named as TensorBoard's profiler plugin and HTA
 expect; run folders written before used `trace.json.gz`, still read), `trace.wN.pt.trace.json.gz` (a long
-run's later windows), `steps.jsonl` (every step's time and memory samples, steps/record.py),
+run's later windows), `steps.jsonl` (every step's time and memory samples, steps/record.py), `telemetry.jsonl`
+(the GPU's NVML readings about once a second, steps/telemetry.py: NVIDIA GPUs with `gpuadvise[nvml]`),
 `capture-requests.jsonl` (window requests every rank follows, windows/requests.py), `memory.pickle` (GPU: CUDA memory snapshot),
 `run.json` (what happened; rewritten atomically while the script runs, so it is true even after a
 crash or `os._exit`). Under torchrun they carry the rank (`trace.rank3.pt.trace.json.gz`, `run.rank3.json`).
@@ -111,6 +112,11 @@ def later_traces(folder: Path, r: int | None) -> list[Path]:
 def steps_name(r: int | None) -> str:
     """The whole run's step record (steps/record.py)."""
     return f"steps{suffix(r)}.jsonl"
+
+
+def telemetry_name(r: int | None) -> str:
+    """The GPU's own telemetry over the run, sampled by NVML (steps/telemetry.py)."""
+    return f"telemetry{suffix(r)}.jsonl"
 
 
 def rank_traces(out: Path) -> list[Path]:

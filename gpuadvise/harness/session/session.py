@@ -8,6 +8,8 @@ The parts live in their own modules:
   the callbacks at the edges of the recorded steps;
 - runfolder/writers.py: the run folder's files (trace, memory snapshot, run.json);
 - steps/record.py: every step's time and memory samples for the whole run, in a sidecar file;
+- steps/telemetry.py: the GPU's own readings (NVML: clocks, power, temperature, throttle reasons) about once
+  a second in a daemon thread, in `telemetry.jsonl` beside it;
 - windows/later.py (with plan.py, triggers.py, requests.py, slowwatch.py there): the windows after the first
   (`--on-signal`, `--when-slower`, `--every`), recorded by the same profiler.
 This module is what happens at each boundary, and the session's start and end.
@@ -39,6 +41,7 @@ from ..frameworks import importwatch
 from ..runfolder import jobfolder, layout, writers
 from ..steps.record import StepRecord
 from ..steps.sources import SOURCES, StepSources
+from ..steps.telemetry import Telemetry
 from ..steps.times import StepTimes
 from ..windows import later, quiet
 from ..windows.requests import REQUESTS
@@ -80,6 +83,7 @@ class Session:
         self.hooks = WindowHooks()
         self.started = time.time()
         self.later: later.LaterWindows | None = None  # windows after the first, when an option asks
+        self.telemetry: Telemetry | None = None  # NVML sampled in its own thread, on an NVIDIA GPU with pynvml
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -95,6 +99,8 @@ class Session:
                                on_final=self._final_step)
         self.memory_steps = self.config.get("memory_steps", 2) if self.config["memory_history"] and cuda(torch) else 0
         self._start_long_run()
+        if cuda(torch):  # the GPU's clocks, power and temperature over the run; silent without pynvml
+            self.telemetry = Telemetry.start(self.out / layout.telemetry_name(self.rank), lambda: self.steps)
         quiet.ignore_profiler_warnings()
         quiet.set_log(self.out / layout.log_name(self.rank), errors_to_stderr=cuda(torch))
         try:
@@ -124,7 +130,8 @@ class Session:
     def _start_long_run(self) -> None:
         """With --on-signal, --when-slower or --every: the windows after the first. A fresh run starts with a
         fresh step record (and rank 0 with a fresh request file)."""
-        for name in [layout.steps_name(self.rank)] + ([REQUESTS] if self.rank in (None, 0) else []):
+        for name in [layout.steps_name(self.rank), layout.telemetry_name(self.rank)] + \
+                ([REQUESTS] if self.rank in (None, 0) else []):
             with contextlib.suppress(OSError):
                 os.unlink(self.out / name)
         if later.wanted(self.config):
@@ -136,6 +143,8 @@ class Session:
         try:
             self.times.close(wait_for_gpu=exit_code == 0)
             self.record.close()
+            if self.telemetry is not None:
+                self.telemetry.stop()
             self.probe.end(keep=False, out=self.out)
             self._hooks_stop(self.steps, captured=False)  # still open: the script ended inside a window
             if self.later is not None:
