@@ -122,7 +122,8 @@ def test_a_rank_finding_that_saves_the_job_nothing_is_low_and_after_the_jobs_cau
     ntc = [f for f in all_findings(reports) if f.topic == "no-tensor-cores"]
     assert len(ntc) == 1 and ntc[0].rank == 0
     f = ntc[0]
-    assert 12.0 <= f.impact.est_step_saving_pct <= 20.0  # what it saves rank 0's own step
+    # what it saves rank 0's own step: [medium] at least, on that rank alone (the roofline bounds it, no shapes)
+    assert 3.0 <= f.impact.est_step_saving_pct <= 20.0
     assert f.impact.job_pct < 1.0 and f.severity == "low"
     assert f.evidence.numbers["rank_step_saving_pct"] == round(f.impact.est_step_saving_pct, 1)
     assert "rank 0 waits for rank 2 in all-to-all anyway" in f.message
