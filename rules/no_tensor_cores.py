@@ -253,7 +253,8 @@ def _advice(spec, dev_name: str, fixes: list[str], savings: dict, saving: float,
         advice += (" If you cannot change precision that far, TF32 is one line, "
                    f"`torch.set_float32_matmul_precision('high')`, and saves about {tf32:.0f} %.")
     elif tf32 is not None and savings["tf32"][1] is not None and round(savings["tf32"][1]) > 0:
-        advice += (f" TF32 (`torch.set_float32_matmul_precision('high')`) saves up to {savings['tf32'][1]:.0f} % if these "
+        how = switches.tf32(fw) if fw is not None else "`torch.set_float32_matmul_precision('high')`"
+        advice += (f" TF32 ({how}) saves up to {savings['tf32'][1]:.0f} % if these "
                    "are large GEMMs; without recorded shapes they are taken as memory-bound, where TF32 gains nothing.")
     elif tf32 is not None:
         advice += f" TF32 alone would not shorten the step measurably: {amp} halves the bytes as well."
