@@ -50,6 +50,7 @@ class CompileWork:
     spans: list[CompileSpan] = field(default_factory=list)
     starts: np.ndarray = field(default_factory=lambda: np.empty(0))  # their union, µs on the trace clock
     ends: np.ndarray = field(default_factory=lambda: np.empty(0))
+    calls: np.ndarray = field(default_factory=lambda: np.empty(0))  # correlation ids of the runtime calls inside
 
     def __bool__(self) -> bool:
         return bool(self.spans)
@@ -57,6 +58,10 @@ class CompileWork:
     @property
     def us(self) -> float:
         return iv.total(self.starts, self.ends)
+
+    def made(self, correlation) -> np.ndarray:
+        """Whether each GPU op or runtime call (by correlation id) was issued from inside a compile span."""
+        return np.isin(np.asarray(correlation), self.calls)
 
     def inside(self, ts) -> np.ndarray:
         """Whether each time lies inside a compile span."""
@@ -90,7 +95,12 @@ def compile_work(model: TraceModel) -> CompileWork:
         cid = ids[i] or _next_region(regions, hi)
         auto = any(AUTOTUNING.search(names[j]) for j in inside)
         spans.append(CompileSpan(float(lo), float(hi), cid, name, auto))
-    return CompileWork(spans, starts, ends)
+    work = CompileWork(spans, starts, ends)
+    rt = model.runtime
+    if len(rt):
+        corr = rt["correlation"].to_numpy()
+        work.calls = np.unique(corr[work.inside(rt["ts"].to_numpy(dtype=float)) & (corr >= 0)])
+    return work
 
 
 def _ids_inside(cpu, starts: np.ndarray, ends: np.ndarray) -> list[str]:

@@ -30,7 +30,8 @@ Steps that hold a framework's evaluation or checkpoint (phases.py) are left out 
 
 torch.compile's own work (compilework.py: the `dynamo_timed` compile and autotuning spans) is a one-time
 cost too: besides leaving its steps out, the syncs, copies and launches its calls made (the autotuner's
-device syncs, pageable copies and benchmark kernels) are kept out of `syncs`, `copies` and `launches`,
+device syncs, pageable copies and benchmark kernels) are kept out of `syncs`, `copies`, `launches` and
+`kernels`,
 so no sync, copy or launch finding is built from them; `compile_work` holds the spans.
 """
 
@@ -163,7 +164,7 @@ def _compute(model: TraceModel, leave_out: set[int] | None = None, cut=None, wor
         per_step=per_step_table(model, steps, window, gpu_union, dl, syncs, cut),
         temporal=temporal_breakdown(model, excluded),
         idle_breakdown=idle_breakdown(model, launches, excluded),
-        kernels=kernel_table(model),
+        kernels=kernel_table(model, leave_out=compiler_calls),
         ops=op_table(model),
         copies=copies,
         copy_summary=copy_summary(copies),
@@ -180,10 +181,4 @@ def _compute(model: TraceModel, leave_out: set[int] | None = None, cut=None, wor
 
 def _compiler_correlations(model: TraceModel, work: CompileWork | None):
     """Correlation ids of the runtime calls made inside compile spans; None without compile spans."""
-    if not work:
-        return None
-    rt = model.runtime
-    if not len(rt):
-        return np.empty(0)
-    inside = work.inside(rt["ts"].to_numpy(dtype=float)) & (rt["correlation"].to_numpy() >= 0)
-    return np.unique(rt["correlation"].to_numpy()[inside])
+    return work.calls if work else None
