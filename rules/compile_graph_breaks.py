@@ -30,7 +30,8 @@ model = torch.compile(model, fullgraph=True)          # fail loudly on any break
 
 ## Thresholds
 Any graph break at a user file:line. The predicted saving is the eager-island time the trace shows in
-the recorded steps, minus compiling recorded in those steps (run.json), as a share of the steps: an
+the recorded steps, minus compiling recorded in those steps (run.json, or the trace's compile spans),
+as a share of the steps: an
 upper bound, since the ops in the islands still run once compiled. A trace without graph spans (the
 `eager` backend) or without run.json step times gives no prediction.
 """

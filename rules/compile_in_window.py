@@ -82,7 +82,7 @@ class CompileInWindow(Rule):
                   "compiled." if not recompiles else
                   "Compiles keep landing in the window: fix the recompiles first (compile-recompiles), then capture again.")
         evidence = Evidence(steps=steps, sources=where[:5],
-                            items=[{"name": str(c.get("module") or c.get("function")), "where": c.get("where"), "step": c.get("step"),
+                            items=[{"name": str(c.get("module") or c.get("function") or _compile_name(c)), "where": c.get("where"), "step": c.get("step"),
                                     "seconds": c.get("seconds")} for c in inside[:10]],
                             numbers={"compiles_in_window": len(inside), "compile_seconds": round(seconds, 3),
                                      "share_of_recorded_pct": round(share, 1) if share is not None else None})
@@ -113,6 +113,11 @@ class CompileInWindow(Rule):
         b = compiled_loop()
         b.facts = compiled_facts([{"step": 0, "seconds": 6.0}])
         return b
+
+
+def _compile_name(c: dict) -> str:
+    """A compile the trace shows without its function: by its compile id (frame/recompile)."""
+    return f"compile {c['compile_id']} (frame {str(c['compile_id']).split('/')[0]})" if c.get("compile_id") else "a compile"
 
 
 RULE = CompileInWindow()

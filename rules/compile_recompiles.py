@@ -72,7 +72,7 @@ class CompileRecompiles(Rule):
         limit = runfacts.recompile_limit_hits(facts)
         if len(late) < MIN_RECOMPILES and not limit:
             return []
-        reasons = Counter(_pattern(str(r.get("reason") or "?")) for r in late)
+        reasons = Counter(_pattern(str(r.get("reason") or "the failed guard is not recorded")) for r in late)
         # the compiled function by its user-side name: its file:line, or the module and its torch.compile call
         named = Counter(runfacts.compiled_module(r) for r in late)
         sources = Counter(s for r in late + limit for s in (r.get("where"), runfacts.site(r.get("compiled_at"))) if s)

@@ -157,7 +157,7 @@ def trace_compile_facts(model: TraceModel, metrics: Metrics) -> dict:
         met.add(cid)
         f, r = cid.split("/")
         step = step_at(t)
-        if first is not None and t >= first.end and int(r) > base.get(f, 0):
+        if first is not None and t >= first.end and int(r) > base.get(f, 0):  # a compile of F after the first step
             recompiles.append({"compile_id": cid, "function": None, "where": None, "frame": cid, "step": step,
                                "phase": "active", "reason": None, "source": "trace"})
     again = {r["compile_id"] for r in recompiles}

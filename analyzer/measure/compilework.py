@@ -92,7 +92,7 @@ def compile_work(model: TraceModel) -> CompileWork:
         # named after its outermost (longest) span
         top = inside[np.argmax(end[inside] - ts[inside])] if len(inside) else None
         name = names[top][: -len(DYNAMO_TIMED)] if top is not None else ""
-        cid = ids[i] or _next_region(regions, hi)
+        cid = ids[i] or _owner(regions, lo, hi)
         auto = any(AUTOTUNING.search(names[j]) for j in inside)
         spans.append(CompileSpan(float(lo), float(hi), cid, name, auto))
     work = CompileWork(spans, starts, ends)
@@ -118,14 +118,18 @@ def _ids_inside(cpu, starts: np.ndarray, ends: np.ndarray) -> list[str]:
     return out
 
 
-def _region_starts(cpu) -> list[tuple[float, str]]:
+def _region_starts(cpu) -> list[tuple[float, float, str]]:
     r = cpu[name_mask(cpu["name"], lambda n: n.startswith(REGION))]
-    return sorted((float(t), region_id(n) or "") for t, n in zip(r["ts"], r["name"].astype(str)))
+    return sorted((float(t), float(e), region_id(n) or "") for t, e, n in zip(r["ts"], r["end"], r["name"].astype(str)))
 
 
-def _next_region(regions: list[tuple[float, str]], t: float) -> str:
-    """Without a compile-id annotation: the compiled frame that starts running right after the compile."""
-    return next((cid for ts, cid in regions if ts >= t), "")
+def _owner(regions: list[tuple[float, float, str]], lo: float, hi: float) -> str:
+    """Without a compile-id annotation: the innermost compiled region the span runs in (autotuning on a
+    kernel's first call), else the compiled frame that starts running right after it (its compile)."""
+    around = [r for r in regions if r[0] <= lo and hi <= r[1] and r[2]]
+    if around:
+        return max(around, key=lambda r: r[0])[2]
+    return next((cid for ts, _, cid in regions if ts >= hi), "")
 
 
 def region_id(name: str) -> str | None:
