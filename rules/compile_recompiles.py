@@ -9,9 +9,10 @@ file:line in the user's code, the steps it happened in, and how long compiling t
 frame dynamo compiles inside torch or a framework (`torch.compile(nn.Sequential(...))` goes through
 torch's own wrapper; a Hugging Face model's forward lives in `transformers`) is named by its class and
 its `torch.compile(...)` call, never by the library file. From a trace alone (no run.json), a recompile
-is a compiled frame F that runs or compiles as `Torch-Compiled Region: F/R` with R above every R of that
-frame in the first recorded step; the trace names neither the guard nor the line, so the finding names
-the frame and its compile ids, and the compile spans give the seconds.
+is a compile span of compile id F/R with R > 0, or a compiled frame F that runs as `Torch-Compiled
+Region: F/R` with R above every R of that frame in the first recorded step; the trace names neither the
+guard nor the line, so the finding names the frame, and the compile spans give the seconds. It sees the
+recorded steps only: recompiles before the window are run.json's to report.
 
 ## Why it matters
 A guard failure throws the compiled code away for that input: dynamo traces the frame again and the

@@ -99,6 +99,13 @@ def test_recompiles_without_compile_ids_take_the_frame_that_runs_next(load_built
     assert f.evidence.numbers["compile_seconds"] == pytest.approx(1.2, abs=0.01)
 
 
+def test_a_recompile_compiled_in_the_first_recorded_step_counts(load_built):
+    """Compile 0/1 is frame 0's first recompile wherever the window starts: the compile id says so."""
+    late_window = compiled_loop(steps=3, first_step=5, recompile_at={0: 400_000.0, 1: 400_000.0})
+    f = by_name(analyse(load_built, late_window))["compile-recompiles"]
+    assert f.evidence.steps == [5, 6]
+
+
 def test_a_recompile_in_the_first_steps_is_warm_up(load_built):
     found = by_name(analyse(load_built, compiled_loop(steps=5, first_step=0, recompile_at={1: 400_000.0})))
     assert "compile-recompiles" not in found

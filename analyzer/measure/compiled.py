@@ -11,8 +11,9 @@ A trace recorded without `gpuadvise profile` has no run.json: `trace_compile_fac
 facts from the trace alone and writes them as run.json's `compiled` section, so the compile rules read
 one set of facts (model/runfacts.py) whichever source they came from. From the trace:
 - compiles: the compile spans (compilework.py), one per compile id F/R, with their seconds and step;
-- recompiles: a compiled frame F running (or compiling) as F/R with R above every R of that frame in
-  the first recorded step (R > 0 for a frame not seen there);
+- recompiles: a compile span of compile F/R with R > 0 (frame F's R-th recompile), and a compiled frame
+  F running as F/R with R above every R of that frame in the first recorded step (R > 0 for a frame not
+  seen there);
 - graph breaks: a compiled region of one frame running inside a region of another (dynamo resumes the
   code after a break in a new frame, called from the frame it broke out of), one site per resumed frame.
 The trace names no reason and no source line for either: those fields stay empty.
@@ -157,7 +158,9 @@ def trace_compile_facts(model: TraceModel, metrics: Metrics) -> dict:
         met.add(cid)
         f, r = cid.split("/")
         step = step_at(t)
-        if first is not None and t >= first.end and int(r) > base.get(f, 0):  # a compile of F after the first step
+        compiled_here = cid in compiles and int(r) > 0  # a compile span of F's R-th compile: a recompile
+        ran_anew = first is not None and t >= first.end and int(r) > base.get(f, 0)
+        if compiled_here or ran_anew:
             recompiles.append({"compile_id": cid, "function": None, "where": None, "frame": cid, "step": step,
                                "phase": "active", "reason": None, "source": "trace"})
     again = {r["compile_id"] for r in recompiles}
