@@ -21,6 +21,7 @@ The trace names no reason and no source line for either: those fields stay empty
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -128,8 +129,11 @@ def trace_compile_facts(model: TraceModel, metrics: Metrics) -> dict:
         return {}
     steps = sorted(metrics.steps + metrics.left_out_steps, key=lambda s: s.start)
 
+    starts = [s.start for s in steps]
+
     def step_at(ts: float) -> int | None:
-        return next((s.number for s in steps if s.start <= ts < s.end), None)
+        k = bisect_right(starts, ts) - 1
+        return steps[k].number if k >= 0 and ts < steps[k].end else None
 
     compiles: dict[str, dict] = {}
     for i, sp in enumerate(work.spans):
@@ -167,11 +171,18 @@ def trace_compile_facts(model: TraceModel, metrics: Metrics) -> dict:
     for c in compiles.values():  # run.json names the failed guard; the trace only that it was a recompile
         c["recompile"] = c["compile_id"] in again
     breaks: dict[tuple, dict] = {}
-    for i, (t, e, cid) in enumerate(runs):
-        if not cid:
-            continue
-        outer = next((o for o in reversed(runs[:i]) if o[0] <= t and e <= o[1] and o[2]
-                      and o[2].split("/")[0] != cid.split("/")[0]), None)
+    open_regions: list[tuple] = []  # the thread's regions running at t, outermost first
+    threads = sorted(zip(regions["tid"].astype(str), regions["ts"].astype(float), regions["end"].astype(float),
+                         (region_id(str(n)) or "" for n in regions["name"].astype(str))))
+    last_tid = None
+    for tid, t, e, cid in threads:
+        if tid != last_tid:
+            open_regions, last_tid = [], tid
+        while open_regions and open_regions[-1][1] <= t:
+            open_regions.pop()
+        outer = next((o for o in reversed(open_regions) if e <= o[1] and o[2]
+                      and o[2].split("/")[0] != cid.split("/")[0]), None) if cid else None
+        open_regions.append((t, e, cid))
         if outer is None:
             continue
         b = breaks.setdefault((outer[2].split("/")[0], cid.split("/")[0]),
