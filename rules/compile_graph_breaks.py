@@ -6,7 +6,10 @@ Graph breaks `gpuadvise profile` recorded (run.json `compiled.graph_breaks`, fro
 a data-dependent branch …) and the user's file:line where dynamo stopped. In the trace, the compiled
 frames (`Torch-Compiled Region`) are matched with the graphs that ran inside them (`CompiledFunction`,
 `## Call CompiledFxGraph`): region time outside every graph is the eager island a break leaves.
-Breaks are ranked by how often dynamo hit them.
+Breaks are ranked by how often dynamo hit them. From a trace alone (no run.json: a trace recorded with plain
+`torch.profiler`), a break is a compiled region of one frame running inside a region of another: dynamo
+resumes the code after a break in a new frame, called from the one it broke out of. The trace names
+neither the reason nor the line; the finding names the frames and says how to list the breaks.
 
 ## Why it matters
 Each break ends a graph: the work after it cannot be fused with the work before it, each island runs
@@ -27,7 +30,8 @@ model = torch.compile(model, fullgraph=True)          # fail loudly on any break
 
 ## Thresholds
 Any graph break at a user file:line. The predicted saving is the eager-island time the trace shows in
-the recorded steps, minus compiling recorded in those steps (run.json), as a share of the steps: an
+the recorded steps, minus compiling recorded in those steps (run.json, or the trace's compile spans),
+as a share of the steps: an
 upper bound, since the ops in the islands still run once compiled. A trace without graph spans (the
 `eager` backend) or without run.json step times gives no prediction.
 """
@@ -43,6 +47,17 @@ from gpuadvise.fixtures.compiled import TRAIN, compiled_facts, compiled_loop
 from .base import Rule
 
 
+NO_REASON = "the trace does not record why; `torch._dynamo.explain(model)(*inputs)` lists it"
+
+
+def _place(b: dict) -> str:
+    """A break named in the user's terms: by its library (never the library's file), else by the compiled
+    frames the trace shows."""
+    if b.get("library_where"):
+        return f"code inside {frames.package(str(b['library_where']))}"
+    return f"compiled frame {b['frame']} (resumed inside frame {b.get('broke_out_of', '?')})"
+
+
 class CompileGraphBreaks(Rule):
     code = "GA151"
     name = "compile-graph-breaks"
@@ -52,8 +67,10 @@ class CompileGraphBreaks(Rule):
     def check(self, a: Analysis):
         # a break dynamo located only in library code (a run.json from before frames were judged) is named
         # by its library, never by the library's file
-        breaks = [dict(b, where=b.get("where") or f"code inside {frames.package(str(b['library_where']))}")
-                  for b in runfacts.graph_break_sites(a.facts) if b.get("where") or b.get("library_where")]
+        facts = a.compile_facts
+        breaks = [dict(b, where=b.get("where") or _place(b), reason=b.get("reason") or NO_REASON)
+                  for b in runfacts.graph_break_sites(facts)
+                  if b.get("where") or b.get("library_where") or b.get("frame")]
         if not breaks:
             return []
         breaks.sort(key=lambda b: -(b.get("count") if isinstance(b.get("count"), int) else 0))
@@ -66,8 +83,9 @@ class CompileGraphBreaks(Rule):
         if numbers.get("island_pct") is not None:
             message += (f" In the recorded steps {numbers['island_pct']:.1f}% of the step ran eagerly between graphs "
                         f"({numbers['regions_per_step']} compiled-frame calls a step).")
-        advice = "; ".join(f"{b.get('where')}: {b.get('reason')}" for b in breaks[:5])
-        advice = f"Remove the break(s) — {advice}."
+        advice = "; ".join(f"{b.get('where')}: {b.get('reason')}" for b in breaks[:5] if b["reason"] != NO_REASON)
+        advice = f"Remove the break(s) — {advice}." if advice else \
+            "List the breaks with `torch._dynamo.explain(model)(*inputs)` (reason and line of each) and remove them."
         if sync:
             advice += " `.item()` / data-dependent control flow also syncs with the GPU there: keep the value a tensor."
         items = [{"name": str(b.get("reason")), "where": b.get("where"), "count": b.get("count"),
@@ -83,7 +101,7 @@ class CompileGraphBreaks(Rule):
         if ct is None or not ct.steps or not ct.graph_spans:
             return 0.0, ("not predicted: the trace does not show where the graphs ran (no CompiledFunction spans; "
                          "the `eager` backend has none)"), {}
-        compile_s = runfacts.compile_seconds_by_step(a.facts)
+        compile_s = runfacts.compile_seconds_by_step(a.compile_facts)
         island = sum(max(0.0, (s.island_us or 0.0) - 1e6 * compile_s.get(s.number, 0.0)) for s in ct.steps)
         total = sum(s.dur_us for s in ct.steps)
         if total <= 0:

@@ -2,7 +2,11 @@
 
 ## What it detects
 Compilation `gpuadvise profile` recorded (run.json `compiled.compiles`) inside the profiled window's
-steps: the window fell on the first compiled steps, or a recompile landed in it. The compile seconds
+steps: the window fell on the first compiled steps, or a recompile landed in it. From a trace alone, the
+compile spans PyTorch records (`_compile.compile_inner`, `compile_fx_inner`, `GraphLowering.run`,
+`async_compile.wait`, autotuning: every `… (dynamo_timed)` span, analyzer/measure/compilework.py), one
+compile per compile id. The syncs, copies and kernel launches made inside them (the autotuner's) are
+counted here and kept out of host-sync, pageable-memcpy, launch-bound and the step figures. The compile seconds
 in those steps are compared with the steps' recorded time (every recorded step, those left out of the
 figures for one-time costs included). This rule owns that compilation: warm-up-capture leaves the
 one-time costs it finds in those steps to it, so one cost is reported once.
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model import runfacts
+from gpuadvise.analyzer.model.calls import COPY_CALLS, LAUNCH_CALLS, SYNC_CALLS
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.fixtures.compiled import WINDOW, compiled_facts, compiled_loop
@@ -53,7 +58,8 @@ class CompileInWindow(Rule):
     thresholds = {"high_share_pct": HIGH_SHARE}
 
     def check(self, a: Analysis):
-        inside = runfacts.compiles_in_window(a.facts)
+        facts = a.compile_facts
+        inside = runfacts.compiles_in_window(facts)
         if not inside:
             return []
         steps = sorted({c["step"] for c in inside if isinstance(c.get("step"), int)})
@@ -63,23 +69,40 @@ class CompileInWindow(Rule):
         recorded_s = sum(s.dur for s in a.metrics.steps + a.metrics.left_out_steps) / 1e6
         share = 100.0 * seconds / recorded_s if recorded_s > 0 else None
         where = sorted({str(c.get("where")) for c in inside if c.get("where")})
-        recompiles = sum(1 for c in inside if c.get("recompile_reason"))
-        message = (f"{len(inside)} torch.compile compile(s) ran inside the recorded step(s) {', '.join(map(str, steps))}"
-                   f" ({seconds:.2f} s")
+        recompiles = sum(1 for c in inside if c.get("recompile_reason") or c.get("recompile") is True)
+        where_ran = f"the recorded step(s) {', '.join(map(str, steps))}" if steps else "the recorded window"
+        message = f"{len(inside)} torch.compile compile(s) ran inside {where_ran} ({seconds:.2f} s"
         message += f", {share:.0f}% of the recorded steps' time)" if share is not None else ")"
         message += f"; {recompiles} of them recompile(s)." if recompiles else ": the window fell on the first compiled steps."
-        last = max((c["step"] for c in runfacts.compile_events(a.facts) if isinstance(c.get("step"), int)), default=0)
+        last = max((c["step"] for c in runfacts.compile_events(facts) if isinstance(c.get("step"), int)), default=0)
+        work = self._compiler_calls(a)
+        if work:
+            message += f" Inside the compile spans: {work}, kept out of every other figure."
         advice = (f"Start the window after step {last} (e.g. `gpuadvise profile --wait {last + 5}`), once the model has "
                   "compiled." if not recompiles else
                   "Compiles keep landing in the window: fix the recompiles first (compile-recompiles), then capture again.")
         evidence = Evidence(steps=steps, sources=where[:5],
-                            items=[{"name": str(c.get("module") or c.get("function")), "where": c.get("where"), "step": c.get("step"),
+                            items=[{"name": str(c.get("module") or c.get("function") or _compile_name(c)), "where": c.get("where"), "step": c.get("step"),
                                     "seconds": c.get("seconds")} for c in inside[:10]],
                             numbers={"compiles_in_window": len(inside), "compile_seconds": round(seconds, 3),
                                      "share_of_recorded_pct": round(share, 1) if share is not None else None})
         return [self.finding(message=message, evidence=evidence, saving=0.0, advice=advice,
                              basis="not a time saving: the capture must be fixed first",
                              severity="high" if share is None or share >= HIGH_SHARE else "medium")]
+
+    @staticmethod
+    def _compiler_calls(a: Analysis) -> str:
+        """The syncs, copies and kernel launches the compiler made (autotuning), in words; "" when none."""
+        work = a.metrics.compile_work
+        rt = a.model.runtime
+        if not work or not len(rt):
+            return ""
+        calls = rt[work.inside(rt["ts"].to_numpy(dtype=float))]
+        names = calls["name"].astype(str)
+        counts = [(int(names.isin(SYNC_CALLS.keys()).sum()), "blocking call", "blocking calls"),
+                  (int(names.isin(COPY_CALLS).sum()), "copy call", "copy calls"),
+                  (int(names.isin(LAUNCH_CALLS).sum()), "kernel launch", "kernel launches")]
+        return ", ".join(f"{n} {one if n == 1 else many}" for n, one, many in counts if n)
 
     def positive(self) -> TraceBuilder:
         b = compiled_loop()
@@ -90,6 +113,11 @@ class CompileInWindow(Rule):
         b = compiled_loop()
         b.facts = compiled_facts([{"step": 0, "seconds": 6.0}])
         return b
+
+
+def _compile_name(c: dict) -> str:
+    """A compile the trace shows without its function: by its compile id (frame/recompile)."""
+    return f"compile {c['compile_id']} (frame {str(c['compile_id']).split('/')[0]})" if c.get("compile_id") else "a compile"
 
 
 RULE = CompileInWindow()

@@ -8,7 +8,11 @@ that failed ("tensor 'x' size mismatch at index 0. expected 8, actual 10"), the 
 file:line in the user's code, the steps it happened in, and how long compiling took. A module whose
 frame dynamo compiles inside torch or a framework (`torch.compile(nn.Sequential(...))` goes through
 torch's own wrapper; a Hugging Face model's forward lives in `transformers`) is named by its class and
-its `torch.compile(...)` call, never by the library file.
+its `torch.compile(...)` call, never by the library file. From a trace alone (no run.json), a recompile
+is a compile span of compile id F/R with R > 0, or a compiled frame F that runs as `Torch-Compiled
+Region: F/R` with R above every R of that frame in the first recorded step; the trace names neither the
+guard nor the line, so the finding names the frame, and the compile spans give the seconds. It sees the
+recorded steps only: recompiles before the window are run.json's to report.
 
 ## Why it matters
 A guard failure throws the compiled code away for that input: dynamo traces the frame again and the
@@ -51,6 +55,7 @@ from gpuadvise.fixtures.compiled import compiled_facts, compiled_loop
 from .base import Rule
 
 MIN_RECOMPILES = 2
+NO_REASON = "the trace does not record which guard failed; TORCH_LOGS=recompiles prints it"
 _SIZE = re.compile(r"size mismatch|stride mismatch|sizes|shape", re.I)
 _VALUE = re.compile(r"==\s*-?[\d.]+|!=|___stack|L\['[^']+'\]\s*==", re.I)
 _GLOBAL = re.compile(r"G\['|___check_obj_id|ID_MATCH|global", re.I)
@@ -63,18 +68,19 @@ class CompileRecompiles(Rule):
     thresholds = {"warmup_steps": runfacts.COMPILE_WARMUP_STEPS, "min_recompiles": MIN_RECOMPILES}
 
     def check(self, a: Analysis):
-        late = runfacts.recompiles_after_warmup(a.facts)
-        limit = runfacts.recompile_limit_hits(a.facts)
+        facts = a.compile_facts
+        late = runfacts.recompiles_after_warmup(facts)
+        limit = runfacts.recompile_limit_hits(facts)
         if len(late) < MIN_RECOMPILES and not limit:
             return []
-        reasons = Counter(_pattern(str(r.get("reason") or "?")) for r in late)
+        reasons = Counter(_pattern(str(r.get("reason") or "the failed guard is not recorded")) for r in late)
         # the compiled function by its user-side name: its file:line, or the module and its torch.compile call
         named = Counter(runfacts.compiled_module(r) for r in late)
         sources = Counter(s for r in late + limit for s in (r.get("where"), runfacts.site(r.get("compiled_at"))) if s)
         steps = sorted({int(r["step"]) for r in late if isinstance(r.get("step"), int)})
         seconds = sum(r["seconds"] for r in late)
-        saving, basis = self._saving(a.facts, steps, seconds)
-        example = str(late[0].get("reason")) if late else str(limit[0].get("reason"))
+        saving, basis = self._saving(facts, steps, seconds, a.compile_facts_from_trace)
+        example = str((late[0] if late else limit[0]).get("reason") or NO_REASON)
         where = named.most_common(1)[0][0] if named else runfacts.compiled_module(limit[0])
         message = (f"torch.compile recompiled {len(late)} time(s) after warm-up (steps {_span(steps)}), "
                    f"{seconds:.2f} s of compiling, most in {where}: \"{example}\".") if late else ""
@@ -91,7 +97,7 @@ class CompileRecompiles(Rule):
                              severity="medium" if limit and saving < 3 else None)]
 
     @staticmethod
-    def _saving(facts: dict, steps: list[int], seconds: float) -> tuple[float, str]:
+    def _saving(facts: dict, steps: list[int], seconds: float, from_trace: bool = False) -> tuple[float, str]:
         times = runfacts.step_times_ms(facts)
         if not steps or not times:
             return 0.0, "not predicted: run.json has no step times to weigh the compile time against"
@@ -101,7 +107,7 @@ class CompileRecompiles(Rule):
             return 0.0, "not predicted: no timed steps after the first recompile"
         pct = 100.0 * min(seconds, total_s) / total_s
         return pct, (f"recorded compile time of the recompiles ({seconds:.2f} s) over the {len(span)} timed steps "
-                     f"from step {steps[0]} on ({total_s:.2f} s, run.json)")
+                     f"from step {steps[0]} on ({total_s:.2f} s, {'the trace' if from_trace else 'run.json'})")
 
     def positive(self) -> TraceBuilder:
         b = compiled_loop()

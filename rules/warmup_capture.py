@@ -21,8 +21,10 @@ without one remains; the report header and this finding name the steps left out 
 remains (a one-step capture of the first forward pass, a trace without ProfilerStep marks), the costs'
 time ranges are cut out of those figures instead, so no other finding is driven by them.
 
-Compilation that run.json records in a recorded step is compile-in-window's: one-time costs in those
-steps are left to it (the steps are still left out of the figures), and this rule stays quiet when
+Compilation that run.json records in a recorded step, or that the trace shows (torch.compile's
+`… (dynamo_timed)` compile and autotuning spans, with everything inside them), is compile-in-window's:
+one-time costs in those steps or inside those spans are left to it (the steps are still left out of the
+figures, and the spans' syncs, copies and launches out of every table), and this rule stays quiet when
 nothing else remains.
 
 ## Why it matters
@@ -75,8 +77,11 @@ class WarmupCapture(Rule):
         if not m.has_gpu or m.one_time is None:
             return []
         # compilation run.json places in a recorded step is compile-in-window's to report
-        compiling = sorted({c["step"] for c in runfacts.compiles_in_window(a.facts) if isinstance(c.get("step"), int)})
-        costs = [c for c in m.one_time.costs if c.step is None or c.step not in compiling]
+        compiling = sorted({c["step"] for c in runfacts.compiles_in_window(a.compile_facts) if isinstance(c.get("step"), int)})
+        # torch.compile's compile spans, and what lies inside them, are compile-in-window's too
+        compile_labels = {c.label for c in m.one_time.costs if c.kind == "compilation"}
+        costs = [c for c in m.one_time.costs if (c.step is None or c.step not in compiling)
+                 and c.kind != "compilation" and c.within not in compile_labels]
         if not costs:
             return []
         labels = {c.label for c in costs}

@@ -204,6 +204,20 @@ def test_recorder_turns_torch_records_into_run_json(monkeypatch):
     assert s["cudagraphs"]["skip_reasons"] == ["skipping cudagraphs due to mutated inputs"]
 
 
+def test_the_backwards_lazy_compile_counts_in_its_compile_and_step():
+    """AOTAutograd compiles the backward on the first backward call (`bwd_compilation_metrics`): its time
+    is compiling too, as the trace's compile spans show it."""
+    steps = iter([(0, "wait"), (1, "wait")])
+    rec = compiled.Recorder(torch, lambda: next(steps))
+    rec.on_record({"compilation_metrics": {"compile_id": "0/0", "co_name": "forward", "co_filename": "/x/m.py",
+                                           "co_firstlineno": 3, "entire_frame_compile_time_s": 1.25}}, None)
+    rec.on_record({"bwd_compilation_metrics": {"compile_id": "0/0", "backward_cumulative_compile_time_us": 750_000}},
+                  None)
+    s = rec.summary()
+    assert s["compiles"][0]["seconds"] == 2.0 and s["compiles"][0]["backward_seconds"] == 0.75
+    assert s["compile_seconds_per_step"] == {"0": 1.25, "1": 0.75}  # each part in the step it ran in
+
+
 def test_a_broken_record_is_noted_never_raised():
     rec = compiled.Recorder(torch, lambda: 1 / 0)  # the step lookup itself fails
     rec.attach()

@@ -14,10 +14,10 @@ import pandas as pd
 
 from . import replay_graph, whatif
 from .collectives import RankCollectives, own_work, rank_collectives
-from .compiled import CompiledTrace, compiled_trace
+from .compiled import CompiledTrace, compiled_trace, trace_compile_facts, trace_steps
 from .calibration import NOISE, Calibration, calibrate, recorded_starts, scenario_on, unprofiled_step_ms
 from gpuadvise.analyzer.model.calls import TRAINING
-from gpuadvise.analyzer.model import devices
+from gpuadvise.analyzer.model import devices, runfacts
 from gpuadvise.analyzer.model.kernels import is_comm
 from .memory import MemorySummary
 from .metrics import Metrics
@@ -61,6 +61,26 @@ class Analysis:
         if self.model is None or self.metrics is None:
             return None
         return compiled_trace(self.model, self.metrics)
+
+    @cached_property
+    def compile_facts(self) -> dict:
+        """The facts the compile rules read: run.json's, with its `compiled` section; when run.json has
+        none (a trace recorded with plain torch.profiler), the section the trace alone shows
+        (compiled.trace_compile_facts), and the trace's steps when run.json has no step times. One set of
+        facts, read the same way (model/runfacts.py), whichever source it came from."""
+        if runfacts.compiled(self.facts) or self.model is None or self.metrics is None:
+            return self.facts
+        section = trace_compile_facts(self.model, self.metrics)
+        if not section:
+            return self.facts
+        facts = dict(self.facts, compiled=section)
+        if not runfacts.step_times_ms(facts):
+            facts["steps"] = trace_steps(self.metrics)
+        return facts
+
+    @property
+    def compile_facts_from_trace(self) -> bool:
+        return runfacts.compiled(self.compile_facts).get("surface") == "trace"
 
     @cached_property
     def collectives(self) -> RankCollectives | None:

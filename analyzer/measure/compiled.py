@@ -6,10 +6,22 @@ function after a graph break nests inside the frame it broke out of); the graph 
 AOTAutograd's `CompiledFunction` / `CompiledFunctionBackward` or Inductor's `## Call CompiledFxGraph`
 spans. Region time outside those graph spans is Python that dynamo could not put in a graph: the eager
 islands a graph break leaves (and any compilation that happened there, which is counted apart).
+
+A trace recorded without `gpuadvise profile` has no run.json: `trace_compile_facts` reads the same
+facts from the trace alone and writes them as run.json's `compiled` section, so the compile rules read
+one set of facts (model/runfacts.py) whichever source they came from. From the trace:
+- compiles: the compile spans (compilework.py), one per compile id F/R, with their seconds and step;
+- recompiles: a compile span of compile F/R with R > 0 (frame F's R-th recompile), and a compiled frame
+  F running as F/R with R above every R of that frame in the first recorded step (R > 0 for a frame not
+  seen there);
+- graph breaks: a compiled region of one frame running inside a region of another (dynamo resumes the
+  code after a break in a new frame, called from the frame it broke out of), one site per resumed frame.
+The trace names no reason and no source line for either: those fields stay empty.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,6 +31,7 @@ from gpuadvise.analyzer.model.kernels import inductor_kind
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask
 
 from . import intervals
+from .compilework import CompileWork, region_id
 from .metrics import Metrics
 
 REGION = "Torch-Compiled Region"
@@ -104,3 +117,97 @@ def _inductor_kernels(model: TraceModel) -> dict:
             e["count"] += 1
             e["us"] = round(e["us"] + float(dur), 3)
     return out
+
+
+def trace_compile_facts(model: TraceModel, metrics: Metrics) -> dict:
+    """run.json's `compiled` section as the trace alone shows it (module docstring); {} when the trace
+    holds no compiled region and no compile span."""
+    cpu = model.cpu
+    work = metrics.compile_work or CompileWork()
+    regions = cpu[name_mask(cpu["name"], lambda n: n.startswith(REGION))] if len(cpu) else cpu
+    if not len(regions) and not work:
+        return {}
+    steps = sorted(metrics.steps + metrics.left_out_steps, key=lambda s: s.start)
+
+    starts = [s.start for s in steps]
+
+    def step_at(ts: float) -> int | None:
+        k = bisect_right(starts, ts) - 1
+        return steps[k].number if k >= 0 and ts < steps[k].end else None
+
+    compiles: dict[str, dict] = {}
+    for i, sp in enumerate(work.spans):
+        key = sp.compile_id or f"?{i}"
+        c = compiles.setdefault(key, {"compile_id": sp.compile_id or None, "function": None, "where": None,
+                                      "step": step_at(sp.ts), "phase": "active", "seconds": 0.0,
+                                      "recompile_reason": None, "fail_reason": None, "autotuning": False,
+                                      "source": "trace"})
+        c["seconds"] = round(c["seconds"] + (sp.end - sp.ts) / 1e6, 6)
+        c["autotuning"] = c["autotuning"] or sp.autotuning
+    runs = sorted((float(t), float(e), region_id(str(n)) or "")
+                  for t, e, n in zip(regions["ts"], regions["end"], regions["name"].astype(str)))
+    seen = sorted([(t, cid) for t, _, cid in runs if cid] +
+                  [(_first_ts(work, c["compile_id"]), c["compile_id"])
+                   for c in compiles.values() if c["compile_id"]])
+    first = steps[0] if steps else None
+    base: dict[str, int] = {}
+    for t, cid in seen:
+        if first is not None and first.start <= t < first.end:
+            f, r = cid.split("/")
+            base[f] = max(base.get(f, -1), int(r))
+    recompiles, met = [], set()
+    for t, cid in seen:
+        if cid in met:
+            continue
+        met.add(cid)
+        f, r = cid.split("/")
+        step = step_at(t)
+        compiled_here = cid in compiles and int(r) > 0  # a compile span of F's R-th compile: a recompile
+        ran_anew = first is not None and t >= first.end and int(r) > base.get(f, 0)
+        if compiled_here or ran_anew:
+            recompiles.append({"compile_id": cid, "function": None, "where": None, "frame": cid, "step": step,
+                               "phase": "active", "reason": None, "source": "trace"})
+    again = {r["compile_id"] for r in recompiles}
+    for c in compiles.values():  # run.json names the failed guard; the trace only that it was a recompile
+        c["recompile"] = c["compile_id"] in again
+    breaks: dict[tuple, dict] = {}
+    open_regions: list[tuple] = []  # the thread's regions running at t, outermost first
+    threads = sorted(zip(regions["tid"].astype(str), regions["ts"].astype(float), regions["end"].astype(float),
+                         (region_id(str(n)) or "" for n in regions["name"].astype(str))))
+    last_tid = None
+    for tid, t, e, cid in threads:
+        if tid != last_tid:
+            open_regions, last_tid = [], tid
+        while open_regions and open_regions[-1][1] <= t:
+            open_regions.pop()
+        outer = next((o for o in reversed(open_regions) if e <= o[1] and o[2]
+                      and o[2].split("/")[0] != cid.split("/")[0]), None) if cid else None
+        open_regions.append((t, e, cid))
+        if outer is None:
+            continue
+        b = breaks.setdefault((outer[2].split("/")[0], cid.split("/")[0]),
+                              {"where": None, "reason": None, "frame": cid.split("/")[0],
+                               "broke_out_of": outer[2].split("/")[0], "count": 0, "steps": [], "source": "trace"})
+        b["count"] += 1
+        n = step_at(t)
+        if n is not None and n not in b["steps"]:
+            b["steps"].append(n)
+    per_step: dict[str, float] = {}
+    for c in compiles.values():
+        if c["step"] is not None:
+            per_step[str(c["step"])] = round(per_step.get(str(c["step"]), 0.0) + c["seconds"], 6)
+    return {"surface": "trace", "calls": [], "compiles": list(compiles.values()), "recompiles": recompiles,
+            "graph_breaks": list(breaks.values()), "limit_hit": [], "compile_seconds_per_step": per_step,
+            "graphs": len({c["compile_id"] for c in compiles.values() if c["compile_id"]} | {r[2] for r in runs if r[2]})}
+
+
+def _first_ts(work: CompileWork, cid: str) -> float:
+    return min(sp.ts for sp in work.spans if sp.compile_id == cid)
+
+
+def trace_steps(metrics: Metrics) -> dict:
+    """run.json's `steps` as the trace shows them: every recorded step (those left out of the figures
+    included), its CPU span in ms, all of them recorded ("active")."""
+    steps = sorted(metrics.steps + metrics.left_out_steps, key=lambda s: s.start)
+    return {"clock": "trace", "number": [s.number for s in steps], "phase": ["active"] * len(steps),
+            "ms": [round(s.cpu_dur / 1e3, 3) for s in steps]}

@@ -27,6 +27,12 @@ steps they make up a tenth of are left out (`steps` holds the others, `left_out_
 as one step remains; otherwise their time ranges (`one_time_cut`) are cut out of the window's figures
 (per-step table, temporal and idle breakdowns) and of the replay. `one_time` says what was found.
 Steps that hold a framework's evaluation or checkpoint (phases.py) are left out the same way.
+
+torch.compile's own work (compilework.py: the `dynamo_timed` compile and autotuning spans) is a one-time
+cost too: besides leaving its steps out, the syncs, copies and launches its calls made (the autotuner's
+device syncs, pageable copies and benchmark kernels) are kept out of `syncs`, `copies`, `launches` and
+`kernels`,
+so no sync, copy or launch finding is built from them; `compile_work` holds the spans.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import pandas as pd
 
 from . import intervals as iv
 from . import phases
+from .compilework import CompileWork, compile_work
 from .spans import dataloader_spans
 from .steps import Step, find_steps, gpu_timeline, trace_window
 from .syncs import sync_table
@@ -66,6 +73,7 @@ class Metrics:
     notes: list[str] = field(default_factory=list)
     one_time: SteadyPlan | None = None  # one-time costs found, and how they are kept out (warmup.plan)
     left_out_steps: list[Step] = field(default_factory=list)  # steps left out of every figure for them
+    compile_work: CompileWork | None = None  # torch.compile's compile spans, kept out of syncs/copies/launches
 
     @property
     def left_out(self) -> dict[int, str]:
@@ -114,20 +122,25 @@ class Metrics:
 def compute(model: TraceModel, steady: bool = True) -> Metrics:
     """The trace's metrics, with one-time costs kept out of them (module docstring); `steady=False`
     measures everything as recorded."""
-    full = _compute(model)
+    work = compile_work(model)
+    full = _compute(model, work=work)
     if not steady:
         return full
-    p = plan(model, full) if full.has_gpu else SteadyPlan()  # without a GPU timeline nothing is a GPU job's start
+    # without a GPU timeline nothing is a GPU job's start, but compiling is a one-time cost on any device
+    p = plan(model, full) if full.has_gpu else plan(model, full, compile_only=True)
     phases.apply(p, model, full.steps)  # a framework's evaluation or checkpoint step is no training step either
     if not p.left_out and p.cut is None and not p.costs:
         return full
-    m = _compute(model, set(p.left_out), p.cut) if p.left_out or p.cut is not None else full
+    m = _compute(model, set(p.left_out), p.cut, work) if p.left_out or p.cut is not None else full
     m.one_time = p
     return m
 
 
-def _compute(model: TraceModel, leave_out: set[int] | None = None, cut=None) -> Metrics:
+def _compute(model: TraceModel, leave_out: set[int] | None = None, cut=None, work: CompileWork | None = None) -> Metrics:
     launches = launch_stats(model)
+    compiler_calls = _compiler_correlations(model, work)
+    if compiler_calls is not None:
+        launches = launches[~launches["correlation"].isin(compiler_calls)]
     every = gpu_timeline(find_steps(model), launches)  # GPU times from every step: a left-out one still ends the one before
     steps = [s for s in every if s.number not in (leave_out or ())]
     dropped = [s for s in every if s.number in (leave_out or ())]
@@ -138,6 +151,9 @@ def _compute(model: TraceModel, leave_out: set[int] | None = None, cut=None) -> 
     dl = dataloader_spans(model, steps)
     copies = copy_table(model, steps)
     syncs = sync_table(model, steps)
+    if compiler_calls is not None:  # the compiler's own copies and syncs (module docstring)
+        copies = copies[~copies["correlation"].isin(compiler_calls)].reset_index(drop=True)
+        syncs = syncs[~work.inside(syncs["ts"].to_numpy(dtype=float))].reset_index(drop=True)
     # what whole-trace figures leave out: the cut ranges, or the left-out steps' time
     excluded = cut if cut is not None else (iv.union([min(s.start, s.window[0]) for s in dropped],
                                                      [max(s.end, s.window[1]) for s in dropped]) if dropped else None)
@@ -148,7 +164,7 @@ def _compute(model: TraceModel, leave_out: set[int] | None = None, cut=None) -> 
         per_step=per_step_table(model, steps, window, gpu_union, dl, syncs, cut),
         temporal=temporal_breakdown(model, excluded),
         idle_breakdown=idle_breakdown(model, launches, excluded),
-        kernels=kernel_table(model),
+        kernels=kernel_table(model, leave_out=compiler_calls),
         ops=op_table(model),
         copies=copies,
         copy_summary=copy_summary(copies),
@@ -158,5 +174,11 @@ def _compute(model: TraceModel, leave_out: set[int] | None = None, cut=None) -> 
         gpu_union=gpu_union,
         launch_thread=launch_thread(model),
         left_out_steps=dropped,
+        compile_work=work,
     )
     return metrics
+
+
+def _compiler_correlations(model: TraceModel, work: CompileWork | None):
+    """Correlation ids of the runtime calls made inside compile spans; None without compile spans."""
+    return work.calls if work else None

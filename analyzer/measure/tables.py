@@ -165,8 +165,11 @@ def launch_thread(model: TraceModel) -> tuple[int, int] | None:
     return int(pid), int(tid)
 
 
-def kernel_table(model: TraceModel) -> pd.DataFrame:
+def kernel_table(model: TraceModel, leave_out=None) -> pd.DataFrame:
+    """Per kernel name; `leave_out`: correlation ids of launches that are not the loop's (the compiler's)."""
     k = model.kernels
+    if leave_out is not None and len(leave_out):
+        k = k[~k["correlation"].isin(leave_out)]
     cols = ["name", "count", "total_us", "mean_us", "median_us", "share_pct", "matmul", "precision", "comm"]
     if k.empty:
         return pd.DataFrame(columns=cols)

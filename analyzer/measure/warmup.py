@@ -1,6 +1,7 @@
 """One-time costs inside the profiled window: work a job pays once (first-call CUDA module loading,
 cuDNN autotuning or compilation on an op's first call, the allocator reserving memory for the first time,
-a first step that waits for DataLoader workers to start) and that a steady-state step never sees.
+a first step that waits for DataLoader workers to start, torch.compile compiling and autotuning) and that a
+steady-state step never sees.
 
 They are kept out of the step figures (`plan`, applied by `metrics.compute`): a step that holds one is
 left out when a step without one remains; when none remains (one step, or no ProfilerStep marks), the
@@ -32,7 +33,7 @@ STEP_SHARE = 0.10
 
 @dataclass
 class OneTimeCost:
-    kind: str  # "module-loading", "first-call", "allocator-warm-up", "first-step"
+    kind: str  # "module-loading", "first-call", "allocator-warm-up", "first-step", "compilation"
     label: str  # what it is, short: "one cudaLaunchKernel", "the first aten::conv2d", "step #0"
     what: str  # the sentence the finding quotes
     starts: np.ndarray  # its time ranges (merged, µs on the trace clock)
@@ -65,11 +66,12 @@ class SteadyPlan:
         return iv.union(np.concatenate([c.starts for c in self.costs]), np.concatenate([c.ends for c in self.costs]))
 
 
-def plan(model, metrics) -> SteadyPlan:
+def plan(model, metrics, compile_only: bool = False) -> SteadyPlan:
     """The one-time costs of a trace (found on its full metrics) and how to keep them out of the figures:
     leave out the steps they make up a tenth of (and that are slower for it), if a step without one
-    remains; else (no steps, or every step holds them) cut their ranges out instead."""
-    costs = one_time_costs(model, metrics)
+    remains; else (no steps, or every step holds them) cut their ranges out instead. `compile_only`
+    (a trace without a GPU timeline) looks for torch.compile's compiling only."""
+    costs = _compilation(metrics) if compile_only else one_time_costs(model, metrics)
     if not costs:
         return SteadyPlan()
     out = SteadyPlan(costs=costs)
@@ -118,6 +120,7 @@ def one_time_costs(model, metrics) -> list[OneTimeCost]:
         out += _allocator_warm_up(rt, metrics)
     out += _slow_first_calls(model, metrics)
     out += _slow_first_step(metrics)
+    out += _compilation(metrics)
     out.sort(key=lambda c: -c.us)
     for i, c in enumerate(out):  # the smallest larger cost holding all of this one's time
         outer = next((o for o in reversed(out[:i]) if float(iv.covered(o.starts, o.ends, c.starts, c.ends).sum()) >= 0.99 * c.us), None)
@@ -187,6 +190,23 @@ def _slow_first_calls(model, metrics) -> list[OneTimeCost]:
     found.sort(key=lambda c: -c.us)
     # nested ops repeat the same cost (a module and the convolution inside it): the outermost is enough
     return found[:1]
+
+
+def _compilation(metrics) -> list[OneTimeCost]:
+    """torch.compile compiling (and autotuning) inside the window: every compile span (compilework.py),
+    one cost. Its syncs and copies wait for the GPU by design (the autotuner times kernels), so no span
+    is taken for a wait."""
+    work = metrics.compile_work
+    if not work:
+        return []
+    ids = sorted({sp.compile_id for sp in work.spans if sp.compile_id})
+    tuning = sum(1 for sp in work.spans if sp.autotuning)
+    what = (f"torch.compile compiled for {work.us / 1e3:.0f} ms"
+            + (f" ({len(ids)} compile{'s' if len(ids) != 1 else ''}: {', '.join(ids[:6])}{' …' if len(ids) > 6 else ''})"
+               if ids else "")
+            + (", autotuning included" if tuning else ""))
+    return [_cost(metrics, "compilation", f"torch.compile compiling ({work.us / 1e3:.0f} ms)", what,
+                  work.starts, work.ends)]
 
 
 def _slow_first_step(metrics) -> list[OneTimeCost]:

@@ -346,7 +346,10 @@ def compiled_module(entry: dict) -> str:
     if where:
         return f"the function at {where}"
     library = _str(entry.get("library_where"))
-    return f"a frame inside {frames.package(library)}" if library else "an unrecorded frame"
+    if library:
+        return f"a frame inside {frames.package(library)}"
+    frame = _str(entry.get("frame"))  # a recompile read from a trace: its compile id F/R only
+    return f"compiled frame {frame.split('/')[0]}" if frame else "an unrecorded frame"
 
 
 def compile_seconds_by_step(facts: dict) -> dict[int, float]:

@@ -5,7 +5,7 @@ Nothing is installed until the script calls `torch.compile` (a script that never
 Then a handler is attached to torch's structured-trace logger (`torch._logging._internal.trace_log`,
 the surface TORCH_TRACE/tlparse read; torch >= 2.2). Its records give, per frame compile,
 `compilation_metrics` (function, file, first line, compile seconds, recompile reason, CUDA-graph skip
-reason) and the `dynamo_graph_break_reason` / `recompile_reasons` artifacts. Older torch lacks it: then
+reason), `bwd_compilation_metrics` (the backward's lazy compile, added to its frame compile's seconds) and the `dynamo_graph_break_reason` / `recompile_reasons` artifacts. Older torch lacks it: then
 only dynamo's counters (`torch._dynamo.utils.counters`) are read, at each run.json write.
 Every record is stamped with the step it happened in. Any failure here is swallowed and noted.
 """
@@ -90,6 +90,8 @@ class Recorder:
             return
         if "compilation_metrics" in md:
             self._on_compile(md["compilation_metrics"])
+        elif "bwd_compilation_metrics" in md:
+            self._on_backward_compile(md["bwd_compilation_metrics"])
         elif isinstance(md.get("artifact"), dict) and md["artifact"].get("name") == "dynamo_graph_break_reason":
             self._on_break(payload)
 
@@ -107,6 +109,21 @@ class Recorder:
         if m.get("co_filename") and frames.is_library(str(m["co_filename"])):
             entry.update(self._user_side(str(entry["where"])))
         self.compiles.append(entry)
+
+    def _on_backward_compile(self, m: dict) -> None:
+        """AOTAutograd compiles a frame's backward lazily, on its first backward call: its seconds join the
+        frame compile's (same compile id), so a compile's `seconds` is all the compiling it cost, as the
+        trace's compile spans show it; `backward_seconds` and `backward_step` say how much and where."""
+        if not isinstance(m, dict):
+            return
+        us = _num(m.get("backward_cumulative_compile_time_us"))
+        entry = next((c for c in reversed(self.compiles) if c["compile_id"] == m.get("compile_id")), None)
+        if us is None or entry is None:
+            return
+        step, _ = self.where()
+        entry["backward_seconds"] = round((entry.get("backward_seconds") or 0.0) + us / 1e6, 6)
+        entry["backward_step"] = step
+        entry["seconds"] = round((entry["seconds"] or 0.0) + us / 1e6, 6)
 
     def _user_side(self, library_where: str) -> dict:
         """A frame dynamo compiled inside torch or a framework (the `inner` wrapper torch.compile puts
@@ -161,8 +178,12 @@ class Recorder:
                             for c in self.compiles if c.get("fail_reason") and "limit" in c["fail_reason"]]
         per_step: dict[str, float] = {}
         for c in self.compiles:
-            if c["seconds"] is not None:
-                per_step[str(c["step"])] = round(per_step.get(str(c["step"]), 0.0) + c["seconds"], 4)
+            if c["seconds"] is not None:  # the backward's compile in the step it ran in
+                back = c.get("backward_seconds") or 0.0
+                step_b = c.get("backward_step", c["step"])
+                per_step[str(c["step"])] = round(per_step.get(str(c["step"]), 0.0) + c["seconds"] - back, 4)
+                if back:
+                    per_step[str(step_b)] = round(per_step.get(str(step_b), 0.0) + back, 4)
         out["compile_seconds_per_step"] = per_step
         compiled_frames: dict[str, dict] = {}
         for c in self.compiles:
