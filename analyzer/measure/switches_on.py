@@ -92,8 +92,19 @@ def switches_on(a) -> dict[str, On]:
 
 
 def asked_for(text: str) -> set[str]:
-    """The switches a piece of advice or fix text recommends turning on."""
-    return {k for k, s in SWITCHES.items() if s.asks.search(text or "")}
+    """The switches a piece of advice or fix text recommends turning on. Every line of a code block counts;
+    in prose, a sentence that says "already" reports what is on ("`torch_compile=True` is set already")
+    and asks for nothing."""
+    asked: set[str] = set()
+    code = False
+    for line in (text or "").split("\n"):
+        if line.strip().startswith("```"):
+            code = not code
+            continue
+        parts = [line] if code else [p for p in re.split(r"(?<=[.;:])\s+", line) if "already" not in p.lower()]
+        for part in parts:
+            asked |= {k for k, s in SWITCHES.items() if s.asks.search(part)}
+    return asked
 
 
 # -- torch.compile -------------------------------------------------------------------------------------
@@ -104,12 +115,14 @@ def compiled_evidence(a) -> str | None:
     c = a.compiled
     if c is None:
         return None
+    if c.steps and not any(s.regions or s.compiled_us > 0 for s in c.steps):
+        return None  # compiled code ran, but not in the training steps (a helper, a warm-up call)
     parts = []
     regions = max((s.regions for s in c.steps), default=0)
     if regions:
         parts.append(f"{regions} compiled-frame call{'s' if regions != 1 else ''} a step")
     elif c.graph_spans:
-        parts.append("compiled graphs run in the steps")
+        parts.append("compiled graphs run in the steps" if c.steps else "compiled graphs run")
     if c.inductor_kernels:
         parts.append(f"{sum(v['count'] for v in c.inductor_kernels.values())} Inductor kernels")
     if not parts and c.cuda_graph_launches:
@@ -206,7 +219,7 @@ def _invisible(a) -> str | None:
 def _pin_facts(a) -> str | None:
     pinned = [d for d in runfacts.training_loaders(a.facts) if d.pin_memory]
     if pinned:
-        return f"the DataLoader created at {pinned[0].where} has pin_memory=True"
+        return f"the DataLoader created at {pinned[0].where} pins its batches"
     return framework_switches.already(runfacts.framework(a.facts), "pin_memory")
 
 
@@ -298,7 +311,7 @@ def _channels_last_trace(a) -> str | None:
     if not len(conv) or len(conversions(a.model)):
         return None
     nhwc = name_mask(conv["name"], lambda n: bool(NHWC_CONV.search(head(n))))
-    if float(conv.loc[nhwc.to_numpy(bool), "dur"].sum()) < 0.5 * float(conv["dur"].sum()):
+    if float(conv.loc[np.asarray(nhwc, bool), "dur"].sum()) < 0.5 * float(conv["dur"].sum()):
         return None
     return "convolutions run NHWC kernels and no layout conversions"
 
@@ -333,10 +346,11 @@ SWITCHES: dict[str, Switch] = {s.key: s for s in (
            re.compile(r"cudnn\.benchmark = True|turn cudnn\.benchmark on", re.I),
            _benchmark_facts, _invisible),
     Switch("pin_memory", "pinned DataLoader batches",
-           re.compile(r"pin_memory=True|`dataloader_pin_memory=True`", re.I),
+           # the loader's switch, not a pinned buffer of one's own (`torch.empty(..., pin_memory=True)`)
+           re.compile(r"^(?!.*torch\.(?:empty|zeros|ones)\([^)]*pin_memory=True).*pin_memory=True", re.I | re.M),
            _pin_facts, _pin_trace),
     Switch("workers", "DataLoader worker processes",
-           re.compile(r"give it worker processes|`num_workers` \(more than 0\)|num_workers=[1-9]", re.I),
+           re.compile(r"give it worker processes|`num_workers` \(more than 0\)|in parallel worker processes", re.I),
            _workers_facts, _workers_trace),
     Switch("fused_optimizer", "a foreach/fused optimizer",
            re.compile(r"foreach=True|fused=True|adamw_torch_fused", re.I),
@@ -354,3 +368,36 @@ SWITCHES: dict[str, Switch] = {s.key: s for s in (
            re.compile(r"expandable_segments:True", re.I),
            _expandable_facts, _invisible),
 )}
+
+
+def without_what_is_on(fix: str, on: dict) -> str:
+    """A rule's Fix text with the lines of its code blocks that ask for a switch the input shows on left out
+    (`on`: `switches_on(a)`), so that no fix block asks a user who compiled to compile. Prose is the rule's
+    own to word (it builds its advice from what is off)."""
+    if not on or "```" not in fix:
+        return fix
+    lines = fix.split("\n")
+    drop = [False] * len(lines)
+    code = False
+    for i, line in enumerate(lines):
+        if line.strip().startswith("```"):
+            code = not code
+            continue
+        if not code or not any(SWITCHES[k].asks.search(line) for k in on):
+            continue
+        drop[i] = True
+        indent = len(line) - len(line.lstrip())
+        j = i - 1  # the comment lines right above it describe it
+        while j >= 0 and lines[j].strip().startswith("#") and len(lines[j]) - len(lines[j].lstrip()) == indent:
+            drop[j] = True
+            j -= 1
+        if line.split("#", 1)[0].rstrip().endswith(":"):  # a block it opens goes with it
+            j = i + 1
+            while j < len(lines) and lines[j].strip() and not lines[j].strip().startswith("```") \
+                    and len(lines[j]) - len(lines[j].lstrip()) > indent:
+                drop[j] = True
+                j += 1
+    out = [line for line, gone in zip(lines, drop) if not gone]
+    text = re.sub(r"\n{3,}", "\n\n", "\n".join(out))
+    text = re.sub(r"```python\n\n+", "```python\n", re.sub(r"\n\n+```\n", "\n```\n", text))
+    return re.sub(r"```python\n```\n?", "", text).strip()  # a block left with no line goes too
