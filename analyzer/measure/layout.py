@@ -47,10 +47,13 @@ def _launching_ext(model: TraceModel, k: pd.DataFrame) -> np.ndarray:
     """Each kernel's External id, else its launch call's."""
     ext = k["external_id"].to_numpy()
     missing = ext <= 0
-    if missing.any() and len(model.runtime):
-        by_corr = dict(zip(model.runtime["correlation"].to_numpy(), model.runtime["external_id"].to_numpy()))
+    rt = model.runtime
+    if missing.any() and len(rt):
+        calls = rt[rt["correlation"] > 0].drop_duplicates("correlation")
+        by_corr = pd.Series(calls["external_id"].to_numpy(), index=calls["correlation"].to_numpy())
+        found = pd.Series(k["correlation"].to_numpy()[missing]).map(by_corr).fillna(-1).to_numpy()
         ext = ext.copy()
-        ext[missing] = [by_corr.get(c, -1) for c in k["correlation"].to_numpy()[missing]]
+        ext[missing] = found.astype(ext.dtype)
     return ext
 
 

@@ -273,8 +273,7 @@ def _set_to_none_trace(a) -> str | None:
     cpu = a.model.cpu
     if not len(cpu):
         return None
-    names = cpu["name"].astype(str)
-    spans = cpu[names.str.startswith("Optimizer.zero_grad#").to_numpy()]
+    spans = cpu[name_mask(cpu["name"], lambda n: n.startswith("Optimizer.zero_grad#"))]
     if not len(spans):
         return None
     zeros = cpu[cpu["name"].isin(("aten::zero_", "aten::fill_"))]
