@@ -68,6 +68,12 @@ def conv_kernels(model: TraceModel) -> pd.DataFrame:
     return conv[~name_mask(conv["name"], lambda n: bool(CONVERSION.search(head(n))))]
 
 
+def has_conversion_kernels(model: TraceModel) -> bool:
+    """Any kernel named like a layout conversion, whoever launched it (a cheap check by name)."""
+    k = model.kernels
+    return bool(len(k)) and bool(name_mask(k["name"], lambda n: bool(CONVERSION.search(head(n)))).any())
+
+
 def conversions(model: TraceModel) -> pd.DataFrame:
     """The layout-conversion kernels convolutions launched, with the op that launched each (`op`, `op_dims`:
     its input shapes, "" when not recorded); in a trace that links no kernel to an op, the kernels whose
@@ -90,8 +96,8 @@ def conversions(model: TraceModel) -> pd.DataFrame:
     ext = ext[keep]
     if first is None or not len(out):
         return out.assign(op=pd.Series(dtype=str), op_dims=pd.Series(dtype=str))
-    return out.assign(op=[str(first.at[e, "name"]) for e in ext],
-                      op_dims=[str(first.at[e, "input_dims"]) for e in ext])
+    return out.assign(op=first["name"].astype(str).reindex(ext).to_numpy(),
+                      op_dims=first["input_dims"].astype(str).reindex(ext).to_numpy())
 
 
 def direction(name: str) -> str:

@@ -304,10 +304,12 @@ def _no_sync_facts(a) -> str | None:
 # -- layout and memory ---------------------------------------------------------------------------------
 
 def _channels_last_trace(a) -> str | None:
-    from .layout import conversions, conv_kernels  # noqa: PLC0415 (layout.py reads this module's table)
+    from .layout import conv_kernels, has_conversion_kernels
 
+    if has_conversion_kernels(a.model):  # any conversion by name: not a layout without conversions
+        return None
     conv = conv_kernels(a.model)
-    if not len(conv) or len(conversions(a.model)):
+    if not len(conv):
         return None
     nhwc = name_mask(conv["name"], lambda n: bool(NHWC_CONV.search(head(n))))
     if float(conv.loc[np.asarray(nhwc, bool), "dur"].sum()) < 0.5 * float(conv["dur"].sum()):

@@ -8,7 +8,7 @@ import traceback
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.measure.memory import summarize
 from gpuadvise.analyzer.measure.metrics import compute
-from gpuadvise.analyzer.measure.switches_on import switches_on, without_what_is_on
+from gpuadvise.analyzer.measure.switches_on import asked_for, switches_on, without_what_is_on
 from gpuadvise.analyzer.model.findings import Finding, order
 from gpuadvise.analyzer.model.report import TraceReport
 from gpuadvise.analyzer.model.trace import TraceModel
@@ -85,8 +85,8 @@ def run_rules(analysis, rules, source: str | None, rank: int | None, notes: list
 def _fix_from_what_is_off(analysis, found: list[Finding]) -> None:
     """No fix block asks for a switch the input shows on (run.json or the trace: measure/switches_on.py):
     its lines that would are left out of the finding's fix."""
-    if not found or not isinstance(analysis, Analysis):
-        return
+    if not found or not isinstance(analysis, Analysis) or not any(asked_for(f.fix) for f in found):
+        return  # nothing a fix asks for: the table is not read
     on = switches_on(analysis)
     for f in found:
         f.fix = without_what_is_on(f.fix, on)
