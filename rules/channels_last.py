@@ -31,9 +31,12 @@ layer's input every step. Batch norm, ReLU and pooling keep the layout, so nothi
 Fires when the conversion kernels launched by convolutions take at least 5 % of the median step's kernel
 time (the median step's conversion time over its kernel time; below that the conversions are a negligible
 share). The predicted saving is the critical-path replay of the steps with those kernels and their launch
-calls removed, the convolutions themselves unchanged (a conservative figure: NHWC convolutions are often
-faster too). Where the GPU waits for something else (the input pipeline), the saving is small today and
-the finding says what the step is bound by.
+calls removed, everything else unchanged: what the conversions alone cost. Measured on an H100
+(ResNet-50, batch 64, torch 2.11, cuDNN's default heuristics): in fp32 the rule predicts 6.8 % and
+channels_last saved 25.1 % (37.3 → 28.0 ms): the conversions were 3.9 ms of the 10.1 ms per step the
+kernels lost, and batch norm's NHWC kernels took 4.8 ms less, which the prediction does not count; under
+bf16 autocast it predicts 3.7 % and channels_last saved 2.2 %. Where the GPU waits for something else
+(the input pipeline), the saving is small today and the finding says what the step is bound by.
 """
 
 from __future__ import annotations

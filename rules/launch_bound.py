@@ -17,7 +17,7 @@ a faster GPU would not make training faster.
 
 ## Fix
 ```python
-model = torch.compile(model)  # fuse small ops into fewer, larger kernels
+model = torch.compile(model)                     # fuse small ops into fewer, larger kernels
 # or: torch.compile(model, mode="reduce-overhead")  # also replays the step as a CUDA graph
 opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)  # one kernel for the whole update
 ```
