@@ -91,11 +91,17 @@ class ChannelsLast(Rule):
         if saving is None:
             saving, basis = 0.0, "not predicted: the trace has no GPU timeline to replay"
         by_dir = conv.assign(direction=[layout.direction(str(n)) for n in conv["name"]])
-        split = ", ".join(f"{perstep.count_text(perstep.median(perstep.sums(m, g['ts'])))} {d}"
+        split = ", ".join(f"{perstep.count_text(perstep.median(perstep.sums(m, g['ts'])))} "
+                          + (d if d != "layout conversion" else "whose names do not say the direction")
                           for d, g in by_dir.groupby("direction", sort=True))
-        message = (f"Convolutions convert between NCHW and NHWC: a median {perstep.count_text(count)} conversion "
-                   f"kernels per step ({split}) take {per_step_us / 1e3:.2f} ms, {of_kernels:.1f} % of the median "
-                   f"step's kernel time and {of_step:.1f} % of the median step.")
+        if m.steps:
+            message = (f"Convolutions convert between NCHW and NHWC: a median {perstep.count_text(count)} conversion "
+                       f"kernels per step ({split}) take {per_step_us / 1e3:.2f} ms, {of_kernels:.1f} % of the median "
+                       f"step's kernel time and {of_step:.1f} % of the median step.")
+        else:  # no ProfilerStep: the traced window is the one "step"
+            message = (f"Convolutions convert between NCHW and NHWC: {perstep.count_text(count)} conversion kernels "
+                       f"in the trace ({split}) take {per_step_us / 1e3:.2f} ms, {of_kernels:.1f} % of the kernel time "
+                       f"and {of_step:.1f} % of the traced window.")
         if saving < 1.0:
             message += f" Little of it is on the step's critical path today: {a.bound_by()}."
         ops = by_dir.assign(op=[o or "(no op recorded)" for o in by_dir["op"]],
@@ -109,7 +115,8 @@ class ChannelsLast(Rule):
             numbers={"conversion_pct_of_kernel_time": round(of_kernels, 1),
                      "conversion_pct_of_step": round(of_step, 1),
                      "conversion_ms_per_step": round(per_step_us / 1e3, 3),
-                     "conversions_per_step": round(count, 1), "statistic": "median step"},
+                     "conversions_per_step": round(count, 1),
+                     "statistic": "median step" if m.steps else "traced window"},
         )
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis,
                              advice=_advice(a), fix=_fix(a))]
@@ -137,7 +144,7 @@ def _advice(a: Analysis) -> str:
     if compiled_evidence(a) or is_on("compile", a) is not None:
         text += " Convert the model before `torch.compile` sees it: the compiled graph keeps the layout."
     if is_on("autocast", a) is not None:
-        text += " It works under autocast as it is."
+        text += " channels_last works under autocast too: keep your autocast region as it is."
     return text
 
 
