@@ -9,21 +9,26 @@ rule over the corpus and the fixtures: no finding may ask for a switch its input
 
 | switch | run.json | trace |
 |---|---|---|
-| `compile` | `compiled.calls`/`compiles`, the framework's `torch_compile` | compiled frames, graph spans, Inductor kernels (measure/compiled.py) |
-| `cuda_graphs` | `compiled.calls[].mode == "reduce-overhead"` with captures | `cudaGraphLaunch` / `hipGraphLaunch` calls |
+| `compile` | `compiled.calls`/`compiles`, the framework's `torch_compile` | compiled frames or graph spans inside the steps, Inductor kernels (measure/compiled.py) |
+| `cuda_graphs` | `compiled.cudagraphs.replays` above 0 | `cudaGraphLaunch` / `hipGraphLaunch` calls |
 | `autocast` | an autocast context in bf16/fp16, the framework's `bf16`/`precision` | most matmul kernel time in 16-bit kernels |
-| `tf32` | `matmul_allow_tf32`, the framework's `tf32` | fp32 GEMMs (not convolutions: cuDNN's TF32 is on by default) on TF32 Tensor Core kernels |
+| `tf32` | `matmul_allow_tf32` (or `float32_matmul_precision` high/medium), the framework's `tf32` | fp32 GEMMs (not convolutions: cuDNN's TF32 is on by default) on TF32 Tensor Core kernels |
 | `cudnn_benchmark` | `cudnn_benchmark` | (not visible in a trace) |
 | `pin_memory` | a training DataLoader with `pin_memory=True`, the framework's `dataloader_pin_memory` | `aten::pin_memory` on a thread other than the training loop's (the DataLoader's pin thread) |
 | `workers` | a training DataLoader with `num_workers > 0` | multi-process DataLoader iteration (`_MultiProcessingDataLoaderIter`) |
 | `fused_optimizer` | an optimizer with `foreach=True` or `fused=True` | `_foreach_` ops, `multi_tensor_apply` or fused optimizer kernels |
 | `set_to_none` | (not recorded) | `Optimizer.zero_grad` spans that write no zeros |
 | `no_sync` | `no_sync_calls` on a DDP wrapper, fewer synced backward passes than backward passes | (not visible without run.json) |
-| `channels_last` | (not recorded) | NHWC convolution kernels and no layout conversions beside them |
+| `channels_last` | (not recorded) | most convolution kernel time in NHWC kernels, and no layout-conversion kernel |
 | `expandable_segments` | `PYTORCH_CUDA_ALLOC_CONF` in the environment | the allocator settings a snapshot records |
 
-Whether a trace is compiled is `compiled_evidence(a)`: the one function that reads compile facts, so that
-richer ones (measure/compiled.py) plug in there.
+Whether a trace is compiled is `compiled_evidence(a)`: the one function that reads the trace's compile facts
+(`a.compiled`, measure/compiled.py), so that richer ones plug in there.
+
+`asked_for(text)` recognises a recommendation by its phrases; in prose a sentence that says "already"
+reports what is on and asks for nothing. `without_what_is_on(fix, on)` drops the code lines of a fix that
+ask for a switch that is on (with the comments right above them and the block a line opens); the engine
+applies it to every finding (analyzer/run/single.py).
 """
 
 from __future__ import annotations
