@@ -24,7 +24,7 @@ for batch in loader:
     loss = model(batch.cuda(non_blocking=True)).mean()
     loss.backward()
     optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad()
     # torch.cuda.empty_cache()  # remove: the next step would cudaMalloc the same memory again
 ```
 Unset `PYTORCH_NO_CUDA_MEMORY_CACHING` (a debugging switch). If the frees are out-of-memory retries

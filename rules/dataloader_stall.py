@@ -65,6 +65,8 @@ from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
+from gpuadvise.analyzer.measure.switches_on import is_on
+
 from .base import Rule
 
 SINGLE = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
@@ -156,7 +158,7 @@ class DataloaderStall(Rule):
                 if d.created_at != "?":
                     sources.append(d.created_at)  # the user's line, also for a loader a framework built
         if floor > 0:  # what shortens the hand-over itself (not more workers)
-            pinned = any(d.pin_memory for d in loaders) or switches.already(fw, "pin_memory") is not None
+            pinned = is_on("pin_memory", a) is not None  # run.json or the trace: never asked for again
             pin = (switches.pin_memory(fw, main) + ": batches are then received on a background thread; "
                    if fw is not None else "pin_memory=True receives batches on a background thread; ")
             advice += (f"\nAbout {floor / 1e3:.1f} ms of each wait is the hand-over of a ready batch, which more workers "

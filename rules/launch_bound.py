@@ -21,8 +21,12 @@ model = torch.compile(model)                     # fuse small ops into fewer, la
 # or: torch.compile(model, mode="reduce-overhead")  # also replays the step as a CUDA graph
 opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)  # one kernel for the whole update
 ```
-Larger batches (or fewer, larger layers) give each launch more work. For fixed shapes, capture the
-step once with `torch.cuda.graphs.make_graphed_callables` or `torch.cuda.CUDAGraph`.
+The finding's fix asks only for what the input does not show on: a compiled model (compiled frames or
+Inductor kernels in the trace, or run.json's compile facts) gets `mode="reduce-overhead"` (CUDA graphs)
+instead of `torch.compile(model)`, one that replays CUDA graphs already gets larger batches, and a
+foreach/fused optimizer is not asked for again. Larger batches (or fewer, larger layers) give each launch
+more work. For fixed shapes, capture the step once with `torch.cuda.graphs.make_graphed_callables` or
+`torch.cuda.CUDAGraph`.
 
 ## Thresholds
 Short kernel: under 10 µs (TraceLens' short-kernel cut). Fires when ≥ 50 % of kernels are short, GPU
@@ -44,6 +48,8 @@ from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.model.calls import GRAPH_LAUNCHES
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
+
+from gpuadvise.analyzer.measure.switches_on import switches_on
 
 from .base import Rule
 
@@ -116,12 +122,14 @@ class LaunchBound(Rule):
         )
         if cost is not None:
             evidence.numbers["cpu_per_kernel_us"] = {k2: round(v, 1) for k2, v in cost.items() if k2 != "other_is_python"}
-        advice = "Cut the number of launches: fuse kernels with torch.compile, replay the step as a CUDA graph, or batch more work per launch."
         fw = runfacts.framework(a.facts)
-        if fw is not None:  # the framework's own switch (never one the run had on)
-            on = switches.already(fw, "compile")
-            advice += (f" {on} is set already: replay the step as a CUDA graph too (`torch_compile_mode=\"reduce-overhead\"`)."
-                       if on else f" Under {fw.label}: {switches.compile_model(fw)}.")
+        on = switches_on(a)  # advice asks only for what is off (run.json or the trace)
+        advice = switches.fewer_launches(fw, on)
+        if "compile" in on and "cuda_graphs" in on:
+            advice = (f"torch.compile and CUDA graphs are on already ({on['compile'].what}; {on['cuda_graphs'].what}): "
+                      "the kernels launched one by one run outside the graphs. " + advice)
+        elif "compile" in on:
+            advice = f"torch.compile is on already ({on['compile'].what}). " + advice
         after = None
         if base >= t["min_saving_pct"]:
             # the loader hides the launch overhead today: the gain shows only once it is fixed
@@ -132,7 +140,8 @@ class LaunchBound(Rule):
         else:
             basis += ", beyond fixing the input pipeline"
         evidence.numbers["saving_after_loader_fix_pct"] = round(after_fix, 1)
-        return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice, after=after)]
+        return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice, after=after,
+                             fix=_fix(on))]
 
     def positive(self) -> TraceBuilder:
         b = TraceBuilder(launch_us=12.0)
@@ -157,3 +166,16 @@ class LaunchBound(Rule):
 
 
 RULE = LaunchBound()
+
+
+def _fix(on) -> str:
+    """The Fix block with only the switches that are off."""
+    lines = switches.launch_fix_lines(on)
+    if "fused_optimizer" not in on:
+        lines.append("opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)  # one kernel for the whole update")
+    text = ("```python\n" + "\n".join(lines) + "\n```\n") if lines else ""
+    text += "Larger batches (or fewer, larger layers) give each launch more work."
+    if "cuda_graphs" not in on:
+        text += (" For fixed shapes, capture the\nstep once with `torch.cuda.graphs.make_graphed_callables` or "
+                 "`torch.cuda.CUDAGraph`.")
+    return text

@@ -18,7 +18,9 @@ loading, syncs, launch overhead) name causes. Its saving is an upper bound: what
 if the GPU never waited for the CPU.
 
 ## Fix
-Find what the CPU is doing in the gaps, starting with the other findings of this report. In general:
+Find what the CPU is doing in the gaps, starting with the other findings of this report. The finding's
+fix lists only the switches the input does not show on already (run.json or the trace); for a loop
+with none of them on:
 ```python
 # feed the GPU faster: parallel, pinned, prefetched input
 loader = DataLoader(ds, batch_size=bs, num_workers=8, pin_memory=True, persistent_workers=True)
@@ -26,6 +28,8 @@ loader = DataLoader(ds, batch_size=bs, num_workers=8, pin_memory=True, persisten
 model = torch.compile(model)
 # more work per launch: a larger batch, if memory and convergence allow
 ```
+A compiled model gets `mode="reduce-overhead"` (CUDA graphs) instead; one that replays CUDA graphs
+already, a larger batch.
 
 ## Thresholds
 Fires below 50 % GPU busy (the PyTorch TensorBoard plugin's low-utilization threshold). A trace with
@@ -42,7 +46,26 @@ from gpuadvise.analyzer.measure.idle import explain_idle, idle_split
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
+from gpuadvise.analyzer.measure.switches_on import switches_on
+from gpuadvise.analyzer.model import switches
+
 from .base import Rule
+
+
+def _fix(a: Analysis) -> str:
+    """The general fix with only the switches that are off (run.json or the trace)."""
+    on = switches_on(a)
+    lines = []
+    loader = switches.loader_line(on)
+    if loader:
+        lines += ["# feed the GPU faster: parallel, pinned, prefetched input", loader]
+    lines += switches.launch_fix_lines(on, comment="# fewer, larger kernels: compile the model (or capture CUDA graphs)"
+                                       if "cuda_graphs" not in on else "# fewer, larger kernels: compile the model")
+    lines.append("# more work per launch: a larger batch, if memory and convergence allow")
+    done = [str(on[k]) for k in ("workers", "pin_memory", "compile", "cuda_graphs") if k in on]
+    return ("Find what the CPU is doing in the gaps, starting with the other findings of this report. In general:\n"
+            "```python\n" + "\n".join(lines) + "\n```"
+            + (f"\nAlready on, so not repeated here: {'; '.join(done)}." if done else ""))
 
 
 class LowGpuUtilization(Rule):
@@ -97,7 +120,7 @@ class LowGpuUtilization(Rule):
         )
         advice = ("The GPU mostly waits for the CPU to hand it work: see the other findings for the cause."
                   if split["host_wait"] >= 50 else "The GPU waits on something other than launches (syncs, other streams).")
-        f = self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice)
+        f = self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice, fix=_fix(a))
         f.impact.upper_bound = True  # a symptom: its causes' findings carry the real predictions
         return [f]
 

@@ -17,8 +17,9 @@ loader = DataLoader(dataset, batch_size=2 * batch_size, num_workers=8, pin_memor
 # keep the optimisation comparable: scale the learning rate with the batch (and warm it up)
 optimizer = torch.optim.AdamW(model.parameters(), lr=2 * base_lr)
 ```
-If the batch size is fixed by the recipe, use the room differently: fewer, larger kernels
-(`torch.compile`), or a larger model or sequence length.
+If the batch size is fixed by the recipe, use the room differently: a larger model or sequence length,
+or fewer, larger kernels (`torch.compile`, when the model is not compiled yet). The finding's fix leaves
+out what the input shows on already (the loader's workers and pinning, torch.compile).
 
 The batch multiple is offered for training steps only (a forward pass alone does not show how memory
 grows with the batch), and at most 8× (three doublings) however empty the device is.
@@ -39,7 +40,22 @@ from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.fixtures.builder import TraceBuilder
 
+from gpuadvise.analyzer.measure.switches_on import switches_on
+
 from .base import Rule
+
+
+def _fix(a: Analysis) -> str:
+    """The Fix with the loader's switches and torch.compile only where they are off."""
+    on = switches_on(a)
+    args = [a2 for k, a2 in (("workers", "num_workers=8"), ("pin_memory", "pin_memory=True")) if k not in on]
+    loader = "loader = DataLoader(dataset, batch_size=2 * batch_size" + "".join(f", {x}" for x in args) + ")"
+    room = ("a larger model or sequence length" if "compile" in on else
+            "fewer, larger kernels (`torch.compile`), or a larger model or sequence length")
+    return ("Raise the batch size step by step while memory stays below about 80 % of the device:\n```python\n"
+            f"{loader}\n# keep the optimisation comparable: scale the learning rate with the batch (and warm it up)\n"
+            "optimizer = torch.optim.AdamW(model.parameters(), lr=2 * base_lr)\n```\n"
+            f"If the batch size is fixed by the recipe, use the room differently: {room}.")
 
 GiB = 2**30
 GEMM = "ampere_tf32_s1688gemm_64x64_nn"
@@ -85,7 +101,7 @@ class MemoryHeadroom(Rule):
                                        "dataloader_pct": round(loader_pct, 1)}),
             saving=0.0, basis="throughput, not step time: a larger batch makes each step longer and each sample "
                               "cheaper; no step-time saving is predicted",
-            advice=advice)]
+            advice=advice, fix=_fix(a))]
 
     def positive(self) -> TraceBuilder:
         return _trace(allocated_gib=6, reserved_gib=8)  # 10 % of an 80 GiB A100

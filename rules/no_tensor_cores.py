@@ -55,6 +55,8 @@ from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
+from gpuadvise.analyzer.measure.switches_on import switches_on
+
 from .base import Rule
 
 
@@ -99,7 +101,7 @@ class NoTensorCores(Rule):
         span = (min(values), max(values)) if values and max(values) - min(values) > 0.05 else None
         recorded = runfacts.settings(a.facts)
         # advice names the framework's own switch (TrainingArguments, …), never one the run had on
-        advice = _advice(spec, dev_name, fixes, savings, saving, runfacts.framework(a.facts))
+        advice = _advice(spec, dev_name, fixes, savings, saving, runfacts.framework(a.facts), switches_on(a))
         if runfacts.flag(a.facts, "matmul_allow_tf32") is False and "tf32" in fixes:
             advice += " The run had TF32 off (`torch.backends.cuda.matmul.allow_tf32 = False`)."
         message = (f"{100 * simt_us / mm_us:.0f}% of matmul/convolution time ({simt_us / 1e3:.1f} ms, "
@@ -230,7 +232,13 @@ def _casts(work, fixes: list[str]) -> str:
     return "; autocast's weight casts not counted (no shapes)"
 
 
-def _advice(spec, dev_name: str, fixes: list[str], savings: dict, saving: float, fw=None) -> str:
+def _advice(spec, dev_name: str, fixes: list[str], savings: dict, saving: float, fw=None, on=None) -> str:
+    """`on`: the switches the input shows on (measure/switches_on.py); none of them is asked for again."""
+    on = on or {}
+    if "autocast" in on and switches.already(fw, "bf16") is None:  # the framework's own words win (below)
+        return (f"Autocast is on already ({on['autocast'].source}: {on['autocast'].what}), yet these matmuls ran in "
+                "fp32: they run outside the autocast region (called outside `forward`, or forced to float32). "
+                "Move them inside it, or cast their inputs to bf16.")
     if not fixes:
         return f"{dev_name} has Tensor Cores: run matmuls in bf16 with `torch.autocast` (or fp16 with a GradScaler)."
     amp = fixes[0]
@@ -239,14 +247,14 @@ def _advice(spec, dev_name: str, fixes: list[str], savings: dict, saving: float,
     if "tf32" not in fixes:
         return (f"{dev_name} ({spec.arch}) has fp16 Tensor Cores but no TF32: use AMP with fp16 "
                 f"(`torch.autocast('cuda', dtype=torch.float16)` and a GradScaler; {saving:.0f} % of the step).")
-    on = switches.already(fw, "bf16") if amp == "bf16" else None
-    if on:
-        return (f"{on} is set, yet these matmuls ran in fp32: they run outside the autocast region the framework "
+    had = switches.already(fw, "bf16") if amp == "bf16" else None
+    if had:
+        return (f"{had} is set, yet these matmuls ran in fp32: they run outside the autocast region the framework "
                 "opens (called outside `forward`, or forced to float32).")
     first = (switches.bf16(fw) if amp == "bf16" and fw is not None else
              f"run the forward pass under `torch.autocast('cuda', dtype=torch.{'bfloat16' if amp == 'bf16' else 'float16'})`")
     advice = f"{switches.sentence(first)} ({saving:.0f} % of the step)."
-    tf32 = savings["tf32"][0]
+    tf32 = savings["tf32"][0] if "tf32" not in on else None  # TF32 on already: not asked for again
     if tf32 is not None and round(tf32) > 0 and fw is not None:
         advice += f" If you cannot change precision that far, {switches.tf32(fw)} (TF32) saves about {tf32:.0f} %."
     elif tf32 is not None and round(tf32) > 0:

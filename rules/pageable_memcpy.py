@@ -14,7 +14,7 @@ a 50 MB pageable batch took 5.1 ms at 9.8 GB/s; pinned, 0.9 ms at 55 GB/s). Pinn
 
 ## Fix
 ```python
-loader = DataLoader(dataset, batch_size=bs, num_workers=4, pin_memory=True)  # batches in pinned memory
+loader = DataLoader(dataset, batch_size=bs, pin_memory=True)  # batches in pinned memory
 for x, y in loader:
     x = x.to("cuda", non_blocking=True)  # async copy, overlaps with compute
     y = y.to("cuda", non_blocking=True)
@@ -48,6 +48,8 @@ from gpuadvise.analyzer.measure import perstep
 from gpuadvise.analyzer.measure.source_lines import attribute
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
+
+from gpuadvise.analyzer.measure.switches_on import is_on
 
 from .base import Rule
 
@@ -145,12 +147,13 @@ class PageableMemcpy(Rule):
         )
         advice = "Pin the host side of these copies and make them asynchronous."
         fw = runfacts.framework(a.facts)
-        if fw is not None:  # the framework copies the batches: its own switch pins them (never one already on)
-            loaders = runfacts.training_loaders(a.facts)
-            on = switches.already(fw, "pin_memory") or ("`pin_memory=True` on the training DataLoader"
-                                                          if loaders and all(d.pin_memory for d in loaders) else None)
-            advice += (f" {on} is set already, so these are not the DataLoader's batches: pin the tensors they copy."
-                       if on else f" For the batches {fw.label} copies: {switches.pin_memory(fw, loaders[0] if loaders else None)}.")
+        pinned = is_on("pin_memory", a)  # the loader's own switch, from run.json or the trace: never asked for again
+        loaders = runfacts.training_loaders(a.facts)
+        if pinned is not None:
+            advice += (f" The DataLoader pins its batches already ({pinned.source}: {pinned.what}), so these are not "
+                       "its batches: pin the tensors they copy (`t.pin_memory()`, once, outside the loop).")
+        elif fw is not None:  # the framework copies the batches: its own switch pins them
+            advice += f" For the batches {fw.label} copies: {switches.pin_memory(fw, loaders[0] if loaders else None)}."
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice,
                              range_pct=span)]
 

@@ -44,6 +44,8 @@ from gpuadvise.analyzer.model.trace import name_mask
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
+from gpuadvise.analyzer.measure.switches_on import is_on
+
 from .base import Rule
 
 MULTI_TENSOR = re.compile(r"_foreach_|multi_tensor_apply|fused|_fused_", re.I)
@@ -98,8 +100,12 @@ class SingleTensorOptimizer(Rule):
                      "statistic": "median step" if every else "median step running the optimizer",
                      "optimizer": opt, "recorded_settings": recorded[:1]},
         )
-        return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis,
-                             advice=switches.sentence(switches.fused_optimizer(runfacts.framework(a.facts), opt)) + ".")]
+        had = is_on("fused_optimizer", a)  # recorded on, yet the trace shows the per-tensor path: not asked again
+        advice = (f"run.json records {had.what}, yet every update ran one tensor at a time: the multi-tensor path "
+                  "needs all parameters (and their gradients and state) on one CUDA device, of one dtype, and no "
+                  "`differentiable=True`; check what sends it down the per-tensor path." if had is not None else
+                  switches.sentence(switches.fused_optimizer(runfacts.framework(a.facts), opt)) + ".")
+        return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice)]
 
     def positive(self) -> TraceBuilder:
         return _loop("void at::native::vectorized_elementwise_kernel<4, AddFunctor<float>>", per_param=3)

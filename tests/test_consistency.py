@@ -4,7 +4,9 @@ engineer checks at once, never values:
 
 - text, markdown, JSON and HTML state the same figures (headline saving, severity, the message's numbers,
   the device);
-- no recommendation prescribes an allocator setting the input records as already set;
+- no recommendation prescribes an allocator setting the input records as already set, nor asks for any
+  switch (torch.compile, autocast, TF32, pinned memory, workers, a fused optimizer, channels_last, CUDA
+  graphs, …) that the input shows on, by run.json or by the trace (analyzer/measure/switches_on.py);
 - no recommended fix is advertised at a zero saving;
 - a finding that quotes the median step quotes the report's own (the same steps), and dataloader-stall's
   share is its median wait over its median step;
@@ -56,6 +58,8 @@ def _input_path(key: str, tmp_root: Path) -> Path:
     name, side = key.split(":")
     rule = next(r for r in all_rules() if r.name == name)
     builder = getattr(rule, side)()
+    if getattr(builder, "facts", None) is not None:  # with its run.json: the run folder `gpuadvise profile` leaves
+        return builder.write_run_folder(tmp_root / f"{name}-{side}")
     path = tmp_root / f"{name}-{side}{getattr(builder, 'suffix', '.json')}"
     builder.write(path)
     return path
@@ -125,6 +129,32 @@ def test_no_recommendation_prescribes_a_recorded_setting(key, tmp_root):
         for f in r.findings:  # the instance's advice and the rule's general fix alike
             said = f.advice + "\n" + f.fix
             assert "expandable_segments:True" not in said, (f.topic, said)
+
+
+def _facts_by_trace(path: Path) -> dict:
+    from gpuadvise.analyzer.read.sources import resolve
+
+    return {str(s.path): s.facts for s in resolve([str(path)])}
+
+
+@pytest.mark.parametrize("key", INPUTS)
+def test_no_recommendation_asks_for_a_switch_that_is_on(key, tmp_root):
+    """Every finding's advice and fix (the instance's words and the rule's general block alike) against the
+    switches the same input shows on: asking a user who compiled to compile, or to pin what is pinned, is
+    advice they cannot act on."""
+    from gpuadvise.analyzer.measure.analysis import Analysis
+    from gpuadvise.analyzer.measure.switches_on import asked_for, switches_on
+
+    a = analysed(key, tmp_root)
+    facts = _facts_by_trace(a["path"])
+    for r in a["reports"]:
+        if r.model is None or r.metrics is None:
+            continue
+        on = switches_on(Analysis(r.model, r.metrics, facts.get(r.source, {}), r.memory))
+        for f in r.findings:
+            said = f.advice + "\n" + f.fix
+            wrong = {k: str(on[k]) for k in asked_for(said) if k in on}
+            assert not wrong, (f.topic, wrong, said)
 
 
 ZERO_FIX = re.compile(r"\(0(?:\.0)? ?% of the step\)|saves about 0(?:\.0)? ?%|saves 0(?:\.0)? ?%")

@@ -344,8 +344,9 @@ def test_optimizer_and_compile_advice_name_the_trainers_switches(load_built):
     off = _finding(load_built, launch.positive(), _facts(HF), "launch-bound")
     on = _finding(load_built, launch.positive(), _facts(dict(HF, settings=dict(HF["settings"], torch_compile=True))), "launch-bound")
     assert "Under transformers' Trainer: set `torch_compile=True` in `TrainingArguments`." in off.advice
-    assert "`torch_compile=True` in `TrainingArguments` is set already" in on.advice
-    assert "set `torch_compile=True`" not in on.advice
+    assert on.advice.startswith("torch.compile is on already (`torch_compile=True` in `TrainingArguments`).")
+    assert '`torch_compile_mode="reduce-overhead"` in `TrainingArguments`' in on.advice  # the next step: CUDA graphs
+    assert "set `torch_compile=True`" not in on.advice and "torch.compile(model)" not in on.advice + on.fix
 
 
 def test_switch_phrases_per_framework():

@@ -183,6 +183,29 @@ def test_gpu_bound_step_is_the_measured_step(run, report):
     assert s["median_step_ms"] >= s["median_step_cpu_ms"]
 
 
+# the loops whose models are convnets (exps.py): NCHW tensors, and one already in channels_last
+NCHW_CONVNETS = ("loader", "pageable")
+CHANNELS_LAST_CONVNETS = ("cudnn",)
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_layout_conversions_are_named_on_nchw_convnets_only(run, report):
+    """cuDNN's NCHW↔NHWC conversions are named, with a replayed prediction, on the convnets that run NCHW;
+    never on the channels_last convnet, the transformers or the MLPs."""
+    doc = report(run)
+    if doc is None:
+        pytest.skip(f"{run} has no trace")
+    found = on_topic(doc, "channels-last")
+    pair = next(p for p, v in PAIRS.items() if run in (v["before"], v["after"]))
+    if pair in NCHW_CONVNETS:
+        assert len(found) == 1, f"{run}: the NCHW convnet's conversions are not named"
+        f = found[0]
+        assert "critical-path replay" in f["impact"]["basis"]
+        assert {i["name"] for i in f["evidence"]["items"]} <= {"aten::cudnn_convolution", "aten::convolution_backward"}
+    else:
+        assert not found, f"{run}: {found[0]['message']}"
+
+
 def test_precision_fixes_are_predicted_separately(report):
     """The tf32 loop: bf16 autocast and TF32 get their own predictions, bf16's the larger (it halves the
     bytes as well), each near what its own fix measured."""

@@ -108,3 +108,45 @@ def already(fw: FrameworkFact | None, knob: str) -> str | None:
             return f'`precision="{fw.setting("precision")}"` on the `Trainer`'
         return None
     return f"`{name}=True` in {TRAINING_ARGUMENTS}" if fw.setting(name) is True else None
+
+
+# -- fixes built from what is off: `on` is the switches the input shows on (measure/switches_on.py), by key --
+
+def fewer_launches(fw: FrameworkFact | None, on) -> str:
+    """The next step to cut kernel launches, as a sentence: compile when the model is not compiled (with the
+    framework's own switch), CUDA graphs when it is, and more work per launch when both are on already."""
+    if "compile" not in on:
+        text = ("Cut the number of launches: fuse kernels with torch.compile, "
+                + ("" if "cuda_graphs" in on else "replay the step as a CUDA graph, ") + "or batch more work per launch.")
+        return text + (f" Under {fw.label}: {compile_model(fw)}." if fw is not None else "")
+    if "cuda_graphs" not in on:
+        how = (f'`torch_compile_mode="reduce-overhead"` in {TRAINING_ARGUMENTS}' if _hf(fw)
+               else '`torch.compile(model, mode="reduce-overhead")`')
+        return f"Cut the number of launches: replay each compiled step as a CUDA graph ({how}), or batch more work per launch."
+    return "Cut the number of launches: give each launch more work (a larger batch, or fewer, larger layers)."
+
+
+def launch_fix_lines(on, comment: str | None = None) -> list[str]:
+    """Code lines (for a ```python block) that cut launches, from what is off; `comment` heads the compile
+    line instead of its own trailing comment."""
+    if "compile" not in on:
+        lines = ([comment, "model = torch.compile(model)"] if comment else
+                 ["model = torch.compile(model)                     # fuse small ops into fewer, larger kernels"])
+        if "cuda_graphs" not in on and not comment:
+            lines.append('# or: torch.compile(model, mode="reduce-overhead")  # also replays the step as a CUDA graph')
+        return lines
+    if "cuda_graphs" not in on:
+        return ['model = torch.compile(model, mode="reduce-overhead")  # compiled already: replay each step as a CUDA graph']
+    return []
+
+
+def loader_line(on, batch: str = "bs") -> str | None:
+    """A DataLoader construction with the input-pipeline switches that are off; None when all are on."""
+    args = []
+    if "workers" not in on:
+        args.append("num_workers=8")
+    if "pin_memory" not in on:
+        args.append("pin_memory=True")
+    if "workers" not in on:
+        args.append("persistent_workers=True")
+    return f"loader = DataLoader(ds, batch_size={batch}, {', '.join(args)})" if args else None

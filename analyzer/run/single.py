@@ -8,6 +8,7 @@ import traceback
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.measure.memory import summarize
 from gpuadvise.analyzer.measure.metrics import compute
+from gpuadvise.analyzer.measure.switches_on import asked_for, switches_on, without_what_is_on
 from gpuadvise.analyzer.model.findings import Finding, order
 from gpuadvise.analyzer.model.report import TraceReport
 from gpuadvise.analyzer.model.trace import TraceModel
@@ -77,6 +78,7 @@ def run_rules(analysis, rules, source: str | None, rank: int | None, notes: list
                 f.trace = source
             _for_every_rank(analysis, found)
             _place_ranges(analysis, found)
+            _fix_from_what_is_off(analysis, found)
         findings.extend(found)
     return order(findings)
 
@@ -94,6 +96,16 @@ def _place_ranges(analysis, found: list[Finding]) -> None:
     for f in found:
         if f.evidence.time_ranges_ms:
             f.evidence.place_ranges(spans)
+
+
+def _fix_from_what_is_off(analysis, found: list[Finding]) -> None:
+    """No fix block asks for a switch the input shows on (run.json or the trace: measure/switches_on.py):
+    its lines that would are left out of the finding's fix."""
+    if not found or not isinstance(analysis, Analysis) or not any(asked_for(f.fix) for f in found):
+        return  # nothing a fix asks for: the table is not read
+    on = switches_on(analysis)
+    for f in found:
+        f.fix = without_what_is_on(f.fix, on)
 
 
 def _for_every_rank(analysis, found: list[Finding]) -> None:

@@ -1,0 +1,409 @@
+"""Which of the usual speed switches the run already had on, and the evidence that shows it: run.json's
+facts from `gpuadvise profile`, **or** the trace alone (a trace somebody recorded with plain
+`torch.profiler` has no run.json). Advice never asks for what is on: a rule asks `is_on(switch, a)`
+before recommending a switch, and words its advice and fix from what is off.
+
+One table, `SWITCHES`: each switch has a label in people's words, how run.json shows it on, how the trace
+shows it on, and `asks` (the phrases of a recommendation to turn it on, used by the test that walks every
+rule over the corpus and the fixtures: no finding may ask for a switch its input shows on).
+
+| switch | run.json | trace |
+|---|---|---|
+| `compile` | `compiled.calls`/`compiles`, the framework's `torch_compile` | compiled frames or graph spans inside the steps, Inductor kernels (measure/compiled.py) |
+| `cuda_graphs` | `compiled.cudagraphs.replays` above 0 | `cudaGraphLaunch` / `hipGraphLaunch` calls |
+| `autocast` | an autocast context in bf16/fp16, the framework's `bf16`/`precision` | most matmul kernel time in 16-bit kernels |
+| `tf32` | `matmul_allow_tf32` (or `float32_matmul_precision` high/medium), the framework's `tf32` | fp32 GEMMs (not convolutions: cuDNN's TF32 is on by default) on TF32 Tensor Core kernels |
+| `cudnn_benchmark` | `cudnn_benchmark` | (not visible in a trace) |
+| `pin_memory` | a training DataLoader with `pin_memory=True`, the framework's `dataloader_pin_memory` | `aten::pin_memory` on a thread other than the training loop's (the DataLoader's pin thread) |
+| `workers` | a training DataLoader with `num_workers > 0` | multi-process DataLoader iteration (`_MultiProcessingDataLoaderIter`) |
+| `fused_optimizer` | an optimizer with `foreach=True` or `fused=True` | `_foreach_` ops, `multi_tensor_apply` or fused optimizer kernels |
+| `set_to_none` | (not recorded) | `Optimizer.zero_grad` spans that write no zeros |
+| `no_sync` | `no_sync_calls` on a DDP wrapper, fewer synced backward passes than backward passes | (not visible without run.json) |
+| `channels_last` | (not recorded) | most convolution kernel time in NHWC kernels, and no layout-conversion kernel |
+| `expandable_segments` | `PYTORCH_CUDA_ALLOC_CONF` in the environment | the allocator settings a snapshot records |
+
+Whether a trace is compiled is `compiled_evidence(a)`: the one function that reads the trace's compile facts
+(`a.compiled`, measure/compiled.py), so that richer ones plug in there.
+
+`asked_for(text)` recognises a recommendation by its phrases; in prose a sentence that says "already"
+reports what is on and asks for nothing. `without_what_is_on(fix, on)` drops the code lines of a fix that
+ask for a switch that is on (with the comments right above them and the block a line opens); the engine
+applies it to every finding (analyzer/run/single.py).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from gpuadvise.analyzer.model import runfacts, switches as framework_switches
+from gpuadvise.analyzer.model.calls import GRAPH_LAUNCHES
+from gpuadvise.analyzer.model.kernels import CONV, GEMM, head
+from gpuadvise.analyzer.model.trace import name_mask
+
+# a GEMM kernel (not a convolution) on TF32 Tensor Cores, by name
+TF32_GEMM = re.compile(r"tf32|s1688gemm|s884gemm|_s1688|1688tf32", re.I)
+# 16-bit matmul kernels, by name
+HALF_MATMUL = re.compile(r"bf16|bfloat16|fp16|f16|half|h884|h1688|hmma|_HHS_|_BBS_|_HH_|_BB_", re.I)
+# convolution kernels that run on NHWC tensors (cuDNN's `nhwc`/`nhwckrsc` kernels, MIOpen's `_nhwc_` igemm)
+NHWC_CONV = re.compile(r"nhwc", re.I)
+# the optimizer's multi-tensor paths
+MULTI_TENSOR = re.compile(r"_foreach_|multi_tensor_apply|_fused_adam|fused_adam|_fused_sgd|FusedAdam|fused_optimizer", re.I)
+MULTI_PROCESS_LOADER = "_MultiProcessingDataLoaderIter"
+PIN_OPS = ("aten::pin_memory", "aten::_pin_memory")
+
+
+@dataclass(frozen=True)
+class On:
+    """Evidence that a switch was on: where it comes from ("run.json" or "the trace") and what it says."""
+
+    switch: str
+    source: str
+    what: str
+
+    def __str__(self) -> str:
+        return f"{SWITCHES[self.switch].label} is on ({self.source}: {self.what})"
+
+
+@dataclass(frozen=True)
+class Switch:
+    key: str
+    label: str  # in people's words
+    asks: re.Pattern  # a recommendation to turn it on
+    from_facts: Callable  # Analysis → str or None
+    from_trace: Callable  # Analysis → str or None
+
+
+def is_on(switch: str, a) -> On | None:
+    """Evidence that `switch` was on in `a`'s input (run.json first, then the trace); None when nothing shows
+    it on (off, or not visible in this input: advice may then ask for it)."""
+    s = SWITCHES[switch]
+    what = s.from_facts(a)
+    if what:
+        return On(switch, "run.json", what)
+    if a.model is not None and a.metrics is not None:
+        what = s.from_trace(a)
+        if what:
+            return On(switch, "the trace", what)
+    return None
+
+
+def switches_on(a) -> dict[str, On]:
+    """Every switch the input shows on, by key."""
+    return {k: e for k in SWITCHES if (e := is_on(k, a)) is not None}
+
+
+def asked_for(text: str) -> set[str]:
+    """The switches a piece of advice or fix text recommends turning on. Every line of a code block counts;
+    in prose, a sentence that says "already" reports what is on ("`torch_compile=True` is set already")
+    and asks for nothing."""
+    asked: set[str] = set()
+    code = False
+    for line in (text or "").split("\n"):
+        if line.strip().startswith("```"):
+            code = not code
+            continue
+        parts = [line] if code else [p for p in re.split(r"(?<=[.;:])\s+", line) if "already" not in p.lower()]
+        for part in parts:
+            asked |= {k for k, s in SWITCHES.items() if s.asks.search(part)}
+    return asked
+
+
+# -- torch.compile -------------------------------------------------------------------------------------
+
+def compiled_evidence(a) -> str | None:
+    """The trace shows torch.compile's work (compiled frames, graph spans, Inductor kernels or CUDA graph
+    replays), in words; None when it does not."""
+    c = a.compiled
+    if c is None:
+        return None
+    if c.steps and not any(s.regions or s.compiled_us > 0 for s in c.steps):
+        return None  # compiled code ran, but not in the training steps (a helper, a warm-up call)
+    parts = []
+    regions = max((s.regions for s in c.steps), default=0)
+    if regions:
+        parts.append(f"{regions} compiled-frame call{'s' if regions != 1 else ''} a step")
+    elif c.graph_spans:
+        parts.append("compiled graphs run in the steps" if c.steps else "compiled graphs run")
+    if c.inductor_kernels:
+        parts.append(f"{sum(v['count'] for v in c.inductor_kernels.values())} Inductor kernels")
+    if not parts and c.cuda_graph_launches:
+        return None  # CUDA graphs without compiled code: captured by hand, not torch.compile
+    return ", ".join(parts) or None
+
+
+def _compile_facts(a) -> str | None:
+    comp = runfacts.compiled(a.facts)
+    calls = [c for c in (comp.get("calls") or []) if isinstance(c, dict)]
+    if calls:
+        where = calls[0].get("called_at")
+        return "torch.compile called" + (f" at {where}" if isinstance(where, str) else "")
+    if runfacts.compile_events(a.facts):
+        return "torch.compile compiled frames"
+    fw = runfacts.framework(a.facts)
+    return framework_switches.already(fw, "compile")
+
+
+# -- CUDA graphs ---------------------------------------------------------------------------------------
+
+def _graphs_facts(a) -> str | None:
+    graphs = runfacts.compiled(a.facts).get("cudagraphs")
+    if isinstance(graphs, dict) and isinstance(graphs.get("replays"), int) and graphs["replays"] > 0:
+        return f"{graphs['replays']} CUDA graph replays"
+    return None
+
+
+def _graphs_trace(a) -> str | None:
+    rt = a.model.runtime
+    n = int(rt["name"].isin(GRAPH_LAUNCHES).sum()) if len(rt) else 0
+    return f"{n} CUDA graph launches" if n else None
+
+
+# -- precision -----------------------------------------------------------------------------------------
+
+def _autocast_facts(a) -> str | None:
+    half = [d for d in runfacts.autocast_dtypes(a.facts) if "bfloat16" in d or "float16" in d]
+    if half:
+        return f"autocast to {half[0].replace('torch.', '')}"
+    fw = runfacts.framework(a.facts)
+    return framework_switches.already(fw, "bf16")
+
+
+def _matmuls(a):
+    k = a.metrics.kernels
+    if k is None or not len(k):
+        return k
+    return k[k["matmul"].astype(bool)]
+
+
+def _autocast_trace(a) -> str | None:
+    mm = _matmuls(a)
+    if mm is None or not len(mm):
+        return None
+    total = float(mm["total_us"].sum())
+    half = mm["name"].map(lambda n: bool(HALF_MATMUL.search(head(str(n))))).to_numpy(bool)
+    share = 100.0 * float(mm.loc[half, "total_us"].sum()) / total if total > 0 else 0.0
+    return f"{share:.0f} % of matmul kernel time in 16-bit kernels" if share >= 50.0 else None
+
+
+def _tf32_facts(a) -> str | None:
+    if runfacts.flag(a.facts, "matmul_allow_tf32") is True:
+        return "torch.backends.cuda.matmul.allow_tf32 = True"
+    prec = runfacts.settings(a.facts).get("float32_matmul_precision")
+    if prec in ("high", "medium"):
+        return f"float32_matmul_precision = {prec!s}"
+    return framework_switches.already(runfacts.framework(a.facts), "tf32")
+
+
+def _tf32_trace(a) -> str | None:
+    mm = _matmuls(a)
+    if mm is None or not len(mm):
+        return None
+    names = mm["name"].astype(str)
+    gemm = names.map(lambda n: bool(GEMM.search(head(n))) and not CONV.search(head(n)))
+    tf32 = names.map(lambda n: bool(TF32_GEMM.search(head(n))))
+    n = int((gemm & tf32).sum())
+    return f"{n} GEMM kernel{'s' if n != 1 else ''} on TF32 Tensor Cores" if n else None
+
+
+# -- cudnn.benchmark -----------------------------------------------------------------------------------
+
+def _benchmark_facts(a) -> str | None:
+    return "torch.backends.cudnn.benchmark = True" if runfacts.flag(a.facts, "cudnn_benchmark") is True else None
+
+
+def _invisible(a) -> str | None:
+    return None
+
+
+# -- input pipeline ------------------------------------------------------------------------------------
+
+def _pin_facts(a) -> str | None:
+    pinned = [d for d in runfacts.training_loaders(a.facts) if d.pin_memory]
+    if pinned:
+        return f"the DataLoader created at {pinned[0].where} pins its batches"
+    return framework_switches.already(runfacts.framework(a.facts), "pin_memory")
+
+
+def _pin_trace(a) -> str | None:
+    cpu = a.model.cpu
+    if not len(cpu):
+        return None
+    pins = cpu[cpu["name"].isin(PIN_OPS)]
+    loop = a.metrics.launch_thread
+    if loop is not None and len(pins):
+        pins = pins[pins["tid"].to_numpy() != loop[1]]
+    return f"{len(pins)} pin_memory calls on the DataLoader's pin thread" if len(pins) else None
+
+
+def _workers_facts(a) -> str | None:
+    with_workers = [d for d in runfacts.training_loaders(a.facts) if d.num_workers]
+    if with_workers:
+        d = with_workers[0]
+        return f"the DataLoader created at {d.where} has num_workers={d.num_workers}"
+    return None
+
+
+def _workers_trace(a) -> str | None:
+    dl = a.metrics.dataloader
+    if dl is None or not len(dl):
+        return None
+    multi = (~dl["single_process"].astype(bool)).to_numpy()
+    return "the DataLoader is iterated by worker processes (_MultiProcessingDataLoaderIter)" if multi.any() else None
+
+
+# -- optimizer -----------------------------------------------------------------------------------------
+
+def _fused_facts(a) -> str | None:
+    for o in runfacts.optimizers(a.facts):
+        if o.fused or o.foreach:
+            return f"{o.cls} with {'fused' if o.fused else 'foreach'}=True"
+    return None
+
+
+def _fused_trace(a) -> str | None:
+    k, cpu = a.model.kernels, a.model.cpu
+    hits = int(name_mask(k["name"], lambda n: bool(MULTI_TENSOR.search(n))).sum()) if len(k) else 0
+    if hits:
+        return f"{hits} multi-tensor/fused optimizer kernels"
+    ops = int(name_mask(cpu["name"], lambda n: n.startswith("aten::_foreach_") or n.startswith("aten::_fused_"))
+              .sum()) if len(cpu) else 0
+    return f"{ops} foreach/fused optimizer ops" if ops else None
+
+
+def _set_to_none_trace(a) -> str | None:
+    cpu = a.model.cpu
+    if not len(cpu):
+        return None
+    spans = cpu[name_mask(cpu["name"], lambda n: n.startswith("Optimizer.zero_grad#"))]
+    if not len(spans):
+        return None
+    zeros = cpu[cpu["name"].isin(("aten::zero_", "aten::fill_"))]
+    starts, ends = spans["ts"].to_numpy(float), spans["end"].to_numpy(float)
+    if len(zeros):
+        ts = zeros["ts"].to_numpy(float)
+        i = np.searchsorted(starts, ts, side="right") - 1
+        inside = (i >= 0) & (ts < ends[np.clip(i, 0, None)])
+        if inside.any():
+            return None
+    return f"{len(spans)} zero_grad calls that write no zeros (gradients set to None)"
+
+
+# -- distributed ---------------------------------------------------------------------------------------
+
+def _no_sync_facts(a) -> str | None:
+    for d in runfacts.ddp(a.facts):
+        if d.no_sync_calls:
+            return f"no_sync() entered {d.no_sync_calls} times"
+    acc = runfacts.accumulation(a.facts)
+    if acc is not None and acc.synced_backward_per_step is not None and acc.backward_per_step is not None \
+            and acc.backward_per_step > 1 and acc.synced_backward_per_step < acc.backward_per_step:
+        return (f"{acc.synced_backward_per_step:g} of {acc.backward_per_step:g} backward passes per optimizer "
+                "step all-reduce")
+    return None
+
+
+# -- layout and memory ---------------------------------------------------------------------------------
+
+def _channels_last_trace(a) -> str | None:
+    from .layout import conv_kernels, has_conversion_kernels
+
+    if has_conversion_kernels(a.model):  # any conversion by name: not a layout without conversions
+        return None
+    conv = conv_kernels(a.model)
+    if not len(conv):
+        return None
+    nhwc = name_mask(conv["name"], lambda n: bool(NHWC_CONV.search(head(n))))
+    if float(conv.loc[np.asarray(nhwc, bool), "dur"].sum()) < 0.5 * float(conv["dur"].sum()):
+        return None
+    return "convolutions run NHWC kernels and no layout conversions"
+
+
+def _expandable_facts(a) -> str | None:
+    conf = runfacts.env_vars(a.facts).get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if re.search(r"expandable_segments\s*:\s*True", conf, re.I):
+        return f"PYTORCH_CUDA_ALLOC_CONF={conf}"
+    mem = a.memory
+    if mem is not None and mem.allocator_settings.get("expandable_segments"):
+        return "the allocator snapshot records expandable_segments"
+    return None
+
+
+SWITCHES: dict[str, Switch] = {s.key: s for s in (
+    Switch("compile", "torch.compile",
+           re.compile(r"torch\.compile\(model\)|compile the model|(?:fuse|fusing) [\w ,]*with torch\.compile|"
+                      r"\(`torch\.compile`\)|`torch_compile=True`|dynamo_backend=", re.I),
+           _compile_facts, compiled_evidence),
+    Switch("cuda_graphs", "CUDA graphs",
+           re.compile(r"replay the step as a CUDA graph|capture (?:the step|CUDA graphs)|mode=\\?\"reduce-overhead\\?\"|"
+                      r"make_graphed_callables|torch\.cuda\.CUDAGraph", re.I),
+           _graphs_facts, _graphs_trace),
+    Switch("autocast", "bf16/fp16 autocast",
+           re.compile(r"with torch\.autocast\(|(?:run|runs) [\w ]*(?:under|with) `torch\.autocast|bf16 autocast saves|"
+                      r"`bf16=True`|precision=\"bf16-mixed\"|mixed_precision=\"bf16\"", re.I),
+           _autocast_facts, _autocast_trace),
+    Switch("tf32", "TF32 matmuls",
+           re.compile(r"set_float32_matmul_precision|allow_tf32 = True|`tf32=True`", re.I),
+           _tf32_facts, _tf32_trace),
+    Switch("cudnn_benchmark", "cudnn.benchmark",
+           re.compile(r"cudnn\.benchmark = True|turn cudnn\.benchmark on", re.I),
+           _benchmark_facts, _invisible),
+    Switch("pin_memory", "pinned DataLoader batches",
+           # the loader's switch, not a pinned buffer of one's own (`torch.empty(..., pin_memory=True)`)
+           re.compile(r"^(?!.*torch\.(?:empty|zeros|ones)\([^)]*pin_memory=True).*pin_memory=True", re.I | re.M),
+           _pin_facts, _pin_trace),
+    Switch("workers", "DataLoader worker processes",
+           re.compile(r"give it worker processes|`num_workers` \(more than 0\)|in parallel worker processes", re.I),
+           _workers_facts, _workers_trace),
+    Switch("fused_optimizer", "a foreach/fused optimizer",
+           re.compile(r"foreach=True|fused=True|adamw_torch_fused", re.I),
+           _fused_facts, _fused_trace),
+    Switch("set_to_none", "zero_grad(set_to_none=True)",
+           re.compile(r"set_to_none=True", re.I),
+           _invisible, _set_to_none_trace),
+    Switch("no_sync", "DDP no_sync() during accumulation",
+           re.compile(r"no_sync\(\)", re.I),
+           _no_sync_facts, _invisible),
+    Switch("channels_last", "channels_last memory format",
+           re.compile(r"memory_format=torch\.channels_last", re.I),
+           _invisible, _channels_last_trace),
+    Switch("expandable_segments", "expandable_segments",
+           re.compile(r"expandable_segments:True", re.I),
+           _expandable_facts, _invisible),
+)}
+
+
+def without_what_is_on(fix: str, on: dict) -> str:
+    """A rule's Fix text with the lines of its code blocks that ask for a switch the input shows on left out
+    (`on`: `switches_on(a)`), so that no fix block asks a user who compiled to compile. Prose is the rule's
+    own to word (it builds its advice from what is off)."""
+    if not on or "```" not in fix:
+        return fix
+    lines = fix.split("\n")
+    drop = [False] * len(lines)
+    code = False
+    for i, line in enumerate(lines):
+        if line.strip().startswith("```"):
+            code = not code
+            continue
+        if not code or not any(SWITCHES[k].asks.search(line) for k in on):
+            continue
+        drop[i] = True
+        indent = len(line) - len(line.lstrip())
+        j = i - 1  # the comment lines right above it describe it
+        while j >= 0 and lines[j].strip().startswith("#") and len(lines[j]) - len(lines[j].lstrip()) == indent:
+            drop[j] = True
+            j -= 1
+        if line.split("#", 1)[0].rstrip().endswith(":"):  # a block it opens goes with it
+            j = i + 1
+            while j < len(lines) and lines[j].strip() and not lines[j].strip().startswith("```") \
+                    and len(lines[j]) - len(lines[j].lstrip()) > indent:
+                drop[j] = True
+                j += 1
+    out = [line for line, gone in zip(lines, drop) if not gone]
+    text = re.sub(r"\n{3,}", "\n\n", "\n".join(out))
+    text = re.sub(r"```python\n\n+", "```python\n", re.sub(r"\n\n+```\n", "\n```\n", text))
+    return re.sub(r"```python\n```\n?", "", text).strip()  # a block left with no line goes too
