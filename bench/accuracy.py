@@ -196,12 +196,26 @@ def per_rule(table: list[dict], missed: list, level: str) -> list[str]:
     return lines
 
 
+SHIPPED_TITLE = "## Pairs shipped with the project"
+
+
+def split_shipped(text: str) -> tuple[str, str]:
+    """(the document without the shipped pairs' section, that section): the open corpus' part and the
+    shipped part are checked apart (tests/test_h100_pairs.py, tests/test_shipped_pairs.py)."""
+    start = text.find("\n" + SHIPPED_TITLE + "\n")
+    if start < 0:
+        return text, ""
+    end = text.find("\n## ", start + 1)
+    end = len(text) if end < 0 else end
+    return text[:start] + text[end:], text[start + 1:end]
+
+
 def shipped_section(pairs: dict, report) -> list[str]:
     """The pairs in bench/h100-pairs, predicted and tallied the same way."""
     table = rows(pairs, report)
     missed = misses(table)
     total = len(table) * len(MODES)
-    return ["## Pairs shipped with the project", "",
+    return [SHIPPED_TITLE, "",
             f"**{total - len(missed)} of {total} shipped-pair predictions within tolerance** ({len(table)} pairs). "
             "Measured on a later day on the same kind of H100 (`bench/h100-pairs/README.md`: the loops, each variant "
             "timed without the profiler as above); their run folders ship with the project, so any machine can "

@@ -222,7 +222,8 @@ def test_accuracy_doc_is_current(scratch):
     effect on the table in review (regenerate: python bench/accuracy.py -o docs/accuracy.md)."""
     fresh = accuracy.render(PAIRS, lambda run, mode: analysed(run, mode, scratch))
     assert ACCURACY_DOC.is_file(), "docs/accuracy.md is missing: python bench/accuracy.py -o docs/accuracy.md"
-    assert ACCURACY_DOC.read_text() == fresh, (
+    # the section on the pairs shipped in bench/h100-pairs is tests/test_shipped_pairs.py's to check
+    assert accuracy.split_shipped(ACCURACY_DOC.read_text())[0] == fresh, (
         f"docs/accuracy.md is stale (now: {accuracy.summary_line(fresh)}): python bench/accuracy.py -o docs/accuracy.md")
 
 

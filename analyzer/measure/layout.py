@@ -108,3 +108,41 @@ def direction(name: str) -> str:
     if NHWC_TO_NCHW.search(n):
         return "NHWC→NCHW"
     return "layout conversion"
+
+
+# Batch norm on NCHW tensors. With the activations in channels_last, cuDNN runs batch norm as its
+# semi-persistent NHWC kernels (`batchnorm_fwtr_nhwc_semiPersist`, `batchnorm_bwtr_nhwc_semiPersist`),
+# which keep a tile's statistics on chip: the forward pass reads the activation once and writes it once
+# (the NCHW kernels read it twice: statistics, then normalisation), the backward reads the activation and
+# its gradient once and writes the input gradient (the NCHW kernels read both twice). Both are
+# memory-bound, so the NHWC kernel's time is the NCHW kernel's × the ratio of the passes over memory.
+BN_FORWARD_PASSES = 2 / 3  # (read + write) / (read + read + write)
+BN_BACKWARD_PASSES = 3 / 5  # (read x, read dy, write dx) / (x, dy twice, dx)
+
+
+def is_batch_norm_op(name: str) -> bool:
+    """A batch-norm op that launches kernels (`aten::cudnn_batch_norm`, `aten::native_batch_norm`,
+    their `_backward`s, `aten::miopen_batch_norm` …)."""
+    return "batch_norm" in name.lower()
+
+
+def batch_norm_kernels(model: TraceModel) -> pd.DataFrame:
+    """The kernels batch-norm ops launched on NCHW tensors (names without `nhwc`), with `backward` (bool:
+    launched by a backward op) and `passes` (the NHWC kernel's time as a share of this one's)."""
+    k = model.kernels
+    cpu = model.cpu
+    empty = k.iloc[0:0].assign(backward=pd.Series(dtype=bool), passes=pd.Series(dtype=float))
+    if not len(k) or not len(cpu):
+        return empty
+    ops = cpu[name_mask(cpu["name"], is_batch_norm_op) & (cpu["external_id"] > 0)]
+    if not len(ops):
+        return empty
+    ext = _launching_ext(model, k)
+    keep = np.isin(ext, ops["external_id"].to_numpy())
+    keep &= ~np.asarray(name_mask(k["name"], lambda n: "nhwc" in head(n).lower()), bool)
+    out, ext = k[keep], ext[keep]
+    if not len(out):
+        return empty
+    names = ops.drop_duplicates("external_id").set_index("external_id")["name"].astype(str)
+    backward = names.reindex(ext).str.contains("backward", case=False).fillna(False).to_numpy(bool)
+    return out.assign(backward=backward, passes=np.where(backward, BN_BACKWARD_PASSES, BN_FORWARD_PASSES))
