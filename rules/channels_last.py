@@ -120,7 +120,8 @@ class ChannelsLast(Rule):
                        f"in the trace ({split}) take {per_step_us / 1e3:.2f} ms, {of_kernels:.1f} % of the kernel time "
                        f"and {of_step:.1f} % of the traced window.")
         if bn_us > 0:
-            message += (f" Batch norm runs its NCHW kernels beside them ({bn_us / 1e3:.2f} ms per step); in "
+            message += (f" Batch norm runs its NCHW kernels beside them ({bn_us / 1e3:.2f} ms "
+                        f"{'per step' if m.steps else 'in the trace'}); in "
                         "channels_last it runs cuDNN's NHWC kernels, which pass over memory fewer times.")
         if saving < 1.0:
             message += f" Little of it is on the step's critical path today: {a.bound_by()}."
