@@ -95,6 +95,7 @@ _INSPECT = -3  # empty or instant category: look at ph/name (metadata, [memory])
 _IGNORED = -9  # a known category that no table keeps (flows, the profiler span)
 _NEW = -100  # not in the category cache yet
 _CAT = operator.attrgetter("cat")
+_TEXT_OR_NONE = {str, type(None)}
 _NAME, _PID, _TID, _PH = (operator.attrgetter(f) for f in ("name", "pid", "tid", "ph"))
 
 
@@ -172,9 +173,10 @@ class Builder:
         return out
 
     def _idents(self, values: list):
-        ids = np.array(values)
-        if ids.dtype == np.int64:  # the common case: plain integer ids, converted in C
-            return ids
+        if values and type(values[0]) is int:  # the common case: plain integer ids, converted in C
+            ids = np.array(values)
+            if ids.dtype == np.int64:
+                return ids
         ident = self._ident
         try:
             table = {v: ident(v) for v in dict.fromkeys(values)}  # distinct values, first-seen order
@@ -293,8 +295,8 @@ class Builder:
 
     def _comms(self, names: np.ndarray, is_kernel: bool, evs, args, ts, dur, pid, tid, correlation) -> None:
         """The rows that are collectives (model/collectives.py), with their metadata, into `comms`."""
-        distinct, where = np.unique(names, return_inverse=True)
-        roles = np.array([self._role(is_kernel, c) for c in distinct.tolist()], dtype=np.int8)[where.reshape(-1)]
+        where, distinct = pd.factorize(names)  # once per distinct name, not per event
+        roles = np.array([self._role(is_kernel, int(c)) for c in distinct], dtype=np.int8)[where]
         rows = np.flatnonzero(roles >= 0)
         if not len(rows):
             return
@@ -358,6 +360,8 @@ class Builder:
         calls = _get(args, "call_stack")
         if calls.count(None) == len(calls):  # the common case: no legacy call stacks recorded
             t.add("call_stack", np.zeros(len(calls), np.int32), np.int32)
+        elif set(map(type, calls)) <= _TEXT_OR_NONE:  # interned in C (None gets the code of "", 0)
+            t.add("call_stack", np.fromiter(map(stacks.__getitem__, calls), np.int32, count=len(calls)), np.int32)
         else:
             t.add("call_stack", [stacks[c] if type(c) is str else 0 for c in calls], np.int32)
         # shapes and dtypes only for matmul/conv ops: checked once per distinct name
