@@ -214,12 +214,12 @@ class Builder:
                 self.unknown.update(map(str, map(_CAT, evs)))
                 continue
             if code == _INSPECT:  # metadata (ph M) and [memory] instants, told apart in C, not event by event
-                phs = np.array(list(map(_PH, evs)), dtype=object)
-                names = np.array(list(map(_NAME, evs)), dtype=object)
-                meta = phs == "M"
+                # operator.eq, not numpy object arrays: a name may be any JSON value (a list, in a broken trace)
+                meta = np.fromiter(map(operator.eq, map(_PH, evs), repeat("M")), bool, count=len(evs))
+                memory = np.fromiter(map(operator.eq, map(_NAME, evs), repeat("[memory]")), bool, count=len(evs))
                 for i in np.flatnonzero(meta).tolist():
                     self._metadata(evs[i], evs[i].args)
-                mem = np.flatnonzero(~meta & (names == "[memory]")).tolist()
+                mem = np.flatnonzero(~meta & memory).tolist()
                 if mem:
                     picked = [evs[i] for i in mem]
                     buckets[ev.MEMORY] = (picked, list(map(_ARGS, picked)))
