@@ -154,6 +154,22 @@ def test_memory_instant_events_without_category(load_built):
     assert model.meta.unknown_categories == {}
 
 
+def test_instant_events_with_names_that_are_not_text_beside_memory_and_metadata(load_built):
+    """Uncategorised events whose name is a list or a number are ignored; the [memory] event and the
+    process name among them are kept."""
+    b = small_builder()
+    d = b.to_dict()
+    d["traceEvents"] += [{"ph": "i", "name": [1, 2], "pid": 4242, "tid": 4242, "ts": b.t + 1},
+                         {"ph": "i", "name": [3, 4], "pid": 4242, "tid": 4242, "ts": b.t + 2},
+                         {"ph": "i", "name": 7, "pid": 4242, "tid": 4242, "ts": b.t + 3},
+                         {"ph": "i", "name": "[memory]", "pid": 4242, "tid": 4242, "ts": b.t + 4,
+                          "args": {"Bytes": 512, "Total Allocated": 512, "Total Reserved": 1024}},
+                         {"ph": "M", "name": "process_name", "pid": 77, "args": {"name": "trainer"}}]
+    model = load_built(d)
+    assert list(model.memory["bytes"]) == [512]
+    assert model.meta.process_names[77] == "trainer"
+
+
 def test_rocm_trace(load_built):
     b = TraceBuilder(device="AMD Instinct MI300X", compute=(9, 4), platform="rocm")
     for _ in range(2):

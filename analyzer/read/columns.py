@@ -12,6 +12,7 @@ import math
 import operator
 import re
 from collections import Counter
+from itertools import repeat
 
 import msgspec
 import numpy as np
@@ -25,6 +26,7 @@ from gpuadvise.analyzer.model.trace import TraceMeta
 MATMUL_OPS = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|conv|convolution|cudnn_conv|_convolution)")
 
 _EMPTY_ARGS = ev.Args()
+_ARGS = operator.attrgetter("args")
 ROLES = (collectives.KERNEL, collectives.HOST, collectives.CALL)  # the comms table's `role` codes
 _TS, _DUR = operator.attrgetter("ts"), operator.attrgetter("dur")
 _ANY = msgspec.json.Decoder()
@@ -93,6 +95,8 @@ _INSPECT = -3  # empty or instant category: look at ph/name (metadata, [memory])
 _IGNORED = -9  # a known category that no table keeps (flows, the profiler span)
 _NEW = -100  # not in the category cache yet
 _CAT = operator.attrgetter("cat")
+_TEXT_OR_NONE = {str, type(None)}
+_NAME, _PID, _TID, _PH = (operator.attrgetter(f) for f in ("name", "pid", "tid", "ph"))
 
 
 class Builder:
@@ -105,6 +109,8 @@ class Builder:
         self.stacks[""]  # code 0 = no stack
         self.types = Interner()
         self.types[""]
+        self.raw_type_codes: dict[bytes, int] = {}  # matmuls' raw `Input type` / `Input Dims` → code in `types`
+        self.raw_dims_codes: dict[bytes, int] = {}
         self.thread_codes = Interner()  # non-numeric pid/tid strings → negative ids
         self.ident_cache: dict = {}
         self.tables = {k: _Columns() for k in ("gpu", "runtime", "cpu", "python", "memory", "syncs", "gpu_annotations",
@@ -136,7 +142,7 @@ class Builder:
     def _codes(self, events: list) -> list:
         get = self.cat_cache.get
         try:
-            codes = [get(c, _NEW) for c in map(_CAT, events)]
+            codes = list(map(get, map(_CAT, events), repeat(_NEW, len(events))))
             if _NEW in codes:  # categories not seen before (the first chunks only)
                 cache, learn = self.cat_cache, self._learn
                 codes = [c if c != _NEW else cache[e.cat] if e.cat in cache else learn(e.cat) for c, e in zip(codes, events)]
@@ -167,80 +173,99 @@ class Builder:
         return out
 
     def _idents(self, values: list):
-        ids = np.array(values)
-        if ids.dtype == np.int64:  # the common case: plain integer ids, converted in C
-            return ids
+        if values and type(values[0]) is int:  # the common case: plain integer ids, converted in C
+            ids = np.array(values)
+            if ids.dtype == np.int64:
+                return ids
         ident = self._ident
-        return [v if type(v) is int and -(2**63) <= v < 2**63 else ident(v) for v in values]
+        try:
+            table = {v: ident(v) for v in dict.fromkeys(values)}  # distinct values, first-seen order
+        except TypeError:
+            return [v if type(v) is int and -(2**63) <= v < 2**63 else ident(v) for v in values]
+        return list(map(table.__getitem__, values))
 
     def _names(self, evs) -> np.ndarray:
         names = self.names
         try:
-            return np.fromiter(map(names.__getitem__, [e.name for e in evs]), dtype=np.int32, count=len(evs))
+            return np.fromiter(map(names.__getitem__, map(_NAME, evs)), dtype=np.int32, count=len(evs))
         except TypeError:
             return np.array([names[n if isinstance(n, str) else str(n)] for n in (e.name for e in evs)], dtype=np.int32)
 
     # -- per chunk ------------------------------------------------------------------------------
     def add_chunk(self, events: list) -> None:
+        """One chunk's events into the tables: the events grouped by table with one stable sort, each
+        column built in one pass over its group (attribute access and conversions in C)."""
+        if not events:
+            return
         codes = np.array(self._codes(events), dtype=np.int16)
-        buckets: dict[int, list] = {}
-        for code in np.unique(codes).tolist():
-            if code == _IGNORED:
-                continue
-            idx = np.flatnonzero(codes == code).tolist()
-            evs = [events[i] for i in idx]
+        order = np.argsort(codes, kind="stable")
+        ordered = codes[order]
+        present, starts = np.unique(ordered, return_index=True)
+        ends = np.append(starts[1:], len(ordered))
+        picked = list(map(events.__getitem__, order.tolist())) if len(present) > 1 else events
+        groups = {}
+        for code, lo, hi in zip(present.tolist(), starts.tolist(), ends.tolist()):
+            if code != _IGNORED:
+                groups[code] = picked[lo:hi]
+        del picked
+        buckets: dict[int, tuple] = {}
+        for code, evs in groups.items():
             if code == -1:
-                for e in evs:
-                    self.unknown[str(e.cat)] += 1
+                self.unknown.update(map(str, map(_CAT, evs)))
                 continue
-            if code == _INSPECT:
-                for e in evs:
-                    if e.ph == "M":
-                        self._metadata(e)
-                    elif e.name == "[memory]":
-                        buckets.setdefault(ev.MEMORY, []).append(e)
+            if code == _INSPECT:  # metadata (ph M) and [memory] instants, told apart in C, not event by event
+                # operator.eq, not numpy object arrays: a name may be any JSON value (a list, in a broken trace)
+                meta = np.fromiter(map(operator.eq, map(_PH, evs), repeat("M")), bool, count=len(evs))
+                memory = np.fromiter(map(operator.eq, map(_NAME, evs), repeat("[memory]")), bool, count=len(evs))
+                for i in np.flatnonzero(meta).tolist():
+                    self._metadata(evs[i], evs[i].args)
+                mem = np.flatnonzero(~meta & memory).tolist()
+                if mem:
+                    picked = [evs[i] for i in mem]
+                    buckets[ev.MEMORY] = (picked, list(map(_ARGS, picked)))
                 continue
-            buckets[code] = evs
-        for code, evs in buckets.items():
-            evs, ts, dur = self._valid(evs)
+            buckets[code] = (evs, list(map(_ARGS, evs)))
+        for code, (evs, args) in buckets.items():
+            evs, args, ts, dur = self._valid(evs, args)
             if not evs:
                 continue
+            args = [a if a is not None else _EMPTY_ARGS for a in args] if None in args else args
             self.tabulated += len(evs)
             if code in (ev.KERNEL, ev.MEMCPY, ev.MEMSET):
-                self._gpu(evs, ts, dur, code)
+                self._gpu(evs, args, ts, dur, code)
             elif code == ev.RUNTIME:
-                self._runtime(evs, ts, dur)
+                self._runtime(evs, args, ts, dur)
             elif code in (ev.CPU_OP, ev.ANNOTATION):
-                self._cpu(evs, ts, dur, code == ev.ANNOTATION)
+                self._cpu(evs, args, ts, dur, code == ev.ANNOTATION)
             elif code == ev.PYTHON:
-                self._python(evs, ts, dur)
+                self._python(evs, args, ts, dur)
             elif code == ev.MEMORY:
-                self._memory(evs, ts)
+                self._memory(evs, args, ts)
             elif code == ev.SYNC:
-                self._span("syncs", evs, ts, dur)
+                self._span("syncs", evs, args, ts, dur)
             elif code == ev.GPU_ANNOTATION:
-                self._span("gpu_annotations", evs, ts, dur)
+                self._span("gpu_annotations", evs, args, ts, dur)
             elif code == ev.RANGE:
                 self.meta.profiler_ranges += len(evs)
             elif code == ev.OVERHEAD:
                 self.meta.overhead_events += len(evs)
 
-    def _valid(self, evs: list):
+    def _valid(self, evs: list, args: list):
         """Drop events without a usable timestamp or with a negative duration (counted, not fatal).
-        Returns the events kept with their ts and dur columns (dur NaN → 0)."""
+        Returns the events kept, their args and their ts and dur columns (dur NaN → 0)."""
         ts = _f(list(map(_TS, evs)))
         dur = _f(list(map(_DUR, evs)))
         bad = np.isnan(ts) | (dur < 0) | np.isinf(ts) | np.isinf(dur)
         if bad.any():
             self.skipped += int(bad.sum())
-            evs = [e for e, b in zip(evs, bad.tolist()) if not b]
+            keep = np.flatnonzero(~bad).tolist()
+            evs, args = [evs[i] for i in keep], [args[i] for i in keep]
             ts, dur = ts[~bad], dur[~bad]
         if ts.size:
             self.min_ts = min(self.min_ts, float(ts.min()))
-        return evs, ts, np.nan_to_num(dur, nan=0.0)
+        return evs, args, ts, np.nan_to_num(dur, nan=0.0)
 
-    def _metadata(self, e) -> None:
-        a = e.args
+    def _metadata(self, e, a) -> None:
         if a is None or not isinstance(a.name, str):
             return
         if e.name == "process_name":
@@ -248,30 +273,30 @@ class Builder:
         elif e.name == "thread_name":
             self.meta.thread_names[(self._ident(e.pid), self._ident(e.tid))] = a.name
 
-    def _base(self, t: _Columns, evs, ts, dur) -> list:
+    def _base(self, t: _Columns, evs, ts, dur) -> None:
         t.add("name", self._names(evs), np.int32)
         t.add("ts", ts, np.float64)
         t.add("dur", dur, np.float64)
-        return [e.args or _EMPTY_ARGS for e in evs]
 
-    def _gpu(self, evs, ts, dur, code) -> None:
+    def _gpu(self, evs, args, ts, dur, code) -> None:
         t = self.tables["gpu"]
-        args = self._base(t, evs, ts, dur)
-        device = self._arg_or([a.device for a in args], [e.pid for e in evs])
-        stream = self._arg_or([a.stream for a in args], [e.tid for e in evs])
-        correlation = _i([a.correlation for a in args])
+        self._base(t, evs, ts, dur)
+        device = self._arg_or(_get(args, "device"), evs, _PID)
+        stream = self._arg_or(_get(args, "stream"), evs, _TID)
+        correlation = _i(_get(args, "correlation"))
         t.add("kind", np.full(len(evs), code, np.int8), np.int8)
         t.add("device", device, np.int64)
         t.add("stream", stream, np.int64)
         t.add("correlation", correlation, np.int64)
         t.add("external_id", _external(args), np.int64)
-        t.add("bytes", _f([a.nbytes for a in args]), np.float64)
+        t.add("bytes", _f(_get(args, "nbytes")), np.float64)
         if code == ev.KERNEL:
             self._comms(t.parts["name"][-1], True, evs, args, ts, dur, device, stream, correlation)
 
     def _comms(self, names: np.ndarray, is_kernel: bool, evs, args, ts, dur, pid, tid, correlation) -> None:
         """The rows that are collectives (model/collectives.py), with their metadata, into `comms`."""
-        roles = np.fromiter((self._role(is_kernel, int(c)) for c in names), dtype=np.int8, count=len(names))
+        where, distinct = pd.factorize(names)  # once per distinct name, not per event
+        roles = np.array([self._role(is_kernel, int(c)) for c in distinct], dtype=np.int8)[where]
         rows = np.flatnonzero(roles >= 0)
         if not len(rows):
             return
@@ -303,36 +328,42 @@ class Builder:
             role = self.comm_roles[key] = ROLES.index(r) if r is not None else -1
         return role
 
-    def _arg_or(self, values: list, fallback: list) -> np.ndarray:
-        """An id from args (device, stream), else from pid/tid (old traces: pid 0, tid "stream 7")."""
+    def _arg_or(self, values: list, evs: list, field) -> np.ndarray:
+        """An id from args (device, stream), else from the event's pid/tid (`field`; old traces: pid 0,
+        tid "stream 7")."""
         ids = _i(values)
         missing = ids < 0
         if missing.any():
-            ids = np.where(missing, np.array(self._idents(fallback), dtype=np.int64), ids)
+            ids = np.where(missing, np.array(self._idents(list(map(field, evs))), dtype=np.int64), ids)
         return ids
 
-    def _runtime(self, evs, ts, dur) -> None:
+    def _runtime(self, evs, args, ts, dur) -> None:
         t = self.tables["runtime"]
-        args = self._base(t, evs, ts, dur)
-        t.add("pid", self._idents([e.pid for e in evs]), np.int64)
-        t.add("tid", self._idents([e.tid for e in evs]), np.int64)
-        t.add("correlation", _i([a.correlation for a in args]), np.int64)
+        self._base(t, evs, ts, dur)
+        t.add("pid", self._idents(list(map(_PID, evs))), np.int64)
+        t.add("tid", self._idents(list(map(_TID, evs))), np.int64)
+        t.add("correlation", _i(_get(args, "correlation")), np.int64)
         t.add("external_id", _external(args), np.int64)
 
-    def _cpu(self, evs, ts, dur, annotation: bool) -> None:
+    def _cpu(self, evs, args, ts, dur, annotation: bool) -> None:
         t = self.tables["cpu"]
         names = self._names(evs)
         t.add("name", names, np.int32)
         t.add("ts", ts, np.float64)
         t.add("dur", dur, np.float64)
-        args = [e.args or _EMPTY_ARGS for e in evs]
-        t.add("pid", self._idents([e.pid for e in evs]), np.int64)
-        t.add("tid", self._idents([e.tid for e in evs]), np.int64)
+        t.add("pid", self._idents(list(map(_PID, evs))), np.int64)
+        t.add("tid", self._idents(list(map(_TID, evs))), np.int64)
         t.add("is_annotation", np.full(len(evs), annotation), bool)
         t.add("external_id", _external(args), np.int64)
-        t.add("seq", _i([a.sequence_number for a in args]), np.int64)
+        t.add("seq", _i(_get(args, "sequence_number")), np.int64)
         stacks = self.stacks
-        t.add("call_stack", [stacks[c] if type(c) is str else 0 for c in [a.call_stack for a in args]], np.int32)
+        calls = _get(args, "call_stack")
+        if calls.count(None) == len(calls):  # the common case: no legacy call stacks recorded
+            t.add("call_stack", np.zeros(len(calls), np.int32), np.int32)
+        elif set(map(type, calls)) <= _TEXT_OR_NONE:  # interned in C (None gets the code of "", 0)
+            t.add("call_stack", np.fromiter(map(stacks.__getitem__, calls), np.int32, count=len(calls)), np.int32)
+        else:
+            t.add("call_stack", [stacks[c] if type(c) is str else 0 for c in calls], np.int32)
         # shapes and dtypes only for matmul/conv ops: checked once per distinct name
         for name, code in list(self.names.items())[self.names_checked:]:
             if isinstance(name, str) and MATMUL_OPS.match(name):
@@ -341,26 +372,35 @@ class Builder:
         typ = np.zeros(len(evs), np.int32)
         dims = np.zeros(len(evs), np.int32)
         if self.matmul_names:
+            type_codes, dims_codes = self.raw_type_codes, self.raw_dims_codes  # raw JSON → code, decoded once
             for i in np.flatnonzero(np.isin(names, list(self.matmul_names))).tolist():
                 a = args[i]
-                typ[i] = self.types[",".join(map(str, kinds))] if isinstance(kinds := _raw_json(a.input_type), list) else 0
-                dims[i] = self.types[bytes(a.input_dims).decode("utf-8", "replace")]
+                raw = bytes(a.input_type)
+                code = type_codes.get(raw)
+                if code is None:
+                    kinds = _raw_json(raw)
+                    code = type_codes[raw] = self.types[",".join(map(str, kinds))] if isinstance(kinds, list) else 0
+                typ[i] = code
+                raw = bytes(a.input_dims)
+                code = dims_codes.get(raw)
+                if code is None:
+                    code = dims_codes[raw] = self.types[raw.decode("utf-8", "replace")]
+                dims[i] = code
         t.add("input_type", typ, np.int32)
         t.add("input_dims", dims, np.int32)
         self._comms(names, False, evs, args, ts, dur, t.parts["pid"][-1], t.parts["tid"][-1],
                     np.full(len(evs), -1, np.int64))
 
-    def _python(self, evs, ts, dur) -> None:
+    def _python(self, evs, args, ts, dur) -> None:
         t = self.tables["python"]
-        args = self._base(t, evs, ts, dur)
-        t.add("tid", self._idents([e.tid for e in evs]), np.int64)
-        t.add("python_id", _i([a.python_id for a in args]), np.int64)
-        t.add("parent_id", _i([a.python_parent_id for a in args]), np.int64)
+        self._base(t, evs, ts, dur)
+        t.add("tid", self._idents(list(map(_TID, evs))), np.int64)
+        t.add("python_id", _i(_get(args, "python_id")), np.int64)
+        t.add("parent_id", _i(_get(args, "python_parent_id")), np.int64)
 
-    def _memory(self, evs, ts) -> None:
+    def _memory(self, evs, args, ts) -> None:
         t = self.tables["memory"]
         t.add("ts", ts, np.float64)
-        args = [e.args or _EMPTY_ARGS for e in evs]
         t.add("bytes", _f([a.mem_bytes for a in args]), np.float64)
         t.add("total_allocated", _f([a.total_allocated for a in args]), np.float64)
         t.add("total_reserved", _f([a.total_reserved for a in args]), np.float64)
@@ -368,12 +408,12 @@ class Builder:
         t.add("device", _i([a.device_id for a in args]), np.int64)
         t.add("addr", _f([a.addr for a in args]), np.float64)
 
-    def _span(self, table: str, evs, ts, dur) -> None:
+    def _span(self, table: str, evs, args, ts, dur) -> None:
         t = self.tables[table]
-        args = self._base(t, evs, ts, dur)
-        t.add("device", self._arg_or([a.device for a in args], [e.pid for e in evs]), np.int64)
-        t.add("stream", self._arg_or([a.stream for a in args], [e.tid for e in evs]), np.int64)
-        t.add("correlation", _i([a.correlation for a in args]), np.int64)
+        self._base(t, evs, ts, dur)
+        t.add("device", self._arg_or(_get(args, "device"), evs, _PID), np.int64)
+        t.add("stream", self._arg_or(_get(args, "stream"), evs, _TID), np.int64)
+        t.add("correlation", _i(_get(args, "correlation")), np.int64)
 
     # -- merging a forked worker's share -----------------------------------------------------------
     def export(self) -> dict:
@@ -477,9 +517,18 @@ def _text(value) -> str:
     return "" if value is None else value if isinstance(value, str) else str(value)
 
 
+def _get(args: list, field: str) -> list:
+    """One field of every args struct (attribute access in C, not a Python loop)."""
+    return list(map(operator.attrgetter(field), args))
+
+
 def _external(args) -> np.ndarray:
     """`External id` (new traces) or `external id` (2021 traces)."""
-    return _i([a.external_id if a.external_id is not None else a.external_id_legacy for a in args])
+    ids = _get(args, "external_id")
+    if ids.count(None):
+        legacy = _get(args, "external_id_legacy")
+        ids = [x if x is not None else y for x, y in zip(ids, legacy)]
+    return _i(ids)
 
 
 def _decode_codes(codes: np.ndarray, interner: Interner) -> pd.Categorical:
