@@ -2,7 +2,7 @@
 dtypes, values; categorical columns by their categories and values) and its `TraceMeta`.
 
 The reader's contract is this digest: a faster reader must give the same one for every trace. The
-goldens in tests/golden/reader_models.json are made by `python tests/_model_digest.py --update`.
+goldens in tests/golden_models/reader_models.json are made by `python tests/_model_digest.py --update`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 TABLES = ("gpu", "runtime", "cpu", "python", "memory", "syncs", "gpu_annotations", "comms")
-GOLDEN = Path(__file__).resolve().parent / "golden" / "reader_models.json"
+GOLDEN = Path(__file__).resolve().parent / "golden_models" / "reader_models.json"  # beside tests/golden (reports), apart from it
 
 
 def _column(h, name: str, col: pd.Series) -> None:

@@ -1,7 +1,7 @@
 """The reader gives the same model as before for every trace we have: the corpus (each file's tables, dtypes,
 values and meta, digested by tests/_model_digest.py) and every rule's and mechanism's fixture trace.
 
-The goldens (tests/golden/reader_models.json) were made with the reader before it became columnar; a change to
+The goldens (tests/golden_models/reader_models.json) were made with the reader before it became columnar; a change to
 the reader that alters any table of any of these traces fails here. A fixture whose trace bytes changed since
 (another rule's fixture edited) is skipped with the command that refreshes its golden.
 """
