@@ -420,9 +420,15 @@ def _json_bytes(rel: str) -> bytes:
     return _JSON_CACHE[rel]
 
 
+CUTS = (10, 50, 90)  # % of the JSON bytes kept
+# Every file is cut at one of CUTS in turn (neighbours at different points: each point covers a third of
+# the corpus); under `--hypothesis-profile=thorough` every file at all three.
+TRUNCATIONS = [(rel, pct) for i, rel in enumerate(CORPUS or ["-"])
+               for pct in (CUTS if examples(1) > 1 else CUTS[i % len(CUTS):][:1])]
+
+
 @pytest.mark.skipif(not CORPUS, reason=f"trace corpus not found at {TRACES} (set GPUADVISE_TRACES to its folder)")
-@pytest.mark.parametrize("pct", [10, 50, 90])
-@pytest.mark.parametrize("rel", CORPUS or ["-"])
+@pytest.mark.parametrize(("rel", "pct"), TRUNCATIONS)
 def test_corpus_truncated(tmp_path, rel, pct):
     """Cut at pct % of the JSON bytes (as a crashed writer leaves it), written as plain JSON, and read
     through the whole pipeline: salvaged with a note that says so, or refused in one line."""
