@@ -110,3 +110,15 @@ def test_the_watch_records_a_recurring_stall_once_and_a_noisy_steady_loop_not_at
     assert fired["noisy"] == []
     assert [(s.kind, s.period) for s in fired["stalls"]] == [("stall", 25)]
     assert "beyond chance" in fired["stalls"][0].detail
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_few_slightly_slower_steps_before_a_step_are_not_where_it_began(seed):
+    """A busy machine makes steps 16–32 5 % slower, then the loop really slows 4× at step 40 (as a
+    profiled loop did under a loaded test run): the slowdown began at step 40, not at the bump."""
+    rng = np.random.default_rng(seed)
+    steps = np.arange(1, 91)
+    level = np.where(steps < 16, 11.2, np.where(steps <= 32, 11.8, np.where(steps < 40, 11.4, 45.0)))
+    ms = level * (1 + 0.01 * rng.standard_normal(len(steps)))
+    change = find_change(steps, ms, k=10)
+    assert change.shape == "step" and change.onset == 40 and change.until is None
