@@ -61,16 +61,34 @@ def _no_model_cache(monkeypatch):
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist with `--dist loadgroup` (the README's test command), the tests of a module that
-    share a module-scoped fixture (a profiled run, analysed traces) run on one worker, so that the fixture
-    runs once rather than once per worker; every other test goes wherever a worker is free. A test that
-    names its own xdist_group keeps it."""
+    share a module-scoped fixture (a profiled run, analysed traces), directly or through other fixtures,
+    run on one worker, so that the fixture runs once rather than once per worker; tests of the same module
+    whose module-scoped fixtures are disjoint (a Trainer run and a Lightning run) form separate groups and
+    may run on both workers; every other test goes wherever a worker is free. A test that names its own
+    xdist_group keeps it."""
+    parent: dict = {}
+
+    def root(x):
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    grouped = []
     for item in items:
         if item.get_closest_marker("xdist_group"):
             continue
         info = getattr(item, "_fixtureinfo", None)  # pytest's own record of the fixtures a test uses
-        defs = info.name2fixturedefs.values() if info else ()
-        if any(d and d[-1].scope == "module" for d in defs):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+        module = item.nodeid.split("::")[0]
+        shared = sorted((module, name) for name, d in (info.name2fixturedefs.items() if info else ())
+                        if d and d[-1].scope == "module")
+        if shared:
+            for other in shared[1:]:
+                parent[root(other)] = root(shared[0])
+            grouped.append((item, shared[0]))
+    for item, key in grouped:
+        module, fixture = root(key)
+        item.add_marker(pytest.mark.xdist_group(f"{module}:{fixture}"))
 
 
 # -- the `slow` mark ----------------------------------------------------------------------------------
