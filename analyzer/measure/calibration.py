@@ -70,7 +70,8 @@ class Calibration:
     clock: str = ""  # "cuda_event" or "cpu": how the unprofiled steps were timed
     per_event_us: float = 0.0  # c: µs the profiler cost per recorded event, off the CPU gap it starts in
     events_per_step: float = 0.0  # recorded events (ops, runtime calls, Python frames) per replayed step
-    # the fit was a lower bound (the GPU paced the unprofiled step): per_event_us is the typical cost then
+    # the fit was a lower bound (the unprofiled step is near the GPU's pace): per_event_us is blended towards
+    # the typical cost
     gpu_paced: bool = False
     fitted_us: float = 0.0  # the least cost that reaches the unprofiled step, where gpu_paced
     events: np.ndarray | None = field(default=None, repr=False)  # their sorted start times
@@ -101,13 +102,13 @@ class Calibration:
         if not self.applied:
             return (f"traced step {self.traced_step_us / 1e3:.1f} ms vs {self.unprofiled_step_us / 1e3:.1f} ms "
                     f"unprofiled ({x:.2f}×): no correction needed")
-        how = []
         if self.gpu_paced:
             return (f"calibrated to the unprofiled step ({self.unprofiled_step_us / 1e3:.1f} ms; traced "
                     f"{self.traced_step_us / 1e3:.1f} ms, {x:.2f}×), close to the GPU's own pace: the profiler cost at "
                     f"least {self.fitted_us:.1f} µs per recorded op, taken at {self.per_event_us:g} µs (towards the typical "
                     f"{TYPICAL_PER_EVENT_US:g}) "
                     f"({self.events_per_step:,.0f} ops per step) off the CPU time between GPU calls")
+        how = []
         if self.per_event_us > 0:
             how.append(f"{self.per_event_us:.1f} µs per recorded op ({self.events_per_step:,.0f} per step) taken off "
                        "the CPU time between GPU calls")
