@@ -39,7 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpuadvise.analyzer.measure.changepoints import find_change, periodic, stall_steps  # noqa: E402
+from gpuadvise.analyzer.measure.changepoints import find_change, local_level, periodic, stall_steps  # noqa: E402
 from gpuadvise.harness.windows.slowwatch import SlowWatch  # noqa: E402
 
 K = 20
@@ -110,18 +110,8 @@ FAMILIES = ("step", "linear", "exponential", "slow growth", "periodic stall", "g
 
 # -- the threshold method, as it was before the change-point module ---------------------------------------
 
-def _nearby_median(steps, values, half):
-    n = len(values)
-    lo = np.searchsorted(steps, steps - max(half, 1), side="left")
-    hi = np.searchsorted(steps, steps + max(half, 1), side="right")
-    width = int((hi - lo).max())
-    idx = lo[:, None] + np.arange(width)[None, :]
-    grid = np.where(idx < hi[:, None], values.astype(float)[np.minimum(idx, n - 1)], np.nan)
-    return np.nanmedian(grid, axis=1)
-
-
 def threshold_drift(t, y):
-    level = _nearby_median(t, y, K // 2)
+    level = local_level(t, y, K // 2)
     early = float(np.median(y[:K]))
     slow = float(level.max())
     if slow <= early:
@@ -134,7 +124,7 @@ def threshold_drift(t, y):
 
 
 def threshold_period(t, y):
-    level = _nearby_median(t, y, K // 2)
+    level = local_level(t, y, K // 2)
     hot = (y >= MIN_X * level) & (y - level >= MIN_EXCESS_MS)
     at = t[hot].astype(np.int64)
     if len(at) < 3:

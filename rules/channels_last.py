@@ -95,15 +95,15 @@ class ChannelsLast(Rule):
             c = ops["correlation"]
             return np.where(c.isin(corr).to_numpy(), 0.0, c.map(bn_scale).fillna(1.0).to_numpy(float))
 
+        def launches(calls):
+            return calls["correlation"].isin(corr).to_numpy()
+
         conversions_only, _ = a.predicted_saving(Scenario(
-            "the layout-conversion kernels and their launches removed",
-            remove=lambda calls: calls["correlation"].isin(corr).to_numpy(),
+            "the layout-conversion kernels and their launches removed", remove=launches,
             gpu_scale=lambda ops: np.where(ops["correlation"].isin(corr).to_numpy(), 0.0, 1.0)))
         saving, basis = a.predicted_saving(Scenario(
             "the layout-conversion kernels and their launches removed, batch norm at its NHWC kernels' passes "
-            "over memory (model and inputs in channels_last)",
-            remove=lambda calls: calls["correlation"].isin(corr).to_numpy(),
-            gpu_scale=scale))
+            "over memory (model and inputs in channels_last)", remove=launches, gpu_scale=scale))
         if saving is None:
             saving, basis = 0.0, "not predicted: the trace has no GPU timeline to replay"
         span = (conversions_only, saving) if conversions_only is not None and bn_us > 0 else None
