@@ -267,3 +267,25 @@ def test_a_finding_in_every_window_is_stated_once_with_the_windows_it_holds_in(t
     causes = {c["topic"]: c for c in reports.long_runs[0].summary["causes"]}
     assert [w["index"] for w in causes["dataloader-stall"]["windows"]] == [1, 2]
     assert causes["dataloader-stall"]["kept_in"] == 2
+
+
+def test_the_run_report_tables_each_causes_saving_window_by_window(tmp_path):
+    from gpuadvise.analyzer.report.formats import render
+    from gpuadvise.analyzer.run.engine import analyze_paths
+    from gpuadvise.rules import find_rule
+
+    reports = analyze_paths([str(find_rule("step-time-drift").positive().write(tmp_path / "run"))], jobs=1)
+    held = {c["topic"]: c["windows"] for c in reports.long_runs[0].summary["causes"]}["dataloader-stall"]
+    steps = [f"{w['steps'][0]}–{w['steps'][1]}" for w in held]
+    md = render(reports, "md")
+    table = md[md.index("| Cause | Window | Steps | Predicted saving of its fix |"):].split("\n\n")[0].splitlines()
+    rows = [r for r in table[2:] if r.split("|")[2].strip().rstrip(" *") in ("1", "2")]
+    loader = rows[[i for i, r in enumerate(rows) if "dataloader-stall" in r][0]:][:2]
+    # one row per window the cause holds in, its steps and its fix's saving there; the window whose figures
+    # the finding states is marked
+    assert [r.split("|")[2:5] for r in loader] == [[" 1 ", f" {steps[0]} ", " 5 % of the step "],
+                                                   [" 2 * ", f" {steps[1]} ", " 70 % of the step "]]
+    text = render(reports, "text")
+    line = next(x for x in text.splitlines() if "(dataloader-stall):" in x)
+    assert f"window 1 (steps {steps[0]}) 5 % of the step; window 2* (steps {steps[1]}) 70 % of the step" in line
+    assert "'" not in line and "{" not in line  # words, not Python reprs

@@ -84,6 +84,27 @@ def _window_why(w: dict) -> str:
     return TRIGGERS.get(w["trigger"], w["trigger"]) + (f": {w['detail']}" if w.get("detail") and w["trigger"] != "schedule" else "")
 
 
+def causes_across_windows(s: dict) -> list[tuple[str, str, list[tuple[int, str, float, bool]]]]:
+    """The causes found in more than one window: (title, topic, [(window, its steps in words, predicted
+    saving %, whether the finding is stated with this window's figures)]), in the order the run's causes
+    come (once_per_cause in run/longrun.py)."""
+    out = []
+    for c in s.get("causes") or []:
+        held = c.get("windows") or []
+        if len(held) < 2:
+            continue
+        rows = [(w["index"], f"{w['steps'][0]}–{w['steps'][1]}" if w.get("steps") else "–", float(w["saving_pct"]),
+                 w["index"] == c.get("kept_in")) for w in held]
+        out.append((c.get("title") or c.get("topic") or c.get("rule"), c.get("topic") or "", rows))
+    return out
+
+
+def _saving(pct: float) -> str:
+    if pct <= 0:
+        return "none predicted"
+    return f"{pct:.0f} % of the step" if pct >= 0.5 else "under 1 % of the step"
+
+
 def _ms(v) -> str:
     return "–" if v is None else f"{v:.2f}"
 
@@ -105,6 +126,15 @@ def markdown_section(run, multi: bool) -> list[str]:
                        f"{_ms(w.get('median_step_ms'))} | {md(w['state'])} | "
                        f"{', '.join(md_code(r) for r in w.get('findings') or []) or '–'} |")
         out.append("")
+    across = causes_across_windows(s)
+    if across:
+        out += ["Causes found in more than one window (each is stated once, with the figures of the window marked *):", "",
+                "| Cause | Window | Steps | Predicted saving of its fix |", "|---|---:|---|---:|"]
+        for title, topic, rows in across:
+            for i, (index, steps, pct, kept) in enumerate(rows):
+                out.append(f"| {md(title) + f' ({md_code(topic)})' if i == 0 else ''} | {index}{' *' if kept else ''} | "
+                           f"{steps} | {_saving(pct)} |")
+        out.append("")
     out += [f"Step record: {md_code(run.record)} (every step's time, written while the script ran; the chart shows "
             "the steps no profiler touched).", ""]
     return out
@@ -125,6 +155,12 @@ def text_lines(run, multi: bool) -> list[str]:
     for w in s.get("windows") or []:
         steps = f"steps {w['steps'][0]}–{w['steps'][1]}" if w.get("steps") else "no steps"
         out.append(f"  window {w['index']}: {steps}, {terminal(_window_why(w))} ({terminal(w['state'])})")
+    across = causes_across_windows(s)
+    if across:
+        out.append("  causes in more than one window (predicted saving of the fix; * the window whose figures are stated):")
+        for title, topic, rows in across:
+            out.append(f"    {terminal(title)} ({terminal(topic)}): " + "; ".join(
+                f"window {index}{'*' if kept else ''} (steps {steps}) {_saving(pct)}" for index, steps, pct, kept in rows))
     return out
 
 
