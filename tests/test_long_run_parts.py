@@ -168,6 +168,26 @@ def test_the_schedule_leaves_the_last_windows_to_evidence():
     assert plan.add(131, k=130, trigger="stall", automatic=True) is None  # the cap still holds
 
 
+def test_the_budget_goes_to_a_recurring_stall_rather_than_to_a_drift_seen_again():
+    # the step doubles at 60 and again at 120, and from step 150 a stall every 25 steps: with --max-windows 2,
+    # the first new level and the stall are recorded, not the same drift twice; run.json says why each
+    times = {n: 10.0 * (1 + (n >= 60) + 2 * (n >= 120)) + (100.0 if n >= 150 and n % 25 == 0 else 0.0)
+             for n in range(3, 320)}
+    plans = {}
+    for kept in (0, 2):  # 0: the budget as it was with --when-slower alone, first come first served
+        plan = plans[kept] = Plan(first_start=2, warmup=1, active=2, earliest_later=6, max_auto=2,
+                                  kept_for_evidence=kept)
+        for n, seen in _feed(SlowWatch(50, k=10), times):
+            plan.add((seen.at_step - 2) if seen.at_step else n + 1, k=n, trigger=seen.kind, detail=seen.detail,
+                     automatic=True)
+    assert [w.trigger for w in plans[0].later()] == ["slower", "slower"]
+    later = [w.as_dict() for w in plans[2].later()]
+    assert [w["trigger"] for w in later] == ["slower", "stall"]
+    assert later[0]["reason"].startswith("a new regime") and later[1]["reason"].startswith("a recurring stall")
+    assert later[1]["steps"][1] == 250  # the stall its period predicts, in the window's last recorded step
+    assert "a repeat of window 2's evidence" in plans[2].notes[0] and "a recurring stall" in plans[2].notes[0]
+
+
 def test_the_schedule_follows_every_window():
     pytest.importorskip("torch")
     from torch.profiler import ProfilerAction as A
