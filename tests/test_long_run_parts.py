@@ -219,6 +219,20 @@ def test_a_jump_is_dated_to_its_step_and_a_ramp_to_where_it_took_off(tmp_path):
     assert ramp.early_ms == 2.0 and ramp.slow_steps[1] == 149
 
 
+def test_the_run_summary_states_how_closely_the_onset_is_dated(tmp_path):
+    from gpuadvise.analyzer.report.longrun import headline
+    from gpuadvise.analyzer.run.longrun import summarize
+
+    rng = np.random.default_rng(4)
+    noisy = _analysis(tmp_path, {n: 10.0 + float(rng.normal(0, 0.5)) + (0.04 * (n - 80) if n >= 80 else 0.0)
+                                 for n in range(1, 240)}, k=20)
+    lv = summarize(noisy)["levels"]
+    low, high = lv["began_between"]
+    assert lv["shape"] == "climb" and low <= 80 <= high and low < lv["began_at"] < high
+    assert f"a steady climb from step {lv['began_at']} (dated to steps {low}–{high} at 95 % confidence)" in headline(
+        summarize(noisy))
+
+
 def test_a_level_reaches_only_steps_nearby():
     steps = np.array([1, 2, 3, 4, 5, 40, 41, 42, 43, 44], dtype=float)
     values = np.array([1, 1, 1, 1, 1, 9, 9, 9, 9, 9], dtype=float)

@@ -58,7 +58,8 @@ def headline(s: dict) -> str:
     if lv.get("began_at") is not None:
         shape = SHAPES.get(lv.get("shape"), "a rise")
         slow = lv.get("slow_steps") or [lv["slow_at"], lv["slow_at"]]
-        out += (f"; {shape} from step {lv['began_at']}" + (f" to step {lv['until']}" if lv.get("until") else "")
+        out += (f"; {shape} from step {lv['began_at']}" + onset_interval(lv)
+                + (f" to step {lv['until']}" if lv.get("until") else "")
                 + f", to {lv['slow_ms']:.2f} ms ({lv['change_pct']:+.0f} %, the median of steps {slow[0]}–{slow[1]})")
     elif lv.get("shape") == "speed-up":
         out += "; the step got faster during the run, and no slower"
@@ -67,6 +68,14 @@ def headline(s: dict) -> str:
     if lv.get("warmup_until") is not None:
         out += f"; steps up to {lv['warmup_until']} were a warm-up"
     return out + "."
+
+
+def onset_interval(lv: dict) -> str:
+    """The onset's 95 % interval in words, when it spans more than one step."""
+    low, high = lv.get("began_between") or (None, None)
+    if low is None or high is None or high - low < 2:
+        return ""
+    return f" (dated to steps {low}–{high} at 95 % confidence)"
 
 
 def memory_line(s: dict) -> str | None:
