@@ -181,6 +181,7 @@ def test_the_budget_goes_to_a_recurring_stall_rather_than_to_a_drift_seen_again(
             plan.add((seen.at_step - 2) if seen.at_step else n + 1, k=n, trigger=seen.kind, detail=seen.detail,
                      automatic=True)
     assert [w.trigger for w in plans[0].later()] == ["slower", "slower"]
+    assert plans[0].later()[1].as_dict()["reason"].endswith(", again (window 2 recorded the first)")
     later = [w.as_dict() for w in plans[2].later()]
     assert [w["trigger"] for w in later] == ["slower", "stall"]
     assert later[0]["reason"].startswith("a new regime") and later[1]["reason"].startswith("a recurring stall")

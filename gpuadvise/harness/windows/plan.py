@@ -40,6 +40,7 @@ class Planned:
     trace: str | None = None
     extra: dict = field(default_factory=dict)  # what the window hooks recorded (loader sampling, …), and step times
     reason: str = ""  # why this moment, in words: which evidence it records (run.json's `reason`)
+    again_of: Planned | None = field(default=None, repr=False)  # the window that recorded this evidence first
 
     @property
     def first_recorded(self) -> int:
@@ -54,7 +55,8 @@ class Planned:
         return list(range(self.first_recorded, self.end))
 
     def as_dict(self) -> dict:
-        out = {"index": self.index, "trigger": self.trigger, "reason": self.reason, "detail": self.detail,
+        reason = self.reason + (f", again (window {self.again_of.index} recorded the first)" if self.again_of else "")
+        out = {"index": self.index, "trigger": self.trigger, "reason": reason, "detail": self.detail,
                "requested_at": self.requested_at,
                "request": self.request, "start": self.start, "warmup": self.warmup, "active": self.active,
                "steps": [self.first_recorded, self.end - 1], "state": self.state, "trace": self.trace}
@@ -89,7 +91,7 @@ class Plan:
         kept = self._kept_for(trigger) if automatic else []
         if kept and self.auto >= self.max_auto - len(kept):
             what = " and ".join(EVIDENCE[e] for e in kept)
-            self._note(f"{trigger}: not recorded at step {k}" + (f", a repeat of window {self._first_of(trigger)}'s "
+            self._note(f"{trigger}: not recorded at step {k}" + (f", a repeat of window {self._first_of(trigger).index}'s "
                        "evidence" if trigger in EVIDENCE else "") + f": the last {len(kept)} of --max-windows "
                        f"({self.max_auto}) are kept for --when-slower ({what}, not recorded yet)")
             return None
@@ -105,10 +107,9 @@ class Plan:
                 if w.index > 1 and w.state == "planned" and trigger != w.trigger and trigger not in w.detail:
                     w.detail = f"{w.detail}; also {trigger}: {detail}" if w.detail else f"also {trigger}: {detail}"
                 return None
-        first = self._first_of(trigger) if trigger in EVIDENCE else None
-        reason = REASONS.get(trigger, trigger) + (f", again (window {first} recorded the first)" if first else "")
         planned = Planned(len(self.windows) + 1, start, self.warmup, self.active, trigger, detail, requested_at=k,
-                          request=request, reason=reason)
+                          request=request, reason=REASONS.get(trigger, trigger),
+                          again_of=self._first_of(trigger) if trigger in EVIDENCE else None)
         self.windows.append(planned)
         self.windows.sort(key=lambda w: w.start)
         for i, w in enumerate(self.windows, start=1):
@@ -117,8 +118,8 @@ class Plan:
             self.auto += 1
         return planned
 
-    def _first_of(self, trigger: str) -> int | None:
-        return next((w.index for w in self.windows if w.trigger == trigger and w.index > 1), None)
+    def _first_of(self, trigger: str) -> Planned | None:
+        return next((w for w in self.windows if w.trigger == trigger and w.index > 1), None)
 
     def _kept_for(self, trigger: str) -> list[str]:
         """The kinds of evidence that windows are kept for, against a window for `trigger`: those not
