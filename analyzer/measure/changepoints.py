@@ -64,7 +64,9 @@ then the shortest). Stalls that form no such period are one-off stalls.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -175,12 +177,22 @@ EXP_REFINE = float(EXP_TIMESCALES_FINE[1] / EXP_TIMESCALES_FINE[0])  # then 10 b
 CI_CHI2 = 3.84  # χ²(1) at 95 %: the onset's confidence interval from the profile likelihood
 
 
+class Profile(NamedTuple):
+    """One model's least squares at every split (or split and e-folding time)."""
+
+    sse: np.ndarray
+    at: np.ndarray  # the onset each entry puts the change at: a step's first step, a climb's hinge (an
+    # exponential's hinge too: where its excess reaches σ is `exp_onsets(*exp, σ)`)
+    params: Callable[[int], dict]  # entry → the fitted parameters, in steps and ms
+    taus: np.ndarray  # entry → the split index
+    exp: tuple | None = None  # an exponential's (hinge step, e-folding time in steps, scale) per entry
+
+
 def _profiles(t: np.ndarray, y: np.ndarray, models=("step", "climb", "faster climb"),
               timescales=EXP_TIMESCALES) -> dict:
     """For each model, its least squares at every split τ (the new regime starts at point τ), from suffix
-    sums (the normal equations, batched): {model: (sse[τ], onset step[τ], params(i) → dict)}. A climb's
-    onset is its hinge; an exponential's is where its fitted excess reaches σ (filled in by the caller, who
-    knows σ: `exp` holds (τ's step before, T in steps, b) per entry)."""
+    sums (the normal equations, batched): {model: Profile}. A climb's onset is its hinge; an exponential's
+    is where its fitted excess reaches σ (worked out by the caller, who knows σ)."""
     n = len(y)
     out = {}
     taus = np.arange(2, n - 1)
@@ -192,7 +204,8 @@ def _profiles(t: np.ndarray, y: np.ndarray, models=("step", "climb", "faster cli
     if "step" in models:  # two means
         s1, s2 = c1[taus], c1[n] - c1[taus]
         sse = c2 - s1 ** 2 / n1 - s2 ** 2 / n2
-        out["step"] = (sse, t[taus], lambda i: {"before": float(s1[i] / n1[i]), "after": float(s2[i] / n2[i])}, taus)
+        out["step"] = Profile(sse, t[taus], lambda i: {"before": float(s1[i] / n1[i]), "after": float(s2[i] / n2[i])},
+                              taus)
     lo, width = float(t[0]), max(float(t[-1] - t[0]), 1.0)
     x = (t - lo) / width  # t scaled to [0, 1]
     c = x[taus - 1]  # u = max(0, x − c): zero up to point τ − 1
@@ -215,7 +228,8 @@ def _profiles(t: np.ndarray, y: np.ndarray, models=("step", "climb", "faster cli
         a, b, sse = two(U1, U2, UY)
         sse = np.where(b > 0, sse, np.inf)
         al, bl = a, b
-        out["climb"] = (sse, t[taus - 1], lambda i: {"level": float(al[i]), "slope_per_step": float(bl[i] / width)}, taus)
+        out["climb"] = Profile(sse, t[taus - 1], lambda i: {"level": float(al[i]), "slope_per_step": float(bl[i] / width)},
+                               taus)
     if "faster climb" in models:  # y = a + b·(exp(u / T) − 1), for each T of `timescales`: rows of one array
         rows_sse, rows_a, rows_b = [], [], []
         for T in timescales:
@@ -236,18 +250,18 @@ def _profiles(t: np.ndarray, y: np.ndarray, models=("step", "climb", "faster cli
     return out
 
 
-def _exp_profile(sse, before, level, b, scales, taus) -> tuple:
+def _exp_profile(sse, before, level, b, scales, taus) -> Profile:
     def exp_params(i):
         return {"level": float(level[i]), "scale_ms": float(b[i]), "efold_steps": float(scales[i])}
 
-    return (sse, before, exp_params, taus, (before, scales, b), level)
+    return Profile(sse, before, exp_params, taus, (before, scales, b))
 
 
 def _fits(t: np.ndarray, y: np.ndarray, models=("step", "climb", "faster climb")) -> dict:
     """For each model, (sse, split index τ, params) at its best split: the new regime starts at point τ."""
     out = {}
     for name, prof in _profiles(t, y, models).items():
-        sse, params, taus = prof[0], prof[2], prof[3]
+        sse, params, taus = prof.sse, prof.params, prof.taus
         i = int(np.argmin(sse))
         if np.isfinite(sse[i]):
             out[name] = (float(sse[i]), int(taus[i]), params(i))
@@ -265,7 +279,7 @@ def exp_onsets(before: np.ndarray, scales: np.ndarray, b: np.ndarray, sigma: flo
 @dataclass(frozen=True)
 class Onset:
     """A climb's onset refined on its own stretch of the series, with its 95 % confidence interval (the
-    splits whose fit is within χ²(1) of the best by the profile likelihood)."""
+    onsets of the fits, of either shape, whose BIC is within χ²(1) of the best: the profile likelihood)."""
 
     shape: str
     at: float  # the step (not rounded) where the new regime began
@@ -300,16 +314,16 @@ def _best_climb(t: np.ndarray, y: np.ndarray, finer: int = 0, timescales=EXP_TIM
         for j, (shape, prof) in enumerate(parts):
             if shape not in shapes:
                 continue
-            i = int(np.argmin(prof[0]))
-            if np.isfinite(prof[0][i]) and (found is None or _bic(n, float(prof[0][i]), shape) < found[0]):
-                found = (_bic(n, float(prof[0][i]), shape), shape, j, i)
+            i = int(np.argmin(prof.sse))
+            if np.isfinite(prof.sse[i]) and (found is None or _bic(n, float(prof.sse[i]), shape) < found[0]):
+                found = (_bic(n, float(prof.sse[i]), shape), shape, j, i)
         return found
 
     for _ in range(finer):
         exp = best_of(("faster climb",))
         if exp is None:
             break
-        T = parts[exp[2]][1][4][1][exp[3]] / width
+        T = parts[exp[2]][1].exp[1][exp[3]] / width
         near = tuple(np.geomspace(T / EXP_REFINE, T * EXP_REFINE, 10))
         parts.append(("faster climb", _profiles(t, y, ("faster climb",), near)["faster climb"]))
     best = best_of(("climb", "faster climb"))
@@ -331,7 +345,7 @@ def refine_climb(t: np.ndarray, y: np.ndarray, raw: np.ndarray, half: int) -> On
     if first is None:
         return None
     name, j, i, parts = first
-    fitted = _curve(t, name, parts[j][1][2](i), float(parts[j][1][1][i]))
+    fitted = _curve(t, name, parts[j][1].params(i), float(parts[j][1].at[i]))
     rest = raw - fitted  # what the first fit leaves: noise, stalls, and any trend it missed (a local median follows that)
     level = local_level(t, rest, half)
     spread = max(_mad(rest - level), 1e-9)
@@ -339,21 +353,21 @@ def refine_climb(t: np.ndarray, y: np.ndarray, raw: np.ndarray, half: int) -> On
     if again is None:
         return None
     name, j, i, parts = again
-    best_bic = _bic(n, float(parts[j][1][0][i]), name)
-    exp_sse = min((float(p[0].min()) for shape, p in parts if shape == "faster climb"), default=math.inf)
+    best_bic = _bic(n, float(parts[j][1].sse[i]), name)
+    exp_sse = min((float(p.sse.min()) for shape, p in parts if shape == "faster climb"), default=math.inf)
     noise = math.sqrt(exp_sse / max(n - PARAMS["faster climb"], 1)) if math.isfinite(exp_sse) else 0.0
     at, low, high = None, math.inf, -math.inf
     for m, (shape, prof) in enumerate(parts):  # the interval: every fit, of either shape, the data cannot tell from the best
-        sse, onsets = prof[0], prof[1]
+        sse, onsets = prof.sse, prof.at
         if shape == "faster climb":
-            onsets = exp_onsets(*prof[4], noise)
+            onsets = exp_onsets(*prof.exp, noise)
         bound = n * math.exp((best_bic + CI_CHI2 - PARAMS[shape] * math.log(n)) / n)
         near = np.isfinite(sse) & np.isfinite(onsets) & (sse <= bound)
         if near.any():
             low, high = min(low, float(onsets[near].min())), max(high, float(onsets[near].max()))
         if m == j:
             at = float(onsets[i])
-    return Onset(name, at, min(low, at), max(high, at), parts[j][1][2](i))
+    return Onset(name, at, min(low, at), max(high, at), parts[j][1].params(i))
 
 
 PARAMS = {"step": 3, "climb": 3, "faster climb": 4}
@@ -407,7 +421,7 @@ def _step_interval(t: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     prof = _profiles(t, y, ("step",)).get("step")
     if prof is None:
         return float(t[0]), float(t[-1])
-    sse, onsets = prof[0], prof[1]
+    sse, onsets = prof.sse, prof.at
     near = sse <= sse.min() * (1.0 + CI_CHI2 / len(y))
     return float(onsets[near].min()), float(onsets[near].max())
 
