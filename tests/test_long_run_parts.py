@@ -227,11 +227,11 @@ def test_the_run_summary_states_how_closely_the_onset_is_dated(tmp_path):
     rng = np.random.default_rng(4)
     noisy = _analysis(tmp_path, {n: 10.0 + float(rng.normal(0, 0.5)) + (0.04 * (n - 80) if n >= 80 else 0.0)
                                  for n in range(1, 240)}, k=20)
-    lv = summarize(noisy)["levels"]
+    summary = summarize(noisy)
+    lv = summary["levels"]
     low, high = lv["began_between"]
     assert lv["shape"] == "climb" and low <= 80 <= high and low < lv["began_at"] < high
-    assert f"a steady climb from step {lv['began_at']} (dated to steps {low}–{high} at 95 % confidence)" in headline(
-        summarize(noisy))
+    assert f"a steady climb from step {lv['began_at']} (dated to steps {low}–{high} at 95 % confidence)" in headline(summary)
 
 
 def test_a_level_reaches_only_steps_nearby():
@@ -286,13 +286,20 @@ def test_a_window_straddling_the_change_is_measured_against_its_own_side(tmp_pat
     assert [w["level_ms"] for w in run.summary["windows"]] == [2.0, 6.0]
 
 
-def test_a_finding_in_every_window_is_stated_once_with_the_windows_it_holds_in(tmp_path):
-    from gpuadvise.analyzer.model.report import all_findings
+@pytest.fixture(scope="module")
+def drift_fixture_reports(tmp_path_factory):
+    """step-time-drift's positive fixture analysed: two windows, the DataLoader finding in both."""
     from gpuadvise.analyzer.run.engine import analyze_paths
     from gpuadvise.rules import find_rule
 
-    folder = find_rule("step-time-drift").positive().write(tmp_path / "run")
-    reports = analyze_paths([str(folder)], jobs=1)
+    folder = find_rule("step-time-drift").positive().write(tmp_path_factory.mktemp("drift") / "run")
+    return analyze_paths([str(folder)], jobs=1)
+
+
+def test_a_finding_in_every_window_is_stated_once_with_the_windows_it_holds_in(drift_fixture_reports):
+    from gpuadvise.analyzer.model.report import all_findings
+
+    reports = drift_fixture_reports
     found = [f for f in all_findings(reports) if f.rule != "GA160"]
     assert len(found) == len({(f.rule, f.topic) for f in found})  # each cause once
     loader = next(f for f in found if f.topic == "dataloader-stall")
@@ -304,12 +311,10 @@ def test_a_finding_in_every_window_is_stated_once_with_the_windows_it_holds_in(t
     assert causes["dataloader-stall"]["kept_in"] == 2
 
 
-def test_the_run_report_tables_each_causes_saving_window_by_window(tmp_path):
+def test_the_run_report_tables_each_causes_saving_window_by_window(drift_fixture_reports):
     from gpuadvise.analyzer.report.formats import render
-    from gpuadvise.analyzer.run.engine import analyze_paths
-    from gpuadvise.rules import find_rule
 
-    reports = analyze_paths([str(find_rule("step-time-drift").positive().write(tmp_path / "run"))], jobs=1)
+    reports = drift_fixture_reports
     held = {c["topic"]: c["windows"] for c in reports.long_runs[0].summary["causes"]}["dataloader-stall"]
     steps = [f"{w['steps'][0]}–{w['steps'][1]}" for w in held]
     md = render(reports, "md")
