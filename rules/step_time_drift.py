@@ -5,7 +5,9 @@ The whole run's step times (the step record `gpuadvise profile` writes for every
 rise from their early level to a slower one, beyond chance (a CUSUM test at 1 %, stalls and a warm-up
 left out; analyzer/measure/changepoints.py). The drift's shape is a step (a new level), a climb (linear)
 or a faster climb (exponential); it began where the series left its early level (the step of a jump, the
-start of a climb's trend), and lasted to the step before it came back, if it did. The early level is the
+start of a climb's trend; an exponential's where its excess reached the noise), with a 95 % confidence
+interval for that step (the profile likelihood of the fit), and lasted to the step before it came back, if
+it did. The early level is the
 median of the unprofiled steps before the onset, the slow one the median of the new level (a step) or of
 a climb's last K steps (K = `--slower-steps`, 20 by default).
 When a window recorded the slow steps (`--when-slower`, `--on-signal`, `--every`), it is compared with
@@ -74,8 +76,10 @@ class StepTimeDrift(RunRule):
         if lv.change_pct < t["min_drift_pct"] or lv.slow_ms - lv.early_ms < t["min_drift_ms"]:
             return []
         last = a.record.last_step
-        span = f"from step {lv.began_at} on" if lv.until is None or last is None or lv.until >= last - lv.k else \
-            f"from step {lv.began_at} to step {lv.until}"
+        low, high = lv.began_between or (None, None)
+        dated = f" (dated to steps {low}–{high} at 95 % confidence)" if low is not None and high - low >= 2 else ""
+        span = f"from step {lv.began_at}{dated} on" if lv.until is None or last is None or lv.until >= last - lv.k else \
+            f"from step {lv.began_at}{dated} to step {lv.until}"
         shape = SHAPES.get(lv.shape, lv.shape)
         slow_steps = lv.slow_steps or (lv.slow_at, lv.slow_at)
         message = (f"The step time {shape} from a median {lv.early_ms:.2f} ms (steps {lv.early_steps[0]}–"
@@ -111,7 +115,9 @@ class StepTimeDrift(RunRule):
             steps=list(range(slow.steps[0], slow.steps[1] + 1)) if slow is not None and slow.steps else [],
             items=items,
             numbers={"early_ms": round(lv.early_ms, 3), "slow_ms": round(lv.slow_ms, 3),
-                     "drift_pct": round(lv.change_pct, 1), "began_at_step": lv.began_at, "until_step": lv.until,
+                     "drift_pct": round(lv.change_pct, 1), "began_at_step": lv.began_at,
+                     "onset_interval": f"steps {low}–{high} (95 % confidence)" if low is not None else None,
+                     "until_step": lv.until,
                      "late_ms": round(lv.late_ms, 3), "k": lv.k, "shape": lv.shape,
                      "statistic": f"median of steps {slow_steps[0]}–{slow_steps[1]}",
                      "chance": float(f"{lv.p_value:.2g}") if lv.p_value is not None else None,

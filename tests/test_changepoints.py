@@ -122,3 +122,39 @@ def test_a_few_slightly_slower_steps_before_a_step_are_not_where_it_began(seed):
     ms = level * (1 + 0.01 * rng.standard_normal(len(steps)))
     change = find_change(steps, ms, k=10)
     assert change.shape == "step" and change.onset == 40 and change.until is None
+
+
+def _exponential(seed: int):
+    """An exponential climb; its truth is where its excess reached the noise's standard deviation."""
+    rng = np.random.default_rng([5, seed])
+    n = int(rng.choice([150, 300]))
+    base, cv = float(rng.choice([2.0, 10.0, 50.0])), float(rng.choice([0.01, 0.05]))
+    t = np.arange(3, n + 3)
+    start = int(rng.integers(int(0.2 * n), int(0.7 * n)))
+    efold = (t[-1] - start) * rng.uniform(0.15, 0.35)
+    excess = np.where(t >= start, base * rng.uniform(0.5, 3.0) * np.expm1((t - start) / efold)
+                      / np.expm1((t[-1] - start) / efold), 0.0)
+    return t, base + rng.normal(0, cv * base, n) + excess, int(t[np.argmax(excess >= cv * base)]), n
+
+
+def test_an_exponential_climb_is_dated_where_it_left_the_noise_within_5_percent_of_the_run():
+    errors = []
+    for seed in range(SEEDS):
+        t, y, onset, n = _exponential(seed)
+        c = find_change(t, y)
+        assert c.is_drift, (seed, c)
+        errors.append(abs(c.onset - onset) / n)
+        assert c.onset_low <= c.onset <= c.onset_high, (seed, c)
+    assert np.mean(np.array(errors) <= 0.05) >= 0.95, sorted(errors)[-5:]
+
+
+def test_the_onsets_interval_is_narrow_on_a_clear_climb_and_wide_where_noise_hides_the_start():
+    t = np.arange(3, 303)
+    rng = np.random.default_rng(11)
+    clear = 10 + rng.normal(0, 0.1, len(t)) + np.where(t >= 150, 0.05 * (t - 150), 0.0)
+    c = find_change(t, clear)
+    assert c.shape == "climb" and c.onset_low <= 150 <= c.onset_high and c.onset_high - c.onset_low <= 6
+    # a 30 % rise over the whole run under 15 % noise: beyond chance, but its start cannot be told to ±5 %
+    hidden = 10 + rng.normal(0, 1.5, len(t)) + np.where(t >= 60, 3.0 * (t - 60) / (t[-1] - 60), 0.0)
+    h = find_change(t, hidden)
+    assert h.is_drift and h.onset_low <= 60 <= h.onset_high and h.onset_high - h.onset_low >= 0.1 * len(t)

@@ -168,6 +168,27 @@ def test_the_schedule_leaves_the_last_windows_to_evidence():
     assert plan.add(131, k=130, trigger="stall", automatic=True) is None  # the cap still holds
 
 
+def test_the_budget_goes_to_a_recurring_stall_rather_than_to_a_drift_seen_again():
+    # the step doubles at 60 and again at 120, and from step 150 a stall every 25 steps: with --max-windows 2,
+    # the first new level and the stall are recorded, not the same drift twice; run.json says why each
+    times = {n: 10.0 * (1 + (n >= 60) + 2 * (n >= 120)) + (100.0 if n >= 150 and n % 25 == 0 else 0.0)
+             for n in range(3, 320)}
+    plans = {}
+    for kept in (0, 2):  # 0: the budget as it was with --when-slower alone, first come first served
+        plan = plans[kept] = Plan(first_start=2, warmup=1, active=2, earliest_later=6, max_auto=2,
+                                  kept_for_evidence=kept)
+        for n, seen in _feed(SlowWatch(50, k=10), times):
+            plan.add((seen.at_step - 2) if seen.at_step else n + 1, k=n, trigger=seen.kind, detail=seen.detail,
+                     automatic=True)
+    assert [w.trigger for w in plans[0].later()] == ["slower", "slower"]
+    assert plans[0].later()[1].as_dict()["reason"].endswith(", again (window 2 recorded the first)")
+    later = [w.as_dict() for w in plans[2].later()]
+    assert [w["trigger"] for w in later] == ["slower", "stall"]
+    assert later[0]["reason"].startswith("a new regime") and later[1]["reason"].startswith("a recurring stall")
+    assert later[1]["steps"][1] == 250  # the stall its period predicts, in the window's last recorded step
+    assert "a repeat of window 2's evidence" in plans[2].notes[0] and "a recurring stall" in plans[2].notes[0]
+
+
 def test_the_schedule_follows_every_window():
     pytest.importorskip("torch")
     from torch.profiler import ProfilerAction as A
@@ -197,6 +218,20 @@ def test_a_jump_is_dated_to_its_step_and_a_ramp_to_where_it_took_off(tmp_path):
     # the climb left its early level at step 50, not where it crossed a threshold; it never came back
     assert abs(ramp.began_at - 50) <= 2 and ramp.shape == "climb" and ramp.until is None
     assert ramp.early_ms == 2.0 and ramp.slow_steps[1] == 149
+
+
+def test_the_run_summary_states_how_closely_the_onset_is_dated(tmp_path):
+    from gpuadvise.analyzer.report.longrun import headline
+    from gpuadvise.analyzer.run.longrun import summarize
+
+    rng = np.random.default_rng(4)
+    noisy = _analysis(tmp_path, {n: 10.0 + float(rng.normal(0, 0.5)) + (0.04 * (n - 80) if n >= 80 else 0.0)
+                                 for n in range(1, 240)}, k=20)
+    summary = summarize(noisy)
+    lv = summary["levels"]
+    low, high = lv["began_between"]
+    assert lv["shape"] == "climb" and low <= 80 <= high and low < lv["began_at"] < high
+    assert f"a steady climb from step {lv['began_at']} (dated to steps {low}–{high} at 95 % confidence)" in headline(summary)
 
 
 def test_a_level_reaches_only_steps_nearby():
@@ -251,13 +286,20 @@ def test_a_window_straddling_the_change_is_measured_against_its_own_side(tmp_pat
     assert [w["level_ms"] for w in run.summary["windows"]] == [2.0, 6.0]
 
 
-def test_a_finding_in_every_window_is_stated_once_with_the_windows_it_holds_in(tmp_path):
-    from gpuadvise.analyzer.model.report import all_findings
+@pytest.fixture(scope="module")
+def drift_fixture_reports(tmp_path_factory):
+    """step-time-drift's positive fixture analysed: two windows, the DataLoader finding in both."""
     from gpuadvise.analyzer.run.engine import analyze_paths
     from gpuadvise.rules import find_rule
 
-    folder = find_rule("step-time-drift").positive().write(tmp_path / "run")
-    reports = analyze_paths([str(folder)], jobs=1)
+    folder = find_rule("step-time-drift").positive().write(tmp_path_factory.mktemp("drift") / "run")
+    return analyze_paths([str(folder)], jobs=1)
+
+
+def test_a_finding_in_every_window_is_stated_once_with_the_windows_it_holds_in(drift_fixture_reports):
+    from gpuadvise.analyzer.model.report import all_findings
+
+    reports = drift_fixture_reports
     found = [f for f in all_findings(reports) if f.rule != "GA160"]
     assert len(found) == len({(f.rule, f.topic) for f in found})  # each cause once
     loader = next(f for f in found if f.topic == "dataloader-stall")
@@ -267,3 +309,23 @@ def test_a_finding_in_every_window_is_stated_once_with_the_windows_it_holds_in(t
     causes = {c["topic"]: c for c in reports.long_runs[0].summary["causes"]}
     assert [w["index"] for w in causes["dataloader-stall"]["windows"]] == [1, 2]
     assert causes["dataloader-stall"]["kept_in"] == 2
+
+
+def test_the_run_report_tables_each_causes_saving_window_by_window(drift_fixture_reports):
+    from gpuadvise.analyzer.report.formats import render
+
+    reports = drift_fixture_reports
+    held = {c["topic"]: c["windows"] for c in reports.long_runs[0].summary["causes"]}["dataloader-stall"]
+    steps = [f"{w['steps'][0]}–{w['steps'][1]}" for w in held]
+    md = render(reports, "md")
+    table = md[md.index("| Cause | Window | Steps | Predicted saving of its fix |"):].split("\n\n")[0].splitlines()
+    rows = [r for r in table[2:] if r.split("|")[2].strip().rstrip(" *") in ("1", "2")]
+    loader = rows[[i for i, r in enumerate(rows) if "dataloader-stall" in r][0]:][:2]
+    # one row per window the cause holds in, its steps and its fix's saving there; the window whose figures
+    # the finding states is marked
+    assert [r.split("|")[2:5] for r in loader] == [[" 1 ", f" {steps[0]} ", " 5 % of the step "],
+                                                   [" 2 * ", f" {steps[1]} ", " 70 % of the step "]]
+    text = render(reports, "text")
+    line = next(x for x in text.splitlines() if "(dataloader-stall):" in x)
+    assert f"window 1 (steps {steps[0]}) 5 % of the step; window 2* (steps {steps[1]}) 70 % of the step" in line
+    assert "'" not in line and "{" not in line  # words, not Python reprs

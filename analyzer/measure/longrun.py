@@ -46,6 +46,7 @@ class Levels:
     slow_steps: tuple[int, int] | None = None  # the steps slow_ms is the median of
     warmup_until: int | None = None  # the last step of a warm-up left out
     p_value: float | None = None  # of the CUSUM test: the chance of so large a change in a steady series
+    began_between: tuple[int, int] | None = None  # the onset's 95 % confidence interval (changepoints.Change)
 
     @property
     def change_pct(self) -> float:
@@ -160,7 +161,8 @@ class RunAnalysis:
         early_ms = float(np.median(ms[start:onset])) if onset > start else float(c.before_ms)
         return Levels(early_ms=early_ms, early_steps=(int(steps[start]), int(steps[max(start, onset - 1)])),
                       slow_ms=slow_ms, slow_at=int(steps[(first + end - 1) // 2]), began_at=int(c.onset), until=c.until,
-                      slow_steps=(int(steps[first]), int(steps[end - 1])), **common)
+                      slow_steps=(int(steps[first]), int(steps[end - 1])),
+                      began_between=(c.onset_low, c.onset_high) if c.onset_low is not None else None, **common)
 
     def stalls(self, min_x: float, min_excess_ms: float, min_repeats: int = 3, min_coverage: float = 0.6) -> Stall | None:
         """The periodic stall beyond chance with the most occurrences, if any (points ≥ `min_x` × their level

@@ -58,7 +58,8 @@ def headline(s: dict) -> str:
     if lv.get("began_at") is not None:
         shape = SHAPES.get(lv.get("shape"), "a rise")
         slow = lv.get("slow_steps") or [lv["slow_at"], lv["slow_at"]]
-        out += (f"; {shape} from step {lv['began_at']}" + (f" to step {lv['until']}" if lv.get("until") else "")
+        out += (f"; {shape} from step {lv['began_at']}" + onset_interval(lv)
+                + (f" to step {lv['until']}" if lv.get("until") else "")
                 + f", to {lv['slow_ms']:.2f} ms ({lv['change_pct']:+.0f} %, the median of steps {slow[0]}–{slow[1]})")
     elif lv.get("shape") == "speed-up":
         out += "; the step got faster during the run, and no slower"
@@ -67,6 +68,14 @@ def headline(s: dict) -> str:
     if lv.get("warmup_until") is not None:
         out += f"; steps up to {lv['warmup_until']} were a warm-up"
     return out + "."
+
+
+def onset_interval(lv: dict) -> str:
+    """The onset's 95 % interval in words, when it spans more than one step."""
+    low, high = lv.get("began_between") or (None, None)
+    if low is None or high is None or high - low < 2:
+        return ""
+    return f" (dated to steps {low}–{high} at 95 % confidence)"
 
 
 def memory_line(s: dict) -> str | None:
@@ -82,6 +91,27 @@ def memory_line(s: dict) -> str | None:
 
 def _window_why(w: dict) -> str:
     return TRIGGERS.get(w["trigger"], w["trigger"]) + (f": {w['detail']}" if w.get("detail") and w["trigger"] != "schedule" else "")
+
+
+def causes_across_windows(s: dict) -> list[tuple[str, str, list[tuple[int, str, float, bool]]]]:
+    """The causes found in more than one window: (title, topic, [(window, its steps in words, predicted
+    saving %, whether the finding is stated with this window's figures)]), in the order the run's causes
+    come (once_per_cause in run/longrun.py)."""
+    out = []
+    for c in s.get("causes") or []:
+        held = c.get("windows") or []
+        if len(held) < 2:
+            continue
+        rows = [(w["index"], f"{w['steps'][0]}–{w['steps'][1]}" if w.get("steps") else "–", float(w["saving_pct"]),
+                 w["index"] == c.get("kept_in")) for w in held]
+        out.append((c.get("title") or c.get("topic") or c.get("rule"), c.get("topic") or "", rows))
+    return out
+
+
+def _saving(pct: float) -> str:
+    if pct <= 0:
+        return "none predicted"
+    return f"{pct:.0f} % of the step" if pct >= 0.5 else "under 1 % of the step"
 
 
 def _ms(v) -> str:
@@ -105,6 +135,15 @@ def markdown_section(run, multi: bool) -> list[str]:
                        f"{_ms(w.get('median_step_ms'))} | {md(w['state'])} | "
                        f"{', '.join(md_code(r) for r in w.get('findings') or []) or '–'} |")
         out.append("")
+    across = causes_across_windows(s)
+    if across:
+        out += ["Causes found in more than one window (each is stated once, with the figures of the window marked *):", "",
+                "| Cause | Window | Steps | Predicted saving of its fix |", "|---|---:|---|---:|"]
+        for title, topic, rows in across:
+            for i, (index, steps, pct, kept) in enumerate(rows):
+                out.append(f"| {md(title) + f' ({md_code(topic)})' if i == 0 else ''} | {index}{' *' if kept else ''} | "
+                           f"{steps} | {_saving(pct)} |")
+        out.append("")
     out += [f"Step record: {md_code(run.record)} (every step's time, written while the script ran; the chart shows "
             "the steps no profiler touched).", ""]
     return out
@@ -125,6 +164,12 @@ def text_lines(run, multi: bool) -> list[str]:
     for w in s.get("windows") or []:
         steps = f"steps {w['steps'][0]}–{w['steps'][1]}" if w.get("steps") else "no steps"
         out.append(f"  window {w['index']}: {steps}, {terminal(_window_why(w))} ({terminal(w['state'])})")
+    across = causes_across_windows(s)
+    if across:
+        out.append("  causes in more than one window (predicted saving of the fix; * the window whose figures are stated):")
+        for title, topic, rows in across:
+            out.append(f"    {terminal(title)} ({terminal(topic)}): " + "; ".join(
+                f"window {index}{'*' if kept else ''} (steps {steps}) {_saving(pct)}" for index, steps, pct, kept in rows))
     return out
 
 

@@ -6,7 +6,8 @@ comparison of window 1 with each later window (gpuadvise compare's, analyzer/com
 
 `LongRunReport.summary` (plain data, the JSON's `long_runs[]`): `steps` (recorded in all), `clock`, `exact_steps`
 (steps below it are kept one by one, the rest per bucket), `levels` (`k`, `early_ms`, `early_steps`,
-`slow_ms`, `slow_at`, `late_ms`, `late_steps`, `began_at`, `until`, `change_pct`, `shape`: steady, step,
+`slow_ms`, `slow_at`, `late_ms`, `late_steps`, `began_at`, `began_between` (its 95 % interval), `until`,
+`change_pct`, `shape`: steady, step,
 climb, faster climb or speed-up, `slow_steps`, `warmup_until`; null with fewer than 2·k unprofiled steps), `memory` (`kind`, `steps`, `start_bytes`, `end_bytes`, `per_step_bytes`,
 `rising_share`, `samples`; null without 5 samples), `windows` (`index`, `trigger`, `detail`, `steps`,
 `state`, `trace`, `level_ms`: the unprofiled steps around it, `median_step_ms`: its recorded steps,
@@ -215,6 +216,7 @@ def summarize(a: RunAnalysis) -> dict:
             "slow_ms": round(lv.slow_ms, 3), "slow_at": lv.slow_at, "late_ms": round(lv.late_ms, 3),
             "late_steps": list(lv.late_steps), "began_at": lv.began_at, "until": lv.until,
             "change_pct": round(lv.change_pct, 1), "shape": lv.shape,
+            "began_between": list(lv.began_between) if lv.began_between else None,
             "slow_steps": list(lv.slow_steps) if lv.slow_steps else None, "warmup_until": lv.warmup_until},
         "memory": None if mem is None else {
             "kind": mem.kind, "steps": list(mem.steps), "start_bytes": mem.start_bytes, "end_bytes": mem.end_bytes,

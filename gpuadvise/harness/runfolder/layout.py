@@ -36,12 +36,14 @@ run.json, the keys the capture writes:
   with `--on-signal`, `--when-slower` or `--every`: `triggers` {`on_signal` (the signal's name),
   `listening`, `when_slower_pct`, `slower_steps`, `every`, `requests`} and `windows`, one entry per
   window: `index`, `trigger` ("schedule" for window 1, "signal", "trigger file", "slower", "stall",
-  "every"), `detail`, `requested_at` (step boundary), `request` (its id), `start` (the boundary its
+  "every"), `reason` (which moment it records, in words: window 1, the schedule, a request, a new regime
+  after a drift, a recurring stall, or the same evidence again), `detail`, `requested_at` (step boundary), `request` (its id), `start` (the boundary its
   warm-up begins at), `warmup`, `active`, `steps` [first, last recorded], `state` ("planned", "warming
   up", "recording", "captured", "incomplete: …", "not reached: …", "not recorded: …", "failed: …"),
   `trace`, and for later windows `captured_at`, `shapes`, `loader` (what the window hooks measured in
   it) and `step_times` (run.json `steps`' keys, over its recorded steps and the unprofiled ones within
-  10 steps of it); `window_notes`: windows not recorded (the --max-windows cap);
+  10 steps of it); `window_notes`: windows not recorded (the --max-windows cap, or the windows it keeps for evidence
+  --when-slower has not recorded yet);
 - `steps`: the time of every step, in and out of the window. Step n is the time from step boundary
   n to boundary n+1, i.e. `ProfilerStep#n` of the trace (step 0, the script's setup before the first
   boundary, is never a step). gpuadvise's own work at a boundary (profiler transitions, export,

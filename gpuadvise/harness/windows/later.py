@@ -25,7 +25,7 @@ PREFIX = "gpuadvise> "
 # the unprofiled steps on each side of a later window that its recorded steps are compared with (run.json
 # `steps` for window 1 has the steps before it): the level the run was at when the window recorded
 CONTEXT_STEPS = 10
-KEPT_FOR_EVIDENCE = 2  # of --max-windows, when --every and --when-slower share it: a new level and a stall
+KEPT_FOR_EVIDENCE = 2  # of --max-windows, with --when-slower: one for a new level and one for a stall until each is recorded
 LONG_RUN_OPTIONS = ("on_signal", "when_slower", "every")  # any of them: windows after the first
 # status keys the session itself keeps up to date: never what a later window's hooks recorded
 SESSION_KEYS = {"state", "steps_stepped", "step_source", "files", "captured_at", "step_error", "hooks_error", "error",
@@ -42,7 +42,7 @@ class LaterWindows:
         w, c = session.window, session.config
         self.plan = Plan(w.W, w.w, w.a, earliest_later=w.end + session.memory_steps + 1,
                          max_auto=int(c.get("max_windows") or 10),
-                         kept_for_evidence=KEPT_FOR_EVIDENCE if c.get("when_slower") and c.get("every") else 0)
+                         kept_for_evidence=KEPT_FOR_EVIDENCE if c.get("when_slower") else 0)
         self.triggers = Triggers(c, Requests(session.out, session.rank), w.w, w.a)
         self._hook_window: Planned | None = None  # the later window whose hooks are open
         self._status_before: dict = {}

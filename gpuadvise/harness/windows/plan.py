@@ -18,6 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MAX_WINDOWS = 100  # a safety net for a script signalled in a loop: each window is a trace file
+# the evidence --when-slower records, for which --max-windows keeps windows: a new regime, a recurring stall
+EVIDENCE = {"slower": "a new regime after a drift", "stall": "a recurring stall"}
+REASONS = {"schedule": "window 1 (--wait/--warmup/--active)", "signal": "asked for (a signal)",
+           "trigger file": "asked for (gpuadvise trigger)", "every": "the schedule (--every)",
+           "slower": "a new regime: the level the step time settled at after an established drift",
+           "stall": "a recurring stall: the next one its period predicts"}
 
 
 @dataclass
@@ -33,6 +39,8 @@ class Planned:
     state: str = "planned"
     trace: str | None = None
     extra: dict = field(default_factory=dict)  # what the window hooks recorded (loader sampling, …), and step times
+    reason: str = ""  # why this moment, in words: which evidence it records (run.json's `reason`)
+    again_of: Planned | None = field(default=None, repr=False)  # the window that recorded this evidence first
 
     @property
     def first_recorded(self) -> int:
@@ -47,7 +55,9 @@ class Planned:
         return list(range(self.first_recorded, self.end))
 
     def as_dict(self) -> dict:
-        out = {"index": self.index, "trigger": self.trigger, "detail": self.detail, "requested_at": self.requested_at,
+        reason = self.reason + (f", again (window {self.again_of.index} recorded the first)" if self.again_of else "")
+        out = {"index": self.index, "trigger": self.trigger, "reason": reason, "detail": self.detail,
+               "requested_at": self.requested_at,
                "request": self.request, "start": self.start, "warmup": self.warmup, "active": self.active,
                "steps": [self.first_recorded, self.end - 1], "state": self.state, "trace": self.trace}
         out.update(self.extra)
@@ -62,10 +72,11 @@ class Plan:
         self.warmup, self.active = warmup, active
         self.earliest_later = earliest_later  # later windows start after window 1 and its memory history
         self.max_auto = max_auto
-        # --every with --when-slower: the last windows of --max-windows wait for a new regime or a recurring
-        # stall (the moments that explain most), rather than going to the schedule
+        # with --when-slower, --max-windows keeps a window for each kind of evidence not recorded yet (a new
+        # regime after a drift, a recurring stall: the moments that explain most): neither --every nor a
+        # repeat of one kind (a climb that goes on slowing down) takes the last ones
         self.kept_for_evidence = min(kept_for_evidence, max(max_auto - 1, 0))
-        self.windows = [Planned(1, first_start, warmup, active, "schedule")]
+        self.windows = [Planned(1, first_start, warmup, active, "schedule", reason=REASONS["schedule"])]
         self.auto = 0  # windows planned by --every / --when-slower
         self.notes: list[str] = []
 
@@ -77,9 +88,12 @@ class Plan:
         if automatic and self.auto >= self.max_auto:
             self._note(f"{trigger}: not recorded at step {k}, --max-windows ({self.max_auto}) reached")
             return None
-        if automatic and trigger == "every" and self.auto >= self.max_auto - self.kept_for_evidence:
-            self._note(f"{trigger}: not recorded at step {k}, the last {self.kept_for_evidence} of --max-windows "
-                       f"({self.max_auto}) are kept for --when-slower (a new level, a recurring stall)")
+        kept = self._kept_for(trigger) if automatic else []
+        if kept and self.auto >= self.max_auto - len(kept):
+            what = " and ".join(EVIDENCE[e] for e in kept)
+            self._note(f"{trigger}: not recorded at step {k}" + (f", a repeat of window {self._first_of(trigger).index}'s "
+                       "evidence" if trigger in EVIDENCE else "") + f": the last {len(kept)} of --max-windows "
+                       f"({self.max_auto}) are kept for --when-slower ({what}, not recorded yet)")
             return None
         if len(self.windows) >= MAX_WINDOWS:
             self._note(f"{trigger}: not recorded at step {k}, {MAX_WINDOWS} windows is the most one run keeps")
@@ -94,7 +108,8 @@ class Plan:
                     w.detail = f"{w.detail}; also {trigger}: {detail}" if w.detail else f"also {trigger}: {detail}"
                 return None
         planned = Planned(len(self.windows) + 1, start, self.warmup, self.active, trigger, detail, requested_at=k,
-                          request=request)
+                          request=request, reason=REASONS.get(trigger, trigger),
+                          again_of=self._first_of(trigger) if trigger in EVIDENCE else None)
         self.windows.append(planned)
         self.windows.sort(key=lambda w: w.start)
         for i, w in enumerate(self.windows, start=1):
@@ -102,6 +117,20 @@ class Plan:
         if automatic:
             self.auto += 1
         return planned
+
+    def _first_of(self, trigger: str) -> Planned | None:
+        return next((w for w in self.windows if w.trigger == trigger and w.index > 1), None)
+
+    def _kept_for(self, trigger: str) -> list[str]:
+        """The kinds of evidence that windows are kept for, against a window for `trigger`: those not
+        recorded yet, other than the one this window records for the first time."""
+        if not self.kept_for_evidence:
+            return []
+        recorded = {w.trigger for w in self.windows if w.index > 1}
+        missing = [e for e in EVIDENCE if e not in recorded]
+        if trigger in EVIDENCE and trigger not in recorded:
+            return []  # the first window of its kind: what the budget was kept for
+        return missing[:self.kept_for_evidence]
 
     def _note(self, text: str) -> None:
         if text not in self.notes:
