@@ -43,11 +43,11 @@ looking CPU-bound.
 
 from __future__ import annotations
 
-import networkx as nx
 import numpy as np
 import pandas as pd
 
 from . import intervals as iv
+from .dag import DiGraph
 from gpuadvise.analyzer.model.calls import (ALLOC_CALLS, COPY_CALLS, DEVICE_SYNCS, FREE_CALLS, LAUNCH_CALLS, QUEUEING_CALLS,
                                             SYNC_CALLS)
 from .metrics import Metrics
@@ -96,7 +96,7 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
     usual = _usual_cost(calls)
     calls["queued"] = _queued(calls, ops, usual)
 
-    g = nx.DiGraph()
+    g = DiGraph()
     g.add_node("S")
     g.add_node("E")
     latency = _idle_launch_latency(metrics.launches)
@@ -160,12 +160,12 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
                 if (owner[k] == i and not queued) or (owner[k] >= 0 and call_ts[owner[k]] < ts) or owner[k] < 0:
                     g.add_edge(("ge", k), ("d", i), base=min(own, max(0.0, end - ends_sorted[j])), kind="wait", call=i)
                     # the call's own CPU cost is what is left once the wait is taken out
-                    g.edges[("c", i), ("d", i)]["base"] = min(float(end - ts), own)
+                    g.edge(("c", i), ("d", i))["base"] = min(float(end - ts), own)
                     break
                 j -= 1
             else:
                 if queued:  # it waited on work an earlier step queued, which the replay leaves out
-                    g.edges[("c", i), ("d", i)]["base"] = own
+                    g.edge(("c", i), ("d", i))["base"] = own
         if launches_block:
             _tie_idle_syncs(g, calls, ops, owner, call_ts)
         _device_wide_waits(g, calls, ops, owner, call_ts)
@@ -178,9 +178,9 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
     if len(ops):
         _unexplained_starts(g, ops, launch_ts, latency, backlog)
 
-    if not nx.is_directed_acyclic_graph(g):  # orderings we cannot see (clock skew, threads): drop the guesses
-        g.remove_edges_from([(u, v) for u, v, d in g.edges(data=True) if d["kind"] in ("wait", "dep", "alloc_wait", "unseen_dep")])
-        for _, _, d in g.edges(data=True):
+    if not g.is_acyclic():  # orderings we cannot see (clock skew, threads): drop the guesses
+        g.remove_edges_from([(u, v) for u, v, d in g.edges() if d["kind"] in ("wait", "dep", "alloc_wait", "unseen_dep")])
+        for _, _, d in g.edges():
             d.pop("synced", None)  # a call's cost after a drain means nothing without the wait
 
     cut = metrics.one_time_cut
@@ -257,7 +257,7 @@ def _blocking_launches(calls: pd.DataFrame, ops: pd.DataFrame, min_launches: int
     return True
 
 
-def _tie_idle_syncs(g: nx.DiGraph, calls: pd.DataFrame, ops: pd.DataFrame, owner: np.ndarray, call_ts: np.ndarray) -> None:
+def _tie_idle_syncs(g: DiGraph, calls: pd.DataFrame, ops: pd.DataFrame, owner: np.ndarray, call_ts: np.ndarray) -> None:
     """With blocking launches a sync never waits (the GPU is always done by then), so the trace shows no
     wait to tie it to. A sync still orders after the work launched before it: tie each such sync to the
     last op launched before it on every stream (base 0: the traced steps are unchanged), so a scenario that
@@ -266,7 +266,7 @@ def _tie_idle_syncs(g: nx.DiGraph, calls: pd.DataFrame, ops: pd.DataFrame, owner
     launched = np.where(owner >= 0, call_ts[np.clip(owner, 0, None)], np.nan)
     streams = ops["stream"].to_numpy()
     for i, ts in zip(syncs.index, syncs["ts"].to_numpy()):
-        if any(d.get("kind") == "wait" for _, _, d in g.in_edges(("d", i), data=True)):
+        if any(d.get("kind") == "wait" for _, _, d in g.in_edges(("d", i))):
             continue
         before = np.flatnonzero(launched < ts)
         for stream in np.unique(streams[before]):
@@ -275,7 +275,7 @@ def _tie_idle_syncs(g: nx.DiGraph, calls: pd.DataFrame, ops: pd.DataFrame, owner
             g.add_edge(("ge", k), ("d", i), base=0.0, kind="wait", call=i)
 
 
-def _device_wide_waits(g: nx.DiGraph, calls: pd.DataFrame, ops: pd.DataFrame, owner: np.ndarray,
+def _device_wide_waits(g: DiGraph, calls: pd.DataFrame, ops: pd.DataFrame, owner: np.ndarray,
                        call_ts: np.ndarray) -> None:
     """A device-wide sync returns only after every op launched before it, on every stream: tie it to the
     last op (by end) of each stream among those. Where the op had long finished in the trace, the edge
@@ -305,7 +305,7 @@ def _last_ops_before(idx: np.ndarray, ops: pd.DataFrame, owner: np.ndarray, call
             yield int(i), int(best[j])
 
 
-def _allocator_drains(g: nx.DiGraph, calls: pd.DataFrame, ops: pd.DataFrame, owner: np.ndarray,
+def _allocator_drains(g: DiGraph, calls: pd.DataFrame, ops: pd.DataFrame, owner: np.ndarray,
                       call_ts: np.ndarray, first_free: float) -> None:
     """Edges that only `Scenario.alloc_syncs` turns on (kind "alloc_wait", -inf otherwise): every cudaFree, and
     every cudaMalloc after a release (after the trace's first cudaFree, or anywhere in a window whose steps
@@ -334,7 +334,7 @@ def _allocator_drains(g: nx.DiGraph, calls: pd.DataFrame, ops: pd.DataFrame, own
         own = float(call_end[i] - call_ts[i])
         waited = call_ts[i] < drained < call_end[i]
         work = max(WAKE_US, float(call_end[i] - drained)) if waited else max(WAKE_US, own)
-        g.edges[("c", i), ("d", i)]["synced"] = min(work, own)
+        g.edge(("c", i), ("d", i))["synced"] = min(work, own)
         for k in ks:
             g.add_edge(("ge", k), ("dw", i), base=work, kind="alloc_wait", call=i)
         g.add_edge(("dw", i), ("d", i), base=0.0, kind="alloc_wait", call=i)
@@ -362,7 +362,7 @@ def _idle_launch_latency(launches: pd.DataFrame) -> float:
     return float(np.clip(np.median(d), 1.0, 20.0)) if d.size else 2.0
 
 
-def _unexplained_starts(g: nx.DiGraph, ops: pd.DataFrame, launch_ts: np.ndarray, latency: float,
+def _unexplained_starts(g: DiGraph, ops: pd.DataFrame, launch_ts: np.ndarray, latency: float,
                         backlog: pd.DataFrame, slack_us: float = 5.0, tie_us: float = 20.0,
                         unseen_us: float = 100.0) -> None:
     """Ops that started later than their launch and stream allow waited for something: another stream's
@@ -400,7 +400,7 @@ def _unexplained_starts(g: nx.DiGraph, ops: pd.DataFrame, launch_ts: np.ndarray,
         if not tied and ts[k] > earliest[k] + unseen_us and np.isfinite(launch_ts[k]):
             wait = float(ts[k] - earliest[k])
             for p in list(g.predecessors(("gs", int(k)))):
-                d = g.edges[p, ("gs", int(k))]
+                d = g.edge(p, ("gs", int(k)))
                 if d["kind"] in ("launch", "stream"):
                     d["base"] += wait
                     d["unseen"] = d.get("unseen", 0.0) + wait  # Scenario.unseen_scale acts on it
