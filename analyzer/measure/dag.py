@@ -1,106 +1,91 @@
-"""The replay's graph (replay_graph.py builds it, whatif.py replays it): a directed graph of plain dicts.
+"""The replay's graph (replay_graph.py builds it, whatif.py replays it) as columns of edges.
 
-It keeps the part of `networkx.DiGraph` the replay uses, with the same orders: nodes in the order they
-were first added, each node's successors and predecessors in the order their edges were first added, an
-edge added again keeps its place and has its attributes updated, and `topological_order` is the order
-`networkx.topological_sort` gives (Kahn's algorithm generation by generation, as networkx's
-`topological_generations`). The replay's edge arrays, and so every prediction, are then the same as
-with networkx, at a fraction of its cost per edge (a replay graph has tens of thousands of edges).
+Nodes are the numbers 0 … n−1 (replay_graph.py says which is which); each edge has a `kind` and the
+attributes the replay reads: `base` (its weight in the trace, µs), `call` / `op` (the row of `Replay.calls`
+/ `Replay.ops` it belongs to, -1: none), `gap` (a CPU edge's time range on the trace clock), `synced` (a
+call's own cost with allocator syncs on; its `base` where not given) and `unseen` (µs of a wait for what
+the trace does not show). Edges are added a block at a time as numpy arrays, so building a graph of tens
+of thousands of edges costs a few numpy calls per block, not a Python call per edge.
+
+The longest path is the same whatever topological order its edges are relaxed in: a node's time is the
+largest of its incoming candidates, and each candidate is the same sum whichever order they come in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Iterator
+import numpy as np
+
+KINDS = ("cpu", "call", "launch", "anchor", "gpu", "stream", "drain", "wait", "dep", "alloc_wait", "unseen_dep")
+_CODE = {k: i for i, k in enumerate(KINDS)}
+_COLUMNS = ("src", "dst", "kind", "base", "call", "op", "gap_a", "gap_b", "synced", "has_synced", "unseen")
+_DTYPES = (np.int64, np.int64, np.int8, np.float64, np.int64, np.int64, np.float64, np.float64, np.float64, bool,
+           np.float64)
 
 
 class Cyclic(ValueError):
     """The graph has a cycle: it has no topological order."""
 
 
-class DiGraph:
-    __slots__ = ("_succ", "_pred")
+class Graph:
+    def __init__(self, nodes: int) -> None:
+        self.nodes = nodes
+        self._blocks: list[tuple] = []
+        self._frozen: dict | None = None
 
-    def __init__(self) -> None:
-        self._succ: dict[Hashable, dict[Hashable, dict]] = {}  # node → successor → the edge's attributes
-        self._pred: dict[Hashable, dict[Hashable, dict]] = {}  # node → predecessor → the same dict
+    def add(self, kind: str, src, dst, base, call=-1, op=-1, gap_a=0.0, gap_b=0.0, synced=0.0, has_synced=False,
+            unseen=0.0) -> None:
+        """Edges src[j] → dst[j] of one kind; scalars apply to every edge of the block (`synced` counts
+        only where `has_synced`)."""
+        n = np.broadcast(np.asarray(src), np.asarray(dst)).size
+        if not n:
+            return
+        values = (src, dst, _CODE[kind], base, call, op, gap_a, gap_b, synced, has_synced,
+                  unseen)
+        self._blocks.append(tuple(np.broadcast_to(np.asarray(v, dtype=t), (n,)) for v, t in zip(values, _DTYPES)))
+        self._frozen = None
 
-    def add_node(self, n: Hashable) -> None:
-        if n not in self._succ:
-            self._succ[n] = {}
-            self._pred[n] = {}
+    def edges(self) -> dict:
+        """Every edge as columns (`kind` as a code: KINDS[code] is its name)."""
+        if self._frozen is None:
+            if self._blocks:
+                cols = [np.concatenate(c) for c in zip(*self._blocks)]
+            else:
+                cols = [np.empty(0, dtype=t) for t in _DTYPES]
+            self._frozen = dict(zip(_COLUMNS, cols))
+            self._blocks = [tuple(self._frozen[c] for c in _COLUMNS)]
+        return self._frozen
 
-    def add_edge(self, u: Hashable, v: Hashable, **attr) -> None:
-        succ, pred = self._succ, self._pred
-        if u not in succ:
-            succ[u] = {}
-            pred[u] = {}
-        if v not in succ:
-            succ[v] = {}
-            pred[v] = {}
-        data = succ[u].get(v)
-        if data is None:
-            succ[u][v] = pred[v][u] = attr
-        else:
-            data.update(attr)
+    def drop(self, kinds: tuple[str, ...]) -> None:
+        """Remove every edge of these kinds."""
+        e = self.edges()
+        keep = ~np.isin(e["kind"], [_CODE[k] for k in kinds])
+        self._blocks = [tuple(e[c][keep] for c in _COLUMNS)]
+        self._frozen = None
 
-    def has_edge(self, u: Hashable, v: Hashable) -> bool:
-        return v in self._succ.get(u, ())
+    def forget_synced(self) -> None:
+        """Every edge's `synced` becomes its `base`."""
+        e = self.edges()
+        e["has_synced"] = np.zeros(len(e["src"]), dtype=bool)
+        self._blocks = [tuple(e[c] for c in _COLUMNS)]
 
-    def edge(self, u: Hashable, v: Hashable) -> dict:
-        """The attributes of edge u → v (a KeyError when there is none); changing them changes the edge."""
-        return self._succ[u][v]
-
-    def edges(self) -> Iterator[tuple[Hashable, Hashable, dict]]:
-        """(u, v, attributes) of every edge: by u in node order, then in the order u's edges were added."""
-        for u, nbrs in self._succ.items():
-            for v, d in nbrs.items():
-                yield u, v, d
-
-    def in_edges(self, v: Hashable) -> Iterator[tuple[Hashable, Hashable, dict]]:
-        for u, d in self._pred[v].items():
-            yield u, v, d
-
-    def predecessors(self, v: Hashable) -> Iterator[Hashable]:
-        return iter(self._pred[v])
-
-    def remove_edges_from(self, edges: Iterable[tuple[Hashable, Hashable]]) -> None:
-        for u, v in edges:
-            if v in self._succ.get(u, ()):
-                del self._succ[u][v]
-                del self._pred[v][u]
-
-    def __len__(self) -> int:
-        return len(self._succ)
-
-    def __contains__(self, n: Hashable) -> bool:
-        return n in self._succ
-
-    def topological_order(self) -> list:
-        """Every node, each after all its predecessors, in networkx's order (module docstring); `Cyclic`
-        when there is none."""
-        succ = self._succ
-        indegree = {v: len(p) for v, p in self._pred.items() if p}
-        generation = [v for v, p in self._pred.items() if not p]
-        order: list = []
-        while generation:
-            order.extend(generation)
-            following = []
-            for node in generation:
-                for child in succ[node]:
-                    left = indegree[child] - 1
-                    if left:
-                        indegree[child] = left
-                    else:
-                        following.append(child)
-                        del indegree[child]
-            generation = following
-        if indegree:
+    def topological_order(self) -> np.ndarray:
+        """Every node, each after all its predecessors (Kahn's algorithm); `Cyclic` when there is none."""
+        e = self.edges()
+        src, dst = e["src"], e["dst"]
+        by_src = np.argsort(src, kind="stable")
+        targets = dst[by_src].tolist()
+        first = np.searchsorted(src[by_src], np.arange(self.nodes + 1)).tolist()
+        waiting = np.bincount(dst, minlength=self.nodes).tolist()
+        ready = [v for v, d in enumerate(waiting) if not d]
+        order = []
+        while ready:
+            u = ready.pop()
+            order.append(u)
+            for v in targets[first[u]:first[u + 1]]:
+                left = waiting[v] - 1
+                waiting[v] = left
+                if not left:
+                    ready.append(v)
+        if len(order) < self.nodes:
             raise Cyclic("the graph has a cycle")
-        return order
-
-    def is_acyclic(self) -> bool:
-        try:
-            self.topological_order()
-        except Cyclic:
-            return False
-        return True
+        return np.array(order, dtype=np.int64)

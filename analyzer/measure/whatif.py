@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from . import intervals as iv
-from .dag import DiGraph
+from .dag import KINDS, Graph
 
 WAKE_US = 5.0  # a blocked call returns about this long after the GPU op it waited for
 
@@ -72,7 +72,7 @@ def baseline_of(scenario: Scenario) -> Scenario:
 
 @dataclass
 class Replay:
-    graph: DiGraph
+    graph: Graph
     calls: pd.DataFrame
     ops: pd.DataFrame
     window: tuple[float, float]
@@ -86,32 +86,27 @@ class Replay:
     _simulated: dict = field(default_factory=dict)  # digest of a scenario's edge weights → its window time
 
 
-    def compile(self) -> None:
-        """Freeze the graph into edge arrays, by source node in topological order (dag.py)."""
-        g = self.graph
-        order = g.topological_order()
-        pos = {n: i for i, n in enumerate(order)}
-        succ = g._succ
-        edges = [(u, v, d) for u in order for v, d in succ[u].items()]
+    def compile(self, order: np.ndarray, start: int, end: int) -> None:
+        """Freeze the graph into edge arrays, by source node in topological order (`order`, dag.py), with
+        what simulate needs once per replay rather than once per scenario."""
+        g = self.graph.edges()
+        pos = np.empty(self.graph.nodes, dtype=np.int64)
+        pos[order] = np.arange(len(order))
+        by = np.argsort(pos[g["src"]], kind="stable")
         e = self._edges
-        e["n"] = len(pos)
-        src = [pos[u] for u, _, _ in edges]
-        e["src"] = np.array(src, dtype=np.int64)
-        e["dst"] = np.array([pos[v] for _, v, _ in edges], dtype=np.int64)
-        datas = [d for _, _, d in edges]
-        e["kind"] = np.array([d["kind"] for d in datas], dtype=object)
-        e["base"] = np.array([d["base"] for d in datas], dtype=np.float64)
-        e["call"] = np.array([d.get("call", -1) for d in datas], dtype=np.int64)
-        e["op"] = np.array([d.get("op", -1) for d in datas], dtype=np.int64)
+        e["n"] = self.graph.nodes
+        e["src"], e["dst"] = g["src"][by], g["dst"][by]
+        codes = g["kind"][by]
+        e["kind"] = np.array(KINDS, dtype=object)[codes]
+        e["is"] = {k: codes == i for i, k in enumerate(KINDS)}  # per kind, which edges are of it
+        e["base"] = g["base"][by].copy()
+        e["call"], e["op"] = g["call"][by], g["op"][by]
         # a call's own cost with allocator syncs on (its driver work after a drain the trace shows)
-        e["synced"] = np.array([d.get("synced", d["base"]) for d in datas], dtype=np.float64)
-        e["unseen"] = np.array([d.get("unseen", 0.0) for d in datas], dtype=np.float64)
-        gaps = [d.get("gap", (0.0, 0.0)) for d in datas]
-        e["gap_a"] = np.array([a for a, _ in gaps], dtype=np.float64)
-        e["gap_b"] = np.array([b for _, b in gaps], dtype=np.float64)
-        e["end"] = pos["E"]
-        e["start"] = pos["S"]
-        e["path"] = list(zip(src, e["dst"].tolist()))  # (source, target) per edge, for simulate's loop
+        e["synced"] = np.where(g["has_synced"][by], g["synced"][by], e["base"])
+        e["unseen"] = g["unseen"][by]
+        e["gap_a"], e["gap_b"] = g["gap_a"][by], g["gap_b"][by]
+        e["end"], e["start"] = end, start
+        e["path"] = list(zip(e["src"].tolist(), e["dst"].tolist()))  # (source, target) per edge, for simulate
 
     def simulate(self, scenario: Scenario) -> float:
         """The window's time under `scenario`: the longest path through the graph with the scenario's edge
@@ -158,9 +153,9 @@ def _longest_path(n: int, start: int, end: int, path: list, w: np.ndarray) -> fl
 def _weights(replay: Replay, s: Scenario) -> np.ndarray:
     """Edge weights under a scenario, all edges at once."""
     e, calls, ops = replay._edges, replay.calls, replay.ops
-    kind, w = e["kind"], e["base"].copy()
-    cpu, call, wait, gpu = kind == "cpu", kind == "call", kind == "wait", kind == "gpu"
-    drain = kind == "alloc_wait"
+    is_, w = e["is"], e["base"].copy()
+    cpu, call, wait, gpu = is_["cpu"], is_["call"], is_["wait"], is_["gpu"]
+    drain = is_["alloc_wait"]
     if s.alloc_syncs:
         w[call] = e["synced"][call]
     else:
@@ -206,7 +201,7 @@ def _weights(replay: Replay, s: Scenario) -> np.ndarray:
     if s.unseen_scale != 1.0 and "unseen" in e:
         held = e["unseen"] > 0
         w[held] = np.maximum(0.0, w[held] - e["unseen"][held] * (1.0 - s.unseen_scale))
-        w[kind == "unseen_dep"] = 0.0  # the op still follows the work launched before it (replay_graph)
+        w[is_["unseen_dep"]] = 0.0  # the op still follows the work launched before it (replay_graph)
     if s.gpu_scale is not None:
         factor = np.asarray(s.gpu_scale(ops), dtype=np.float64)
         w[gpu] *= factor[e["op"][gpu]]
