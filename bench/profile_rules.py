@@ -4,6 +4,7 @@
     python bench/profile_rules.py FILE_OR_DIR [...]     # each trace file (a folder: its *.json[.gz] files)
     python bench/profile_rules.py --corpus              # every trace of ../shared/traces (snapshots left out)
     python bench/profile_rules.py FILE --cprofile 25    # and the 25 functions with the most own time
+    python bench/profile_rules.py --job DIR -j 1        # a job folder analysed as one job (all its ranks)
 
 Runs `gpuadvise analyze F --format json --no-cache -o <tmp>` for each file in this process, with timers
 around the pipeline's pieces, and prints CPU seconds (`time.process_time`) per piece, summed over the files:
@@ -34,7 +35,7 @@ from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+sys.path.insert(0, str(REPO / "tests"))  # the corpus list; gpuadvise itself as installed (or on PYTHONPATH)
 
 SPENT: dict[str, float] = defaultdict(float)
 CALLS: dict[str, int] = defaultdict(int)
@@ -116,9 +117,12 @@ def main() -> int:
     p.add_argument("--cprofile", type=int, default=0, metavar="N", help="also print the N functions with most own time")
     p.add_argument("--top", type=int, default=30, help="pieces to print (default 30)")
     p.add_argument("--workers", type=int, default=1, help="the reader's processes (default 1)")
+    p.add_argument("--job", type=Path, help="a job folder, analysed as one job (`analyze DIR -j N`)")
+    p.add_argument("-j", type=int, default=1, help="with --job: ranks analysed at once (default 1: all in this "
+                   "process, so every rank's pieces are timed)")
     a = p.parse_args()
     os.environ["GPUADVISE_LOAD_WORKERS"] = str(a.workers)
-    files = trace_files(a.paths, a.corpus)
+    files = [a.job] if a.job else trace_files(a.paths, a.corpus)
     if not files:
         sys.exit("no trace files given (paths, or --corpus with ../shared/traces present)")
     instrument()
@@ -129,19 +133,21 @@ def main() -> int:
     size = 0
     with tempfile.TemporaryDirectory() as tmp:
         for f in files:
-            size += f.stat().st_size
+            size += sum(p.stat().st_size for p in f.iterdir() if p.is_file()) if f.is_dir() else f.stat().st_size
             t0 = time.process_time()
             if prof:
                 prof.enable()
+            jobs = ["-j", str(a.j)] if a.job else []
             with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
-                cli(["analyze", str(f), "--format", "json", "--no-cache", "-o", str(Path(tmp) / "r.json")])
+                cli(["analyze", str(f), "--format", "json", "--no-cache", *jobs, "-o", str(Path(tmp) / "r.json")])
             if prof:
                 prof.disable()
             total += time.process_time() - t0
     SPENT["report"] = total - sum(SPENT.values())
     analysis = sum(v for k, v in SPENT.items() if k.split(":")[0] in ("metrics", "lazy", "rule", "engine"))
     rules = sum(v for k, v in SPENT.items() if k.startswith(("rule:", "lazy:", "engine:")))
-    print(f"{len(files)} trace(s), {size / 1e6:.0f} MB, load {os.getloadavg()[0]:.2f}: CPU {total:.2f} s in all, "
+    what = f"job {a.job.name} (-j {a.j})" if a.job else f"{len(files)} trace(s)"
+    print(f"{what}, {size / 1e6:.0f} MB, load {os.getloadavg()[0]:.2f}: CPU {total:.2f} s in all, "
           f"read {SPENT['read']:.2f} s, metrics {analysis - rules:.2f} s, rules with their lazy measures {rules:.2f} s")
     for label, spent in sorted(SPENT.items(), key=lambda kv: -kv[1])[:a.top]:
         print(f"  {label:<36} {spent:8.3f} s  {spent / total:6.1%}  ({CALLS.get(label, 0)} calls)")
