@@ -20,7 +20,7 @@ def attribute(model: TraceModel, calls: pd.DataFrame) -> tuple[list, list]:
         return [""] * len(calls), [""] * len(calls)
     real = cpu[~cpu["is_annotation"]]
     # per thread, its ops' columns as arrays (rows in the frame's order)
-    by_tid = {tid: (g["ts"].to_numpy(), g["end"].to_numpy(), _strings(g["name"]), _strings(g["call_stack"]))
+    by_tid = {tid: (g["ts"].to_numpy(), g["end"].to_numpy(), _Strings(g["name"]), _Strings(g["call_stack"]))
               for tid, g in real.groupby("tid")}
     for ts, end, tid in zip(calls["ts"].to_numpy(), calls["end"].to_numpy(), calls["tid"].to_numpy()):
         g = by_tid.get(tid)
@@ -41,12 +41,24 @@ def attribute(model: TraceModel, calls: pd.DataFrame) -> tuple[list, list]:
     return ops, sources
 
 
-def _strings(col: pd.Series) -> list[str]:
-    """A column's values as `str()` writes each (a categorical's category, "nan" for a missing one)."""
-    if isinstance(col.dtype, pd.CategoricalDtype):
-        cats = [str(c) for c in col.cat.categories] + ["nan"]
-        return [cats[c] for c in col.cat.codes.tolist()]  # code -1 (missing) is the last: "nan"
-    return [str(x) for x in col.tolist()]
+class _Strings:
+    """A column's values as `str()` writes each (a categorical's category, "nan" for a missing one), made
+    only for the rows asked for: `col[j]` is row j's (by position)."""
+
+    def __init__(self, col: pd.Series) -> None:
+        if isinstance(col.dtype, pd.CategoricalDtype):
+            self._codes = col.cat.codes.to_numpy()
+            self._cats = col.cat.categories
+        else:
+            self._codes, self._cats = None, col.to_numpy()
+        self._made: dict[int, str] = {}
+
+    def __getitem__(self, j) -> str:
+        code = int(self._codes[j]) if self._codes is not None else int(j)
+        text = self._made.get(code)
+        if text is None:
+            text = self._made[code] = "nan" if code < 0 else str(self._cats[code])
+        return text
 
 
 def user_frame_from_stack(stack: str) -> str:
@@ -75,5 +87,6 @@ def python_source(model: TraceModel, ts: float, end: float, tid: int) -> str:
         inside = inside[p_tid == tid]
     # outermost first (the order pandas' sort_values("ts") gives): the last user frame met is the innermost one
     order = inside[np.argsort(p_ts[inside], kind="quicksort")]
-    user = frames.pick(_strings(py["name"].iloc[order]), innermost_first=False).user
+    names = _Strings(py["name"])
+    user = frames.pick([names[j] for j in order.tolist()], innermost_first=False).user
     return user.text if user is not None else ""
