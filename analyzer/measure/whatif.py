@@ -101,6 +101,7 @@ class Replay:
         e["is"] = {k: codes == i for i, k in enumerate(KINDS)}  # per kind, which edges are of it
         e["base"] = g["base"][by].copy()
         e["call"], e["op"] = g["call"][by], g["op"][by]
+        e["call_row"] = self.calls.index.get_indexer(e["call"])  # the row of `calls` each edge's call is (-1: none)
         # a call's own cost with allocator syncs on (its driver work after a drain the trace shows)
         e["synced"] = np.where(g["has_synced"][by], g["synced"][by], e["base"])
         e["unseen"] = g["unseen"][by]
@@ -150,6 +151,12 @@ def _longest_path(n: int, start: int, end: int, path: list, w: np.ndarray) -> fl
     return float(max(dl[end], 0.0))
 
 
+def _of_calls(e: dict, mask: np.ndarray) -> np.ndarray:
+    """Per edge, whether it belongs to a call (a row of `calls`) that `mask` picks."""
+    row = e["call_row"]
+    return np.where(row >= 0, mask[np.maximum(row, 0)], False) if len(mask) else np.zeros(len(row), dtype=bool)
+
+
 def _weights(replay: Replay, s: Scenario) -> np.ndarray:
     """Edge weights under a scenario, all edges at once."""
     e, calls, ops = replay._edges, replay.calls, replay.ops
@@ -182,7 +189,7 @@ def _weights(replay: Replay, s: Scenario) -> np.ndarray:
         scaled = call.copy()
         if s.unscaled is not None:
             keep = np.asarray(s.unscaled(calls), dtype=bool)
-            scaled &= ~np.isin(e["call"], calls.index[keep].to_numpy())
+            scaled &= ~_of_calls(e, keep)
         stall = np.zeros(len(w))
         if replay._stall_us is not None:  # indexed at the calls only: a trace may have none to index
             stall[call] = replay._stall_us[e["call"][call]]
@@ -190,12 +197,12 @@ def _weights(replay: Replay, s: Scenario) -> np.ndarray:
         w[scaled] = (w[scaled] - stall[scaled]) * s.cpu_scale + stall[scaled]
     if s.unblock is not None:
         mask = np.asarray(s.unblock(calls), dtype=bool)
-        freed = np.isin(e["call"], calls.index[mask].to_numpy())
+        freed = _of_calls(e, mask)
         w[call & freed] = np.minimum(w[call & freed], WAKE_US)
         w[(wait | drain) & freed] = -np.inf  # the call no longer waits for the GPU
     if s.remove is not None:
         mask = np.asarray(s.remove(calls), dtype=bool)
-        gone = np.isin(e["call"], calls.index[mask].to_numpy())
+        gone = _of_calls(e, mask)
         w[call & gone] = 0.0
         w[(wait | drain) & gone] = -np.inf
     if s.unseen_scale != 1.0 and "unseen" in e:
