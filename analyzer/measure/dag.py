@@ -27,6 +27,8 @@ class Cyclic(ValueError):
 
 
 class Graph:
+    """Nodes 0 … nodes−1 and the edges added so far (`add`), read as columns (`edges`)."""
+
     def __init__(self, nodes: int) -> None:
         self.nodes = nodes
         self._blocks: list[tuple] = []
@@ -39,8 +41,7 @@ class Graph:
         n = np.broadcast(np.asarray(src), np.asarray(dst)).size
         if not n:
             return
-        values = (src, dst, _CODE[kind], base, call, op, gap_a, gap_b, synced, has_synced,
-                  unseen)
+        values = (src, dst, _CODE[kind], base, call, op, gap_a, gap_b, synced, has_synced, unseen)
         self._blocks.append(tuple(np.broadcast_to(np.asarray(v, dtype=t), (n,)) for v, t in zip(values, _DTYPES)))
         self._frozen = None
 

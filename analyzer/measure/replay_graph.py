@@ -302,12 +302,6 @@ def _cut_out(replay: Replay, cut: tuple[np.ndarray, np.ndarray]) -> None:
     e["synced"][call] = np.minimum(e["synced"][call], e["base"][call])
 
 
-def _last_end_before(ends_sorted: np.ndarray, ts: float) -> float:
-    """The latest end of any GPU op at or before `ts` (-inf: none)."""
-    j = np.searchsorted(ends_sorted, ts, side="right") - 1
-    return float(ends_sorted[j]) if j >= 0 else -np.inf
-
-
 def _usual_cost(calls: pd.DataFrame) -> np.ndarray:
     """Per call, the median duration of the window's calls of that name (what one costs without a wait);
     NaN-free, and infinite for calls that never wait on a queue (syncs, frees, blocking copies)."""

@@ -85,7 +85,6 @@ class Replay:
     _stall_us: np.ndarray | None = None
     _simulated: dict = field(default_factory=dict)  # digest of a scenario's edge weights → its window time
 
-
     def compile(self, order: np.ndarray, start: int, end: int) -> None:
         """Freeze the graph into edge arrays, by source node in topological order (`order`, dag.py), with
         what simulate needs once per replay rather than once per scenario."""
