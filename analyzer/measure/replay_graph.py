@@ -202,9 +202,9 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
         stream_prev_end[on[1:]] = np.fmax.accumulate(o_ts[on] + o_dur[on])[:-1]
     all_ends = np.sort(model.gpu["end"].to_numpy(dtype=np.float64))  # every stream, the backlog included
     owned = owner >= 0
-    mine = np.where(owned, owner, 0)
-    sync_copy = owned & blocking_calls[mine]
-    launch_ts = np.where(owned, call_end[mine], -np.inf)
+    mine = np.where(owned, owner, nc)  # an op no call of the window launched: the padding row past the calls
+    sync_copy = owned & np.append(blocking_calls, False)[mine]
+    launch_ts = np.where(owned, np.append(call_end, -np.inf)[mine], -np.inf)
     launch_base = np.full(no, latency)
     if sync_copy.any():
         # a synchronous copy stages its data inside the call before the DMA starts: keep that time, but not
