@@ -465,3 +465,23 @@ def test_copies_belong_to_the_step_that_issued_them(load_built):
     # the later copies run long after their step's CPU span ended, behind the previous steps' kernels
     assert (copies["ts"].to_numpy()[1:] > np.array([s.end for s in m.steps])[1:]).all()
     assert copies["step"].tolist() == [0, 1, 2]
+
+
+def test_a_call_stack_is_judged_again_when_the_library_paths_change(monkeypatch):
+    stack = "vendored/lib.py(3): helper;train.py(9): step"
+    assert user_frame_from_stack(stack) == "vendored/lib.py(3): helper"
+    monkeypatch.setenv("GPUADVISE_LIBRARY_PATHS", "vendored")  # now that folder is library code
+    assert user_frame_from_stack(stack) == "train.py(9): step"
+
+
+def test_kernels_and_copies_follow_the_gpu_frame_they_come_from(load_built):
+    b = TraceBuilder()
+    with b.step():
+        b.kernel("gemm_a", 100)
+        b.copy(nbytes=1 << 20)
+    b.finish()
+    model = load_built(b)
+    assert model.kernels["name"].astype(str).tolist() == ["gemm_a"]
+    assert len(model.copies) == 1
+    model.gpu = model.gpu[model.gpu["kind"] != "kernel"]  # a new frame: what was read from the old one is not kept
+    assert model.kernels.empty and len(model.copies) == 1

@@ -164,15 +164,9 @@ class Analysis:
         in the baseline and the fix alike: the rank's own work the fix removes, whatever the other ranks do
         (waits inside collectives are set by them). The transfer of a collective is the shortest time this
         trace shows for the same kernel on the same number of elements."""
-        ops = self.replay.ops
-        comm = name_mask(ops["name"], is_comm)
-        if not comm.any() or base <= 0:
+        fixed = self._transfer_us
+        if fixed is None or base <= 0:
             return pct
-        elems = self._comm_elems
-        key = pd.Series([f"{n}|{elems.get(c, '')}" for n, c in zip(ops["name"].astype(str), ops["correlation"])],
-                        index=ops.index)
-        transfer = ops["dur"].groupby(key).transform("min").to_numpy(dtype=float)
-        fixed = np.where(comm, transfer, np.nan)
         own = scenario.gpu_time
 
         def gpu_time(o):
@@ -185,6 +179,20 @@ class Analysis:
         if cal is not None and cal.applied:
             plain, fix = scenario_on(cal, plain), scenario_on(cal, fix)
         return max(0.0, 100.0 * (self.replay.simulate(plain) - self.replay.simulate(fix)) / base)
+
+    @cached_property
+    def _transfer_us(self) -> np.ndarray | None:
+        """Per op of the replay, a collective kernel's transfer time (NaN for other ops: `_without_waits`);
+        None without collective kernels."""
+        ops = self.replay.ops
+        comm = name_mask(ops["name"], is_comm)
+        if not comm.any():
+            return None
+        elems = self._comm_elems
+        key = pd.Series([f"{n}|{elems.get(c, '')}" for n, c in zip(ops["name"].astype(str), ops["correlation"])],
+                        index=ops.index)
+        transfer = ops["dur"].groupby(key).transform("min").to_numpy(dtype=float)
+        return np.where(comm, transfer, np.nan)
 
     @cached_property
     def _comm_elems(self) -> dict:

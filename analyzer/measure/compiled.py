@@ -25,6 +25,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 
 from gpuadvise.analyzer.model.calls import GRAPH_LAUNCHES
 from gpuadvise.analyzer.model.kernels import inductor_kind
@@ -110,8 +111,17 @@ def _inductor_kernels(model: TraceModel) -> dict:
     out: dict[str, dict] = {}
     if not len(k):
         return out
-    for name, dur in zip(k["name"].astype(str), k["dur"].to_numpy(float)):
-        kind = inductor_kind(name)
+    names = k["name"]
+    if isinstance(names.dtype, pd.CategoricalDtype):  # each name judged once; only Inductor's rows walked
+        kinds = [inductor_kind(str(c)) for c in names.cat.categories] + [None]  # code -1 (no name): None
+        codes = names.cat.codes.to_numpy()
+        mine = np.flatnonzero(np.array([x is not None for x in kinds])[codes])
+        of_row = [kinds[c] for c in codes[mine].tolist()]
+    else:
+        every = [inductor_kind(n) for n in names.astype(str)]
+        mine = np.flatnonzero([x is not None for x in every])
+        of_row = [every[i] for i in mine.tolist()]
+    for kind, dur in zip(of_row, k["dur"].to_numpy(float)[mine]):
         if kind:
             e = out.setdefault(kind, {"count": 0, "us": 0.0})
             e["count"] += 1

@@ -43,11 +43,11 @@ looking CPU-bound.
 
 from __future__ import annotations
 
-import networkx as nx
 import numpy as np
 import pandas as pd
 
 from . import intervals as iv
+from .dag import Cyclic, Graph
 from gpuadvise.analyzer.model.calls import (ALLOC_CALLS, COPY_CALLS, DEVICE_SYNCS, FREE_CALLS, LAUNCH_CALLS, QUEUEING_CALLS,
                                             SYNC_CALLS)
 from .metrics import Metrics
@@ -61,6 +61,75 @@ NODE_BUDGET = 60_000  # nodes in the replay graph; longer windows are cut to the
 # A launch that took this many times its usual cost, and at least QUEUE_MIN_US more, waited for a slot
 QUEUE_X = 5.0
 QUEUE_MIN_US = 50.0
+
+
+class _Nodes:
+    """The replay graph's node numbers: S and E (the window's start and end), per call its start c(i) and
+    end d(i), per GPU op its start gs(k) and end ge(k), per allocator call the end of its drain dw(i)."""
+
+    S, E = 0, 1
+
+    def __init__(self, calls: int, ops: int) -> None:
+        self._c, self._d = 2, 2 + calls
+        self._gs, self._ge = 2 + 2 * calls, 2 + 2 * calls + ops
+        self._dw = 2 + 2 * calls + 2 * ops
+        self.count = 2 + 3 * calls + 2 * ops
+
+    def c(self, i):
+        return self._c + np.asarray(i, dtype=np.int64)
+
+    def d(self, i):
+        return self._d + np.asarray(i, dtype=np.int64)
+
+    def gs(self, k):
+        return self._gs + np.asarray(k, dtype=np.int64)
+
+    def ge(self, k):
+        return self._ge + np.asarray(k, dtype=np.int64)
+
+    def dw(self, i):
+        return self._dw + np.asarray(i, dtype=np.int64)
+
+
+class _Edges:
+    """The edges the replay adds one at a time (waits and dependencies), before they join the graph."""
+
+    def __init__(self) -> None:
+        self.waits: dict[tuple[int, int], float] = {}  # (op k, call i) → base: the call waits for the op
+        self.waited: set[int] = set()  # calls with a wait of their own (not a device-wide one)
+        self.drains: list[tuple[int, list[int], float]] = []  # (call i, ops it drains, its driver work)
+        self.deps: list[tuple[int, int, float]] = []  # (op, op after it, base)
+        self.unseen_deps: list[tuple[int, int, float]] = []
+
+    def wait(self, k: int, i: int, base: float) -> None:
+        self.waits[(k, i)] = base
+        self.waited.add(i)
+
+    def into(self, g: Graph, nodes: _Nodes) -> None:
+        if self.waits:
+            ks, calls = np.array(list(self.waits), dtype=np.int64).reshape(-1, 2).T
+            g.add("wait", nodes.ge(ks), nodes.d(calls), np.array(list(self.waits.values()), dtype=np.float64), call=calls)
+        if self.drains:  # each op drained → the call's drain node, then that node → the call's end
+            ks = [k for _, each, _ in self.drains for k in each]
+            by = [i for i, each, _ in self.drains for _ in each]
+            work = [w for _, each, w in self.drains for _ in each]
+            g.add("alloc_wait", nodes.ge(ks), nodes.dw(by), work, call=by)
+            i = [i for i, _, _ in self.drains]
+            g.add("alloc_wait", nodes.dw(i), nodes.d(i), 0.0, call=i)
+        for kind, edges in (("dep", self.deps), ("unseen_dep", self.unseen_deps)):
+            if edges:
+                a, b, base = zip(*edges)
+                g.add(kind, nodes.ge(list(a)), nodes.gs(list(b)), list(base))
+
+
+def _py_max(a, b):
+    """Python's max(a, b), element by element: b only where b > a (a NaN never wins over a number)."""
+    return np.where(np.asarray(b) > a, b, a)
+
+
+def _py_min(a, b):
+    """Python's min(a, b), element by element."""
+    return np.where(np.asarray(b) < a, b, a)
 
 
 def build(model: TraceModel, metrics: Metrics) -> Replay | None:
@@ -96,58 +165,64 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
     usual = _usual_cost(calls)
     calls["queued"] = _queued(calls, ops, usual)
 
-    g = nx.DiGraph()
-    g.add_node("S")
-    g.add_node("E")
+    nc, no = len(calls), len(ops)
+    nodes = _Nodes(nc, no)
+    g = Graph(nodes.count)
     latency = _idle_launch_latency(metrics.launches)
+    call_ts = calls["ts"].to_numpy()
+    call_end = calls["end"].to_numpy()
+    # a call's own cost (its "call" edge), until a wait on the GPU is taken out of it below
+    call_base = (call_end - call_ts).astype(np.float64)
+    call_synced = np.zeros(nc)  # with allocator syncs on (_allocator_drains), where has_synced
+    has_synced = np.zeros(nc, dtype=bool)
+    extra = _Edges()  # the waits and dependencies added one by one
 
     # One CPU chain for all threads, in time order. PyTorch's threads hand work to each other (the
     # autograd thread runs backward while the main thread waits in loss.backward()), so a per-thread
     # chain would count a thread's waiting as work; the merged chain follows whichever thread is active.
-    prev_end, prev_node = ws, "S"
-    for i, ts, end in zip(calls.index, calls["ts"].to_numpy(), calls["end"].to_numpy()):
-        g.add_edge(prev_node, ("c", i), base=max(0.0, ts - prev_end), gap=(prev_end, ts), kind="cpu")
-        g.add_edge(("c", i), ("d", i), base=float(end - ts), kind="call", call=i)
-        prev_end, prev_node = max(prev_end, end), ("d", i)
-    g.add_edge(prev_node, "E", base=max(0.0, we - prev_end), gap=(prev_end, we), kind="cpu")
+    # Each call's "cpu" edge comes from the latest end of the calls before it (or the window's start).
+    prev_end = np.fmax.accumulate(np.concatenate([[ws], call_end]))  # [k]: max(ws, ends of calls < k)
+    gap_to = np.concatenate([call_ts, [we]])
+    g.add("cpu", np.concatenate([[nodes.S], nodes.d(np.arange(nc))]), np.concatenate([nodes.c(np.arange(nc)), [nodes.E]]),
+          _py_max(0.0, gap_to - prev_end), gap_a=prev_end, gap_b=gap_to)
 
     # GPU ops: launched by a call, ordered on their stream. A blocking call's own copy starts from the
     # call's start (the call returns only after it), every other op from the end of its launch call.
     call_of = dict(zip(calls["correlation"], calls.index))
-    call_ts = calls["ts"].to_numpy()
-    call_end = calls["end"].to_numpy()
     blocking_calls = calls["blocking"].to_numpy()
-    launch_ts = np.full(len(ops), -np.inf)
-    owner = np.full(len(ops), -1)
+    o_ts, o_dur = ops["ts"].to_numpy(), ops["dur"].to_numpy()
+    o_stream = ops["stream"].to_numpy()
+    owner = np.array([call_of.get(c, -1) for c in ops["correlation"].tolist()], dtype=np.int64).reshape(-1)
+    # per op, the op before it on its stream (-1: none) and the latest end of the ops before it there
+    prev_op = np.full(no, -1, dtype=np.int64)
+    stream_prev_end = np.full(no, -np.inf)
+    for stream in pd.unique(o_stream):
+        on = np.flatnonzero(o_stream == stream)
+        prev_op[on[1:]] = on[:-1]
+        stream_prev_end[on[1:]] = np.fmax.accumulate(o_ts[on] + o_dur[on])[:-1]
     all_ends = np.sort(model.gpu["end"].to_numpy(dtype=np.float64))  # every stream, the backlog included
-    for stream, o in ops.groupby("stream", sort=False):
-        prev, prev_end = None, -np.inf
-        for k, ts, dur, corr in zip(o.index, o["ts"].to_numpy(), o["dur"].to_numpy(), o["correlation"].to_numpy()):
-            i = call_of.get(corr)
-            if i is not None:
-                if blocking_calls[i]:
-                    # a synchronous copy stages its data inside the call before the DMA starts: keep that time,
-                    # but not the time the copy waited for GPU work to finish (its stream's, or another's it
-                    # waits on through an event): that is a wait on the GPU, which the replay ties it to
-                    ready = max(call_ts[i], prev_end, _last_end_before(all_ends, ts))
-                    staged = min(max(latency, ts - ready), float(call_end[i] - call_ts[i]))
-                    g.add_edge(("c", i), ("gs", k), base=staged, kind="launch")
-                    launch_ts[k] = call_ts[i] + staged - latency
-                else:
-                    g.add_edge(("d", i), ("gs", k), base=latency, kind="launch")
-                    launch_ts[k] = call_end[i]
-                owner[k] = i
-            else:  # launched before the window (or by a graph): keep its real start as a floor
-                g.add_edge("S", ("gs", k), base=max(0.0, ts - ws), kind="anchor")
-            g.add_edge(("gs", k), ("ge", k), base=float(dur), kind="gpu", op=k)
-            if prev is not None:
-                g.add_edge(("ge", prev), ("gs", k), base=0.0, kind="stream")
-            prev, prev_end = k, max(prev_end, ts + dur)
-        g.add_edge(("ge", prev), "E", base=0.0, kind="drain")
+    owned = owner >= 0
+    mine = np.where(owned, owner, nc)  # an op no call of the window launched: the padding row past the calls
+    sync_copy = owned & np.append(blocking_calls, False)[mine]
+    launch_ts = np.where(owned, np.append(call_end, -np.inf)[mine], -np.inf)
+    launch_base = np.full(no, latency)
+    if sync_copy.any():
+        # a synchronous copy stages its data inside the call before the DMA starts: keep that time, but not
+        # the time the copy waited for GPU work to finish (its stream's, or another's it waits on through an
+        # event): that is a wait on the GPU, which the replay ties it to
+        k = np.flatnonzero(sync_copy)
+        i = owner[k]
+        last_end = np.concatenate([[-np.inf], all_ends])[np.searchsorted(all_ends, o_ts[k], side="right")]
+        ready = _py_max(_py_max(call_ts[i], stream_prev_end[k]), last_end)
+        staged = _py_min(_py_max(latency, o_ts[k] - ready), call_end[i] - call_ts[i])
+        launch_base[k] = staged
+        launch_ts[k] = call_ts[i] + staged - latency
+    # what the ops wait for beyond what the trace explains (_unexplained_starts), on their launch and stream edges
+    launch_unseen, stream_unseen = np.zeros(no), np.zeros(no)
 
     # Blocking calls wait for the GPU op that finished just before they returned. Only ops launched
     # before the call (or by it) qualify, which keeps every edge pointing forward in time.
-    if len(ops):
+    if no:
         order = np.argsort(ops["end"].to_numpy(), kind="stable")
         ends_sorted = ops["end"].to_numpy()[order]
         waiting = calls[calls["blocking"] | calls["queued"]]
@@ -158,37 +233,57 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
             while j >= 0 and ends_sorted[j] > ts:
                 k = int(order[j])
                 if (owner[k] == i and not queued) or (owner[k] >= 0 and call_ts[owner[k]] < ts) or owner[k] < 0:
-                    g.add_edge(("ge", k), ("d", i), base=min(own, max(0.0, end - ends_sorted[j])), kind="wait", call=i)
+                    extra.wait(k, i, min(own, max(0.0, end - ends_sorted[j])))
                     # the call's own CPU cost is what is left once the wait is taken out
-                    g.edges[("c", i), ("d", i)]["base"] = min(float(end - ts), own)
+                    call_base[i] = min(float(end - ts), own)
                     break
                 j -= 1
             else:
                 if queued:  # it waited on work an earlier step queued, which the replay leaves out
-                    g.edges[("c", i), ("d", i)]["base"] = own
+                    call_base[i] = own
         if launches_block:
-            _tie_idle_syncs(g, calls, ops, owner, call_ts)
-        _device_wide_waits(g, calls, ops, owner, call_ts)
+            _tie_idle_syncs(extra, calls, ops, owner, call_ts)
+        _device_wide_waits(extra, calls, ops, owner, call_ts)
         frees = rt.loc[names_in(rt["name"], set(FREE_CALLS)), "ts"]
-        _allocator_drains(g, calls, ops, owner, call_ts, float(frees.min()) if len(frees) else np.inf)
+        _allocator_drains(extra, call_synced, has_synced, calls, ops, owner, call_ts,
+                          float(frees.min()) if len(frees) else np.inf)
 
     # An op that started well after both its launch and its stream's previous op waited for something
     # else, usually an event recorded on another stream (cudaStreamWaitEvent): tie it to the op on another
     # stream that ended just before it started.
-    if len(ops):
-        _unexplained_starts(g, ops, launch_ts, latency, backlog)
+    if no:
+        unseen = _unexplained_starts(extra, ops, launch_ts, latency, backlog)
+        launch_unseen[owned] = unseen[owned]
+        stream_unseen[prev_op >= 0] = unseen[prev_op >= 0]
 
-    if not nx.is_directed_acyclic_graph(g):  # orderings we cannot see (clock skew, threads): drop the guesses
-        g.remove_edges_from([(u, v) for u, v, d in g.edges(data=True) if d["kind"] in ("wait", "dep", "alloc_wait", "unseen_dep")])
-        for _, _, d in g.edges(data=True):
-            d.pop("synced", None)  # a call's cost after a drain means nothing without the wait
+    k = np.arange(no)
+    g.add("call", nodes.c(np.arange(nc)), nodes.d(np.arange(nc)), call_base, call=np.arange(nc), synced=call_synced,
+          has_synced=has_synced)
+    ko = k[owned]
+    g.add("launch", np.where(sync_copy[ko], nodes.c(owner[ko]), nodes.d(owner[ko])), nodes.gs(ko),
+          launch_base[ko] + launch_unseen[ko], unseen=launch_unseen[ko])
+    # launched before the window (or by a graph): keep its real start as a floor
+    g.add("anchor", nodes.S, nodes.gs(k[~owned]), _py_max(0.0, o_ts[~owned] - ws))
+    g.add("gpu", nodes.gs(k), nodes.ge(k), o_dur.astype(np.float64), op=k)
+    kp = k[prev_op >= 0]
+    g.add("stream", nodes.ge(prev_op[kp]), nodes.gs(kp), 0.0 + stream_unseen[kp], unseen=stream_unseen[kp])
+    last = np.setdiff1d(k, prev_op[kp])  # the last op on each stream
+    g.add("drain", nodes.ge(last), nodes.E, 0.0)
+    extra.into(g, nodes)
+
+    try:
+        order = g.topological_order()
+    except Cyclic:  # orderings we cannot see (clock skew, threads): drop the guesses
+        g.drop(("wait", "dep", "alloc_wait", "unseen_dep"))
+        g.forget_synced()  # a call's cost after a drain means nothing without the wait
+        order = g.topological_order()
 
     cut = metrics.one_time_cut
     if cut is not None:  # one-time costs no step could be left out for: their time is not the steps'
         actual = max(0.0, actual - float(iv.covered(*cut, [ws], [we])[0]))
     replay = Replay(graph=g, calls=calls, ops=ops, window=(ws, we), steps=nsteps, baseline_us=0.0, actual_us=actual,
                     _stall_us=_stalls(calls, usual))
-    replay.compile()
+    replay.compile(order, nodes.S, nodes.E)
     if cut is not None:
         _cut_out(replay, cut)
     replay.baseline_us = replay.simulate(Scenario("baseline"))
@@ -205,12 +300,6 @@ def _cut_out(replay: Replay, cut: tuple[np.ndarray, np.ndarray]) -> None:
     ts, end = calls["ts"].to_numpy(dtype=float)[i], calls["end"].to_numpy(dtype=float)[i]
     e["base"][call] = np.maximum(0.0, e["base"][call] - iv.covered(*cut, ts, end))
     e["synced"][call] = np.minimum(e["synced"][call], e["base"][call])
-
-
-def _last_end_before(ends_sorted: np.ndarray, ts: float) -> float:
-    """The latest end of any GPU op at or before `ts` (-inf: none)."""
-    j = np.searchsorted(ends_sorted, ts, side="right") - 1
-    return float(ends_sorted[j]) if j >= 0 else -np.inf
 
 
 def _usual_cost(calls: pd.DataFrame) -> np.ndarray:
@@ -257,7 +346,7 @@ def _blocking_launches(calls: pd.DataFrame, ops: pd.DataFrame, min_launches: int
     return True
 
 
-def _tie_idle_syncs(g: nx.DiGraph, calls: pd.DataFrame, ops: pd.DataFrame, owner: np.ndarray, call_ts: np.ndarray) -> None:
+def _tie_idle_syncs(g: _Edges, calls: pd.DataFrame, ops: pd.DataFrame, owner: np.ndarray, call_ts: np.ndarray) -> None:
     """With blocking launches a sync never waits (the GPU is always done by then), so the trace shows no
     wait to tie it to. A sync still orders after the work launched before it: tie each such sync to the
     last op launched before it on every stream (base 0: the traced steps are unchanged), so a scenario that
@@ -266,24 +355,24 @@ def _tie_idle_syncs(g: nx.DiGraph, calls: pd.DataFrame, ops: pd.DataFrame, owner
     launched = np.where(owner >= 0, call_ts[np.clip(owner, 0, None)], np.nan)
     streams = ops["stream"].to_numpy()
     for i, ts in zip(syncs.index, syncs["ts"].to_numpy()):
-        if any(d.get("kind") == "wait" for _, _, d in g.in_edges(("d", i), data=True)):
+        if i in g.waited:
             continue
         before = np.flatnonzero(launched < ts)
         for stream in np.unique(streams[before]):
             mine = before[streams[before] == stream]
             k = int(mine[np.argmax(launched[mine])])
-            g.add_edge(("ge", k), ("d", i), base=0.0, kind="wait", call=i)
+            g.wait(k, i, 0.0)
 
 
-def _device_wide_waits(g: nx.DiGraph, calls: pd.DataFrame, ops: pd.DataFrame, owner: np.ndarray,
+def _device_wide_waits(g: _Edges, calls: pd.DataFrame, ops: pd.DataFrame, owner: np.ndarray,
                        call_ts: np.ndarray) -> None:
     """A device-wide sync returns only after every op launched before it, on every stream: tie it to the
     last op (by end) of each stream among those. Where the op had long finished in the trace, the edge
     costs nothing in the baseline; it binds when a scenario makes the CPU reach the call sooner."""
     wide = calls.index[calls["name"].isin(DEVICE_WIDE).to_numpy()].to_numpy()
     for i, k in _last_ops_before(wide, ops, owner, call_ts):
-        if not g.has_edge(("ge", k), ("d", i)):
-            g.add_edge(("ge", k), ("d", i), base=WAKE_US, kind="wait", call=i)
+        if (k, i) not in g.waits:
+            g.wait(k, i, WAKE_US)
 
 
 def _last_ops_before(idx: np.ndarray, ops: pd.DataFrame, owner: np.ndarray, call_ts: np.ndarray):
@@ -305,14 +394,14 @@ def _last_ops_before(idx: np.ndarray, ops: pd.DataFrame, owner: np.ndarray, call
             yield int(i), int(best[j])
 
 
-def _allocator_drains(g: nx.DiGraph, calls: pd.DataFrame, ops: pd.DataFrame, owner: np.ndarray,
-                      call_ts: np.ndarray, first_free: float) -> None:
+def _allocator_drains(g: _Edges, synced: np.ndarray, has_synced: np.ndarray, calls: pd.DataFrame,
+                      ops: pd.DataFrame, owner: np.ndarray, call_ts: np.ndarray, first_free: float) -> None:
     """Edges that only `Scenario.alloc_syncs` turns on (kind "alloc_wait", -inf otherwise): every cudaFree, and
     every cudaMalloc after a release (after the trace's first cudaFree, or anywhere in a window whose steps
     free memory), waits for the last op (by end) of each stream among those launched before it, then does
     its driver work: what the call took after the latest of those ends when that fell inside the call (the
     call's "synced" own cost too), else its whole traced time.
-    The edges run through a node per call, ("dw", i), so they sit beside a sync's own "wait" edges."""
+    The edges run through a node per call (its drain, _Nodes.dw), so they sit beside a sync's own "wait" edges."""
     names = calls["name"]
     frees = names.isin(FREE_CALLS)
     # a loop whose steps free memory released it before each step's mallocs, the first replayed one's too
@@ -334,10 +423,8 @@ def _allocator_drains(g: nx.DiGraph, calls: pd.DataFrame, ops: pd.DataFrame, own
         own = float(call_end[i] - call_ts[i])
         waited = call_ts[i] < drained < call_end[i]
         work = max(WAKE_US, float(call_end[i] - drained)) if waited else max(WAKE_US, own)
-        g.edges[("c", i), ("d", i)]["synced"] = min(work, own)
-        for k in ks:
-            g.add_edge(("ge", k), ("dw", i), base=work, kind="alloc_wait", call=i)
-        g.add_edge(("dw", i), ("d", i), base=0.0, kind="alloc_wait", call=i)
+        synced[i], has_synced[i] = min(work, own), True
+        g.drains.append((i, ks, work))
 
 
 def _argmax_accumulate(x: np.ndarray) -> np.ndarray:
@@ -362,13 +449,15 @@ def _idle_launch_latency(launches: pd.DataFrame) -> float:
     return float(np.clip(np.median(d), 1.0, 20.0)) if d.size else 2.0
 
 
-def _unexplained_starts(g: nx.DiGraph, ops: pd.DataFrame, launch_ts: np.ndarray, latency: float,
+def _unexplained_starts(g: _Edges, ops: pd.DataFrame, launch_ts: np.ndarray, latency: float,
                         backlog: pd.DataFrame, slack_us: float = 5.0, tie_us: float = 20.0,
-                        unseen_us: float = 100.0) -> None:
+                        unseen_us: float = 100.0) -> np.ndarray:
     """Ops that started later than their launch and stream allow waited for something: another stream's
     op that ended just before (an event wait) becomes a dependency, or nothing when that op is backlog;
     failing that, something the trace does not show, kept as a wait of its traced length after whatever
-    the op follows (module docstring: never a fixed start)."""
+    the op follows (module docstring: never a fixed start). Returns that wait per op (µs, 0: none), which
+    its launch and stream edges carry."""
+    unseen = np.zeros(len(ops))
     ts, end, stream = ops["ts"].to_numpy(), ops["end"].to_numpy(), ops["stream"].to_numpy()
     # what ran before each op on its stream in the trace, backlog included: an op that waited for an
     # earlier step's work is explained (and, with that work outside the replay, starts at its launch)
@@ -393,17 +482,12 @@ def _unexplained_starts(g: nx.DiGraph, ops: pd.DataFrame, launch_ts: np.ndarray,
             cand = int(order[j])
             if c_stream[cand] != stream[k] and c_launch[cand] <= launch_ts[k]:
                 if c_idx[cand] >= 0:
-                    g.add_edge(("ge", int(c_idx[cand])), ("gs", int(k)), base=0.0, kind="dep")
+                    g.deps.append((int(c_idx[cand]), int(k), 0.0))
                 tied = True
                 break
             j -= 1
         if not tied and ts[k] > earliest[k] + unseen_us and np.isfinite(launch_ts[k]):
-            wait = float(ts[k] - earliest[k])
-            for p in list(g.predecessors(("gs", int(k)))):
-                d = g.edges[p, ("gs", int(k))]
-                if d["kind"] in ("launch", "stream"):
-                    d["base"] += wait
-                    d["unseen"] = d.get("unseen", 0.0) + wait  # Scenario.unseen_scale acts on it
+            unseen[k] = float(ts[k] - earliest[k])  # Scenario.unseen_scale acts on it
             # with that wait gone (Scenario.unseen_scale), whatever it hid may have ordered the op after the
             # work launched before it on the other streams: it follows the last such op that had ended by
             # then on each (never earlier than the trace shows it could have)
@@ -412,7 +496,8 @@ def _unexplained_starts(g: nx.DiGraph, ops: pd.DataFrame, launch_ts: np.ndarray,
                     continue
                 j = np.searchsorted(o_end, ts[k], side="right") - 1
                 if j >= 0 and launch_ts[o_idx[j]] <= launch_ts[k]:
-                    g.add_edge(("ge", int(o_idx[j])), ("gs", int(k)), base=-np.inf, kind="unseen_dep")
+                    g.unseen_deps.append((int(o_idx[j]), int(k), -np.inf))
+    return unseen
 
 
 def _choose_window(model: TraceModel, metrics: Metrics):

@@ -3,6 +3,10 @@ stack (legacy `Call stack` strings, or `with_stack` python_function events)."""
 
 from __future__ import annotations
 
+import functools
+import os
+
+import numpy as np
 import pandas as pd
 
 from gpuadvise.analyzer.model import frames
@@ -15,18 +19,21 @@ def attribute(model: TraceModel, calls: pd.DataFrame) -> tuple[list, list]:
     if cpu.empty:
         return [""] * len(calls), [""] * len(calls)
     real = cpu[~cpu["is_annotation"]]
-    by_tid = {tid: g for tid, g in real.groupby("tid")}
+    # per thread, its ops' columns as arrays (rows in the frame's order)
+    by_tid = {tid: (g["ts"].to_numpy(), g["end"].to_numpy(), _Strings(g["name"]), _Strings(g["call_stack"]))
+              for tid, g in real.groupby("tid")}
     for ts, end, tid in zip(calls["ts"].to_numpy(), calls["end"].to_numpy(), calls["tid"].to_numpy()):
         g = by_tid.get(tid)
         op, src = "", ""
         if g is not None:
-            inside = g[(g["ts"] <= ts) & (g["end"] >= end)]
+            g_ts, g_end, names, stacks = g
+            inside = np.flatnonzero((g_ts <= ts) & (g_end >= end))
             if len(inside):
                 # innermost = latest start; nested ops often share a start µs, then the shorter one is inner
-                nest = inside.sort_values(["ts", "end"], ascending=[True, False])
-                op = str(nest["name"].iloc[-1])
-                stacks = [user_frame_from_stack(str(x)) for x in nest["call_stack"].iloc[::-1]]
-                src = next((x for x in stacks if x), "")
+                # (a stable sort by start, then longest first: ties keep the frame's order)
+                nest = inside[np.lexsort((-g_end[inside], g_ts[inside]))]
+                op = names[nest[-1]]
+                src = next((x for x in (user_frame_from_stack(stacks[j]) for j in nest[::-1]) if x), "")
         if not src:
             src = python_source(model, ts, end, tid)
         ops.append(op)
@@ -34,9 +41,36 @@ def attribute(model: TraceModel, calls: pd.DataFrame) -> tuple[list, list]:
     return ops, sources
 
 
+class _Strings:
+    """A column's values as `str()` writes each (a categorical's category, "nan" for a missing one), made
+    only for the rows asked for: `col[j]` is row j's (by position)."""
+
+    def __init__(self, col: pd.Series) -> None:
+        if isinstance(col.dtype, pd.CategoricalDtype):
+            self._codes = col.cat.codes.to_numpy()
+            self._cats = col.cat.categories
+        else:
+            self._codes, self._cats = None, col.to_numpy()
+        self._made: dict[int, str] = {}
+
+    def __getitem__(self, j) -> str:
+        code = int(self._codes[j]) if self._codes is not None else int(j)
+        text = self._made.get(code)
+        if text is None:
+            text = self._made[code] = "nan" if code < 0 else str(self._cats[code])
+        return text
+
+
 def user_frame_from_stack(stack: str) -> str:
     """Innermost user frame of a legacy `Call stack` string ("file(line): func;…", innermost first), as
     the stack wrote it; "" when every frame is library code (frames.py judges)."""
+    return _user_frame(stack, os.environ.get(frames.ENV, ""))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _user_frame(stack: str, configured: str) -> str:
+    """user_frame_from_stack, kept per stack (the ops of one line share it) and per configured library
+    paths (frames.ENV: what counts as library code)."""
     user = frames.from_stack_string(stack).user
     return user.text if user is not None else ""
 
@@ -46,9 +80,13 @@ def python_source(model: TraceModel, ts: float, end: float, tid: int) -> str:
     py = model.python
     if py.empty:
         return ""
-    inside = py[(py["ts"] <= ts) & (py["end"] >= end)]
-    if tid in set(inside["tid"]):
-        inside = inside[inside["tid"] == tid]
-    # outermost first: the last user frame met is the innermost one
-    user = frames.pick(inside.sort_values("ts")["name"].astype(str), innermost_first=False).user
+    p_ts = py["ts"].to_numpy()
+    inside = np.flatnonzero((p_ts <= ts) & (py["end"].to_numpy() >= end))
+    p_tid = py["tid"].to_numpy()[inside]
+    if tid in set(p_tid.tolist()):
+        inside = inside[p_tid == tid]
+    # outermost first (the order pandas' sort_values("ts") gives): the last user frame met is the innermost one
+    order = inside[np.argsort(p_ts[inside], kind="quicksort")]
+    names = _Strings(py["name"])
+    user = frames.pick([names[j] for j in order.tolist()], innermost_first=False).user
     return user.text if user is not None else ""

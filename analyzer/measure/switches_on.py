@@ -79,7 +79,15 @@ class Switch:
 
 def is_on(switch: str, a) -> On | None:
     """Evidence that `switch` was on in `a`'s input (run.json first, then the trace); None when nothing shows
-    it on (off, or not visible in this input: advice may then ask for it)."""
+    it on (off, or not visible in this input: advice may then ask for it). The answer is kept in `a` (the
+    rules and the engine ask each switch many times of one analysis, whose input does not change)."""
+    answers = vars(a).setdefault("_switches_on", {}) if hasattr(a, "__dict__") else {}
+    if switch not in answers:
+        answers[switch] = _is_on(switch, a)
+    return answers[switch]
+
+
+def _is_on(switch: str, a) -> On | None:
     s = SWITCHES[switch]
     what = s.from_facts(a)
     if what:

@@ -1,6 +1,6 @@
 """Predict what a fix would save: replay the steps as a dependency graph and take its critical path.
 
-The graph (a networkx DAG, in the spirit of HTA's critical-path analysis) has, per CPU thread, a chain
+The graph (a DAG, dag.py, in the spirit of HTA's critical-path analysis) has, per CPU thread, a chain
 of the runtime calls that talk to the GPU (launches, copies, syncs) joined by the CPU time between
 them; each GPU op hangs off the call that launched it and follows the previous op on its stream; a
 call that blocks (a sync, a blocking copy) cannot finish before the GPU op it waited for. The longest
@@ -17,14 +17,15 @@ launch queue).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Callable
 
-import networkx as nx
 import numpy as np
 import pandas as pd
 
 from . import intervals as iv
+from .dag import KINDS, Graph
 
 WAKE_US = 5.0  # a blocked call returns about this long after the GPU op it waited for
 
@@ -71,7 +72,7 @@ def baseline_of(scenario: Scenario) -> Scenario:
 
 @dataclass
 class Replay:
-    graph: nx.DiGraph
+    graph: Graph
     calls: pd.DataFrame
     ops: pd.DataFrame
     window: tuple[float, float]
@@ -82,41 +83,42 @@ class Replay:
     # per call (row of `calls`): µs of a stall inside it beyond its name's usual cost (driver work such as
     # lazy module loading on a first launch), which cheaper launches or a lighter profiler do not shrink
     _stall_us: np.ndarray | None = None
+    _simulated: dict = field(default_factory=dict)  # digest of a scenario's edge weights → its window time
 
-    def compile(self) -> None:
-        """Freeze the graph into edge arrays in topological order (networkx does the sort once)."""
-        g = self.graph
-        pos = {n: i for i, n in enumerate(nx.topological_sort(g))}
-        edges = sorted(g.edges(data=True), key=lambda e: pos[e[0]])
+    def compile(self, order: np.ndarray, start: int, end: int) -> None:
+        """Freeze the graph into edge arrays, by source node in topological order (`order`, dag.py), with
+        what simulate needs once per replay rather than once per scenario."""
+        g = self.graph.edges()
+        pos = np.empty(self.graph.nodes, dtype=np.int64)
+        pos[order] = np.arange(len(order))
+        by = np.argsort(pos[g["src"]], kind="stable")
         e = self._edges
-        e["n"] = len(pos)
-        e["src"] = np.array([pos[u] for u, _, _ in edges], dtype=np.int64)
-        e["dst"] = np.array([pos[v] for _, v, _ in edges], dtype=np.int64)
-        e["kind"] = np.array([d["kind"] for _, _, d in edges], dtype=object)
-        e["base"] = np.array([d["base"] for _, _, d in edges], dtype=np.float64)
-        e["call"] = np.array([d.get("call", -1) for _, _, d in edges], dtype=np.int64)
-        e["op"] = np.array([d.get("op", -1) for _, _, d in edges], dtype=np.int64)
+        e["n"] = self.graph.nodes
+        e["src"], e["dst"] = g["src"][by], g["dst"][by]
+        codes = g["kind"][by]
+        e["kind"] = np.array(KINDS, dtype=object)[codes]
+        e["is"] = {k: codes == i for i, k in enumerate(KINDS)}  # per kind, which edges are of it
+        e["base"] = g["base"][by].copy()
+        e["call"], e["op"] = g["call"][by], g["op"][by]
+        e["call_row"] = self.calls.index.get_indexer(e["call"])  # the row of `calls` each edge's call is (-1: none)
         # a call's own cost with allocator syncs on (its driver work after a drain the trace shows)
-        e["synced"] = np.array([d.get("synced", d["base"]) for _, _, d in edges], dtype=np.float64)
-        e["unseen"] = np.array([d.get("unseen", 0.0) for _, _, d in edges], dtype=np.float64)
-        gaps = [d.get("gap", (0.0, 0.0)) for _, _, d in edges]
-        e["gap_a"] = np.array([a for a, _ in gaps], dtype=np.float64)
-        e["gap_b"] = np.array([b for _, b in gaps], dtype=np.float64)
-        e["end"] = pos["E"]
-        e["start"] = pos["S"]
+        e["synced"] = np.where(g["has_synced"][by], g["synced"][by], e["base"])
+        e["unseen"] = g["unseen"][by]
+        e["gap_a"], e["gap_b"] = g["gap_a"][by], g["gap_b"][by]
+        e["end"], e["start"] = end, start
+        e["path"] = list(zip(e["src"].tolist(), e["dst"].tolist()))  # (source, target) per edge, for simulate
 
     def simulate(self, scenario: Scenario) -> float:
+        """The window's time under `scenario`: the longest path through the graph with the scenario's edge
+        weights. Rules ask for the same weights more than once (a baseline, a calibration's, a fix with the
+        collectives at their transfer time): each set of weights is replayed once."""
         e = self._edges
         w = _weights(self, scenario)
-        dist = np.full(e["n"], -np.inf)
-        dist[e["start"]] = 0.0
-        src, dst = e["src"].tolist(), e["dst"].tolist()
-        dl = dist.tolist()
-        for u, v, wt in zip(src, dst, w.tolist()):
-            cand = dl[u] + wt
-            if cand > dl[v]:
-                dl[v] = cand
-        return float(max(dl[e["end"]], 0.0))
+        key = hashlib.blake2b(w.tobytes(), digest_size=20).digest()
+        t = self._simulated.get(key)
+        if t is None:
+            t = self._simulated[key] = _longest_path(e["n"], e["start"], e["end"], e["path"], w)
+        return t
 
     @property
     def unseen_us(self) -> float:
@@ -136,12 +138,30 @@ class Replay:
         return max(0.0, 100.0 * (1.0 - t / base))
 
 
+def _longest_path(n: int, start: int, end: int, path: list, w: np.ndarray) -> float:
+    """The longest path from node `start` to node `end` (0 at least), the edges in topological order of
+    their sources: each node's time is final before its first outgoing edge is relaxed."""
+    dl = [-np.inf] * n
+    dl[start] = 0.0
+    for (u, v), wt in zip(path, w.tolist()):
+        cand = dl[u] + wt
+        if cand > dl[v]:
+            dl[v] = cand
+    return float(max(dl[end], 0.0))
+
+
+def _of_calls(e: dict, mask: np.ndarray) -> np.ndarray:
+    """Per edge, whether it belongs to a call (a row of `calls`) that `mask` picks."""
+    row = e["call_row"]
+    return np.where(row >= 0, mask[np.maximum(row, 0)], False) if len(mask) else np.zeros(len(row), dtype=bool)
+
+
 def _weights(replay: Replay, s: Scenario) -> np.ndarray:
     """Edge weights under a scenario, all edges at once."""
     e, calls, ops = replay._edges, replay.calls, replay.ops
-    kind, w = e["kind"], e["base"].copy()
-    cpu, call, wait, gpu = kind == "cpu", kind == "call", kind == "wait", kind == "gpu"
-    drain = kind == "alloc_wait"
+    is_, w = e["is"], e["base"].copy()
+    cpu, call, wait, gpu = is_["cpu"], is_["call"], is_["wait"], is_["gpu"]
+    drain = is_["alloc_wait"]
     if s.alloc_syncs:
         w[call] = e["synced"][call]
     else:
@@ -168,7 +188,7 @@ def _weights(replay: Replay, s: Scenario) -> np.ndarray:
         scaled = call.copy()
         if s.unscaled is not None:
             keep = np.asarray(s.unscaled(calls), dtype=bool)
-            scaled &= ~np.isin(e["call"], calls.index[keep].to_numpy())
+            scaled &= ~_of_calls(e, keep)
         stall = np.zeros(len(w))
         if replay._stall_us is not None:  # indexed at the calls only: a trace may have none to index
             stall[call] = replay._stall_us[e["call"][call]]
@@ -176,18 +196,18 @@ def _weights(replay: Replay, s: Scenario) -> np.ndarray:
         w[scaled] = (w[scaled] - stall[scaled]) * s.cpu_scale + stall[scaled]
     if s.unblock is not None:
         mask = np.asarray(s.unblock(calls), dtype=bool)
-        freed = np.isin(e["call"], calls.index[mask].to_numpy())
+        freed = _of_calls(e, mask)
         w[call & freed] = np.minimum(w[call & freed], WAKE_US)
         w[(wait | drain) & freed] = -np.inf  # the call no longer waits for the GPU
     if s.remove is not None:
         mask = np.asarray(s.remove(calls), dtype=bool)
-        gone = np.isin(e["call"], calls.index[mask].to_numpy())
+        gone = _of_calls(e, mask)
         w[call & gone] = 0.0
         w[(wait | drain) & gone] = -np.inf
     if s.unseen_scale != 1.0 and "unseen" in e:
         held = e["unseen"] > 0
         w[held] = np.maximum(0.0, w[held] - e["unseen"][held] * (1.0 - s.unseen_scale))
-        w[kind == "unseen_dep"] = 0.0  # the op still follows the work launched before it (replay_graph)
+        w[is_["unseen_dep"]] = 0.0  # the op still follows the work launched before it (replay_graph)
     if s.gpu_scale is not None:
         factor = np.asarray(s.gpu_scale(ops), dtype=np.float64)
         w[gpu] *= factor[e["op"][gpu]]

@@ -8,10 +8,14 @@ A family name is not a precision: `xmma` and `sm80_` kernels run on the CUDA cor
 `ffma` (cuBLAS 13 on an H100 picks `sm80_xmma_gemm_f32f32_f32f32_f32_*_ffma_*` for fp32 GEMMs without
 TF32), so SIMT evidence is checked first and Tensor Cores need an MMA shape, an MMA family (`tensorop`,
 `wgmma`, `nvjet`, `mfma`, ...) or a 16/8-bit or TF32 operand type.
+
+The tests below are pure functions of the name and each rule asks them about the same few hundred names:
+each answer is kept per name (functools.lru_cache).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 
 
@@ -60,6 +64,7 @@ TENSOR_CORE = re.compile(
 SIXTEEN_BIT = re.compile(r"bf16|bfloat16|fp16|f16|half|__nv_bfloat16|__half", re.I)
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def head(name: str) -> str:
     """The kernel's name and template arguments, without its parameter list."""
     depth = 0
@@ -73,10 +78,12 @@ def head(name: str) -> str:
     return name
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def is_comm(name: str) -> bool:
     return bool(COMM.search(name))
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def is_matmul_like(name: str) -> bool:
     h = head(name)
     if is_comm(h) or h.startswith(("Memcpy", "Memset")) or NOT_MATMUL.search(h):
@@ -84,11 +91,13 @@ def is_matmul_like(name: str) -> bool:
     return bool(GEMM.search(h) or CONV.search(h))
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def uses_tensor_cores(name: str) -> bool:
     h = head(name)
     return not SIMT.search(h) and bool(TENSOR_CORE.search(h))
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def precision_class(name: str) -> str:
     """'tensor-core', 'fp32-simt', 'simt' (CUDA cores on 16-bit data) or 'other' for a GEMM/conv kernel name."""
     h = head(name)

@@ -111,11 +111,20 @@ class TraceModel:
 
     @property
     def kernels(self) -> pd.DataFrame:
-        return self.gpu[self.gpu["kind"] == "kernel"]
+        return self._gpu_kind("kernel")
 
     @property
     def copies(self) -> pd.DataFrame:
-        return self.gpu[self.gpu["kind"] == "memcpy"]
+        return self._gpu_kind("memcpy")
+
+    def _gpu_kind(self, kind: str) -> pd.DataFrame:
+        """`gpu`'s rows of one kind, filtered once per `gpu` frame (every rule and metric reads them; callers
+        never change the frame they get)."""
+        views = self.__dict__.setdefault("_gpu_views", {})
+        held = views.get(kind)
+        if held is None or held[0] is not self.gpu:
+            held = views[kind] = (self.gpu, self.gpu[self.gpu["kind"] == kind])
+        return held[1]
 
     @property
     def device(self) -> Device | None:
