@@ -4,6 +4,7 @@ The public Python API (docs/python-api.md):
 - `analyze(path_or_paths) -> Report`: the findings for a run folder, trace or snapshot;
 - `capture(out) -> Capture`: `with gpuadvise.capture("runs/exp1") as cap:` profiles a block of code;
 - `step()`: marks the end of an iteration under `gpuadvise profile`;
+- `dependency_graph(path) -> networkx.DiGraph`: the graph a trace's predictions are replayed on;
 - `Report`, `Finding`, `Capture`, `InputError`: the types those return or raise.
 Everything else is internal.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gpuadvise.version import __version__
-__all__ = ["analyze", "capture", "step", "Report", "Finding", "Capture", "InputError", "__version__"]
+__all__ = ["analyze", "capture", "step", "dependency_graph", "Report", "Finding", "Capture", "InputError", "__version__"]
 
 if TYPE_CHECKING:
     from gpuadvise.analyzer.errors import InputError
@@ -39,6 +40,16 @@ def capture(out: str, **options: Any) -> Capture:
     from gpuadvise.api.capture import Capture
 
     return Capture(out, **options)
+
+
+def dependency_graph(path: PathLike) -> Any:
+    """The graph every predicted saving of one trace is replayed on, as a `networkx.DiGraph`: the CPU work,
+    runtime calls, GPU ops and waits of the chosen steps, each edge's `kind` and `us` (µs today). Its
+    longest path (`networkx.dag_longest_path(g, weight="us")`) is the chain that sets the step time.
+    `path`: a trace or a run folder of one trace. Raises `InputError` for bad input."""
+    from gpuadvise.api.graph import dependency_graph as graph
+
+    return graph(path)
 
 
 def step() -> None:

@@ -175,3 +175,32 @@ def test_capture_refuses_a_folder_that_holds_a_capture(tmp_path):
         with gpuadvise.capture(run):
             pass
     assert str(run) in str(err.value) and "force=True" in str(err.value)
+
+
+def test_dependency_graph_is_the_replay_and_its_longest_path_is_the_step(tmp_path):
+    """The graph the predictions replay, as networkx: its longest path is the replay's baseline, it runs
+    from the window's start through the stall the loader fixture plants, and it names calls and GPU ops."""
+    import networkx as nx
+
+    g = gpuadvise.dependency_graph(_stall_folder(tmp_path))
+    assert isinstance(g, nx.DiGraph) and nx.is_directed_acyclic_graph(g)
+    assert nx.dag_longest_path_length(g, weight="us") == pytest.approx(g.graph["baseline_us"], rel=1e-9)
+    assert g.graph["steps"] >= 1 and g.graph["baseline_us"] > 0
+    path = nx.dag_longest_path(g, weight="us")
+    assert g.nodes[path[0]]["what"] == "window start"
+    kinds = {g.edges[u, v]["kind"] for u, v in zip(path, path[1:])}
+    assert "cpu" in kinds  # the loader's wait on the training thread is CPU time between calls
+    whats = {d["what"] for _, d in g.nodes(data=True)}
+    assert {"call start", "call end", "GPU op start", "GPU op end"} <= whats
+    assert all("name" in d and "stream" in d for _, d in g.nodes(data=True) if d["what"].startswith("GPU op"))
+
+
+def test_dependency_graph_refuses_what_it_cannot_graph(tmp_path):
+    missing = tmp_path / "nothing.json"
+    with pytest.raises(gpuadvise.InputError, match="nothing.json: no such file"):
+        gpuadvise.dependency_graph(missing)
+    cpu_only = tmp_path / "cpu.json"
+    cpu_only.write_text('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 1, "dur": 2, '
+                        '"pid": 1, "tid": 1}]}')
+    with pytest.raises(gpuadvise.InputError, match="nothing to replay"):
+        gpuadvise.dependency_graph(cpu_only)

@@ -130,6 +130,17 @@ def _for_every_rank(analysis, found: list[Finding]) -> None:
                               "slower ranks stay as they are)")
 
 
+def dependency_graph(src: Source):
+    """One trace's replay graph (measure/replay_graph.py) as a networkx DiGraph (measure/replay_export.py),
+    or None where the trace has no window to replay (no steps and no GPU work)."""
+    from gpuadvise.analyzer.measure import replay_graph
+    from gpuadvise.analyzer.measure.replay_export import to_networkx
+
+    model = load_trace(src.path)
+    replay = replay_graph.build(model, compute(model))
+    return None if replay is None else to_networkx(replay)
+
+
 def analyze_source(src: Source, rules=None, progress=None, cache: bool | None = None) -> TraceReport:
     """Analyse one source; `progress(done_bytes, total_bytes)` follows the trace decode when given;
     `cache` as in `read.loader.load_trace`."""

@@ -25,7 +25,7 @@ from .screens.loading import LoadingScreen
 from .text import clean, short_source
 from .widgets.chrome import SCREENS
 
-# Only what the loading screen needs is imported up front: the analyzer (pandas, networkx) and the
+# Only what the loading screen needs is imported up front: the analyzer (pandas, numpy) and the
 # data screens load in the worker / after the analysis, so the first paint does not wait for them.
 if TYPE_CHECKING:
     from gpuadvise.analyzer.model.report import TraceReport
