@@ -139,16 +139,24 @@ class Builder:
             return -1
         return code
 
-    def _codes(self, events: list) -> list:
-        get = self.cat_cache.get
+    def _codes(self, events: list) -> np.ndarray:
+        """Each event's table code (int16). Looked up in C; a category not seen before (the first chunks
+        only) is learnt once, and only the events that carry one are looked up again."""
+        get, n = self.cat_cache.get, len(events)
         try:
-            codes = list(map(get, map(_CAT, events), repeat(_NEW, len(events))))
-            if _NEW in codes:  # categories not seen before (the first chunks only)
-                cache, learn = self.cat_cache, self._learn
-                codes = [c if c != _NEW else cache[e.cat] if e.cat in cache else learn(e.cat) for c, e in zip(codes, events)]
+            codes = np.fromiter(map(get, map(_CAT, events), repeat(_NEW, n)), np.int16, count=n)
+            new = np.flatnonzero(codes == _NEW)
+            if len(new):
+                picked = list(map(events.__getitem__, new.tolist()))
+                for cat in dict.fromkeys(map(_CAT, picked)):
+                    if cat not in self.cat_cache:
+                        self._learn(cat)
+                codes[new] = np.fromiter(map(get, map(_CAT, picked), repeat(_NEW, len(picked))), np.int16,
+                                         count=len(picked))
             return codes
         except TypeError:
-            return [self._learn(e.cat) if isinstance(e.cat, (str, int, float, type(None))) else -1 for e in events]
+            return np.array([self._learn(e.cat) if isinstance(e.cat, (str, int, float, type(None))) else -1
+                             for e in events], dtype=np.int16)
 
     def _ident(self, value) -> int:
         if type(value) is int and -(2**63) <= value < 2**63:
@@ -197,7 +205,7 @@ class Builder:
         column built in one pass over its group (attribute access and conversions in C)."""
         if not events:
             return
-        codes = np.array(self._codes(events), dtype=np.int16)
+        codes = self._codes(events)
         order = np.argsort(codes, kind="stable")
         ordered = codes[order]
         present, starts = np.unique(ordered, return_index=True)
