@@ -25,11 +25,13 @@ def _careful(path, monkeypatch):
     return loader.load_trace(path, cache=False)
 
 
-def _streamed(path, monkeypatch, workers=1, window=4096):
-    """Load through the streaming path with tiny windows (many cuts, matches across window edges).
+def _streamed(path, monkeypatch, workers=1, window=4096, whole=False):
+    """Load through the streaming path with tiny windows (many cuts, matches across window edges); with
+    `whole`, a plain file is read in one piece (the windows then slide over it in memory).
     Returns the model, whether it was streamed (not the careful path) and whether two processes split it."""
     monkeypatch.setattr(stream, "STREAM_MIN_BYTES", 0)
     monkeypatch.setattr(stream, "WINDOW", window)
+    monkeypatch.setattr(stream, "WHOLE_WINDOWS", 1 << 40 if whole else 0)
     monkeypatch.setattr(stream, "TAIL_RESERVE", max(window, 1024))
     monkeypatch.setattr(parallel, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setenv("GPUADVISE_LOAD_WORKERS", str(workers))
@@ -82,6 +84,30 @@ def test_streamed_model_equals_whole_file_model(tmp_path, monkeypatch, gz, worke
     assert split_worked == (workers > 1), "the forked worker did not deliver its half"
     _same(ref, model)
     assert len(model.gpu) > 0 and model.meta.devices
+
+
+@pytest.mark.parametrize("layout", ["compact", "pretty", "cuts-in-strings", "nan", "cut-off"])
+def test_a_file_read_in_one_piece_gives_the_same_model(tmp_path, monkeypatch, layout):
+    """Small plain files are read whole and cut in memory (no sliding windows): same model as the careful
+    path, the same mending of cuts inside strings and NaN tokens, and a cut-off file still salvaged."""
+    doc = _trace()
+    if layout == "cuts-in-strings":
+        for e in doc["traceEvents"]:
+            if e.get("cat") == "kernel":
+                e["name"] = "weird}, {kernel" + "},{" * 3000
+    text = json.dumps(doc, indent=2 if layout == "pretty" else None)
+    if layout == "nan":
+        text = text.replace('"dur": 5.0', '"dur": NaN', 3)
+    if layout == "cut-off":
+        text = text[: int(len(text) * 0.7)]
+    path = tmp_path / "t.json"
+    path.write_text(text)
+    ref = _careful(path, monkeypatch)
+    for workers in (1, 2):
+        model, streamed, _ = _streamed(path, monkeypatch, workers=workers, window=2048, whole=True)
+        assert streamed == (layout != "cut-off")
+        _same(ref, model)
+    assert model.meta.truncated == (layout == "cut-off")
 
 
 def test_header_keys_after_the_events(tmp_path, monkeypatch):
