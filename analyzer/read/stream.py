@@ -1,10 +1,12 @@
-"""Big trace files read as a stream of windows: never the whole JSON text in memory at once.
+"""Big trace files read as a stream of windows: never the whole JSON text of a big file in memory at once.
 
 A regular file (plain or .gz) of at least STREAM_MIN_BYTES is read in ~8 MB windows. The events array
 is found from its two ends instead of by validating the whole document first: its opening bracket
 after `"traceEvents":` in the first window, its closing bracket in the last window (the bytes after it
 must complete the document's header). Each window is cut at `},{` into a sub-array that the loader
 decodes into columns and drops, so memory holds one window plus the columns, whatever the file size.
+A plain file of at most WHOLE_WINDOWS windows (one rank of a job) is read in one piece instead and the
+same windows slide over it in memory: fewer copies, about the same peak (the decoded events weigh more).
 
 Anything unexpected (a cut-off or damaged file, an odd layout) raises `NotStreamable` and the caller
 reads the file the old way, which knows how to salvage and explain. On two cores the events are split
