@@ -70,3 +70,40 @@ def test_parallel_decode_equals_serial(tmp_path, monkeypatch, make):
             pd.testing.assert_series_equal(left, right, check_names=False, obj=f"{table}.{col}")
     assert serial.meta.events_total == parallel.meta.events_total
     assert serial.meta.thread_names == parallel.meta.thread_names
+
+
+def test_a_reader_beside_other_threads_forks_only_when_its_caller_vouches_for_them(tmp_path, monkeypatch):
+    """`gpuadvise view` reads in a worker thread beside Textual's: without `beside_threads` the reader
+    never forks a process that runs other threads (one decoding process); inside it, the second core
+    decodes half and the model is the same."""
+    import threading
+
+    from gpuadvise.analyzer import run
+
+    path = _legacy_threads(tmp_path / "t.json")
+    monkeypatch.setenv("GPUADVISE_LOAD_WORKERS", "2")
+    monkeypatch.setattr(parallel, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", 4096)
+    forks = []
+    real = forked.Forked.__init__
+    monkeypatch.setattr(forked.Forked, "__init__", lambda self, work: forks.append(1) or real(self, work))
+    idle = threading.Event()
+    other = threading.Thread(target=idle.wait, daemon=True)  # a thread of the interface, say
+    other.start()
+    try:
+        alone = loader.load_trace(path)
+        assert forks == []
+        with run.beside_threads():
+            beside = loader.load_trace(path)
+        assert forks == [1]
+        assert forked.can_fork() is False  # the vouch ends with the block
+    finally:
+        idle.set()
+        other.join()
+    assert alone.meta.events_total == beside.meta.events_total
+    for table in TABLES:
+        a, b = getattr(alone, table), getattr(beside, table)
+        assert len(a) == len(b), table
+        key = ["ts"] + (["dur"] if "dur" in a.columns else [])
+        pd.testing.assert_frame_equal(a.sort_values(key, kind="stable", ignore_index=True).astype(str),
+                                      b.sort_values(key, kind="stable", ignore_index=True).astype(str), obj=table)

@@ -11,11 +11,32 @@ import os
 import pickle
 import signal
 import threading
+from contextlib import contextmanager
+
+
+_vouched = threading.local()  # per thread: whether its caller vouched for the process' other threads
 
 
 def can_fork() -> bool:
-    """Never fork a process that runs other threads (a lock held by one of them stays held forever)."""
-    return hasattr(os, "fork") and threading.active_count() == 1
+    """Never fork a process that runs other threads (a lock held by one of them stays held forever), unless
+    the forking thread runs inside `beside_threads()`."""
+    return hasattr(os, "fork") and (threading.active_count() == 1 or getattr(_vouched, "others_safe", False))
+
+
+@contextmanager
+def beside_threads():
+    """Inside this block, this thread may fork although other threads run: its caller vouches that they
+    hold no lock the child needs. The child only reads the trace file, decodes it (msgspec, numpy) and
+    writes one pickle to its own pipe, then leaves with os._exit: it never writes to stdout or stderr,
+    never logs, never flushes or closes what the parent opened. `gpuadvise view` reads in a worker thread
+    beside Textual's (the event loop and the terminal's reader and writer, which hold nothing of that):
+    without this it would decode on one core."""
+    before = getattr(_vouched, "others_safe", False)
+    _vouched.others_safe = True
+    try:
+        yield
+    finally:
+        _vouched.others_safe = before
 
 
 class Forked:

@@ -15,7 +15,7 @@ cheap.
 
 from __future__ import annotations
 
-__all__ = ["analyze", "dependency_graph", "resolve_inputs", "refuse_overwriting_inputs", "write_perfetto", "Reports", "TraceReport",
+__all__ = ["analyze", "beside_threads", "dependency_graph", "resolve_inputs", "refuse_overwriting_inputs", "write_perfetto", "Reports", "TraceReport",
            "all_findings"]
 
 
@@ -24,6 +24,10 @@ def __getattr__(name):
         from .engine import analyze_paths
 
         return analyze_paths
+    if name == "beside_threads":  # a reader thread beside threads that hold nothing it needs may still fork
+        from gpuadvise.analyzer.read.forked import beside_threads
+
+        return beside_threads
     if name == "dependency_graph":  # one trace's replay graph as a networkx DiGraph (the Python API)
         from .single import dependency_graph
 

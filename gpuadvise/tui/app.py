@@ -139,7 +139,9 @@ class GpuadviseApp(App[int]):
         try:
             sources = self.sources if self.sources is not None else analysis.resolve_inputs(self.paths)
             progress, on_bytes = self._progress_hooks(worker)
-            reports = analysis.analyze(sources, jobs=1, progress=progress, bytes_progress=on_bytes)
+            # the reader may fork its second-core decoder beside Textual's threads (read/forked.py says why)
+            with analysis.beside_threads():
+                reports = analysis.analyze(sources, jobs=1, progress=progress, bytes_progress=on_bytes)
             if worker.is_cancelled:
                 return
             data = ViewData(reports)
