@@ -8,7 +8,6 @@ JSON is skipped and counted (`damaged_lines`), never fatal. A file that is not a
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import numpy as np
 from gpuadvise.analyzer.errors import InputError
 from gpuadvise.analyzer.model.steprecord import Bucket, StepRecord
 
-from .telemetry import load_telemetry, telemetry_beside
+from .telemetry import is_finite_number, json_line, load_telemetry, telemetry_beside
 
 FORMAT = "gpuadvise step record"
 MAX_LINES = 2_000_000  # a record of a billion steps is ~10 000 lines: more is not one
@@ -37,14 +36,14 @@ def load_step_record(path: Path) -> StepRecord:
     damaged = 0
     any_gpu = False
     with fh:
-        header = _json(fh.readline())
+        header = json_line(fh.readline())
         if not isinstance(header, dict) or header.get("format") != FORMAT:
             raise InputError(path, "not a gpuadvise step record (no header line)")
         exact = int(header.get("exact_steps") or 0)
         for i, line in enumerate(fh):
             if i >= MAX_LINES:
                 raise InputError(path, f"step record has more than {MAX_LINES} lines")
-            entry = _json(line)
+            entry = json_line(line)
             if not isinstance(entry, dict):
                 damaged += 1 if line.strip() else 0
                 continue
@@ -89,15 +88,8 @@ def _telemetry(path: Path):
     return load_telemetry(beside) if beside.is_file() else None
 
 
-def _json(line: str):
-    try:
-        return json.loads(line)
-    except ValueError:
-        return None
-
-
 def _num(v) -> float:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else float("nan")
+    return float(v) if is_finite_number(v) else float("nan")
 
 
 def _bucket(entry: dict) -> Bucket | None:

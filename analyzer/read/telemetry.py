@@ -37,33 +37,35 @@ def load_telemetry(path: Path) -> Telemetry:
     reasons: list[list[str]] = []
     damaged = 0
     with fh:
-        header = _json(fh.readline())
+        header = json_line(fh.readline())
         if not isinstance(header, dict) or header.get("format") != FORMAT:
             raise InputError(path, "not a gpuadvise telemetry file (no header line)")
         device = header.get("device") if isinstance(header.get("device"), dict) else {}
         for i, line in enumerate(fh):
             if i >= MAX_LINES:
                 raise InputError(path, f"GPU telemetry has more than {MAX_LINES} lines")
-            entry = _json(line)
-            if not isinstance(entry, dict) or not isinstance(entry.get("step"), int) or not _finite(entry.get("t")):
+            entry = json_line(line)
+            if not isinstance(entry, dict) or not isinstance(entry.get("step"), int) or not is_finite_number(entry.get("t")):
                 damaged += 1 if line.strip() else 0
                 continue
             rows["t"].append(float(entry["t"]))
             rows["step"].append(entry["step"])
             for k in FIELDS:
-                rows[k].append(float(entry[k]) if _finite(entry.get(k)) else math.nan)
+                rows[k].append(float(entry[k]) if is_finite_number(entry.get(k)) else math.nan)
             r = entry.get("reasons")
             reasons.append([str(x) for x in r] if isinstance(r, list) else [])
     return Telemetry(source=str(path), device=device, t=np.array(rows["t"]), step=np.array(rows["step"], dtype=np.int64),
                      **{k: np.array(rows[k], dtype=float) for k in FIELDS}, reasons=reasons, damaged_lines=damaged)
 
 
-def _json(line: str):
+def json_line(line: str):
+    """One JSON Lines entry, or None where the line is damaged (the step record's reader uses it too)."""
     try:
         return json.loads(line)
     except ValueError:
         return None
 
 
-def _finite(v) -> bool:
+def is_finite_number(v) -> bool:
+    """A JSON number that is neither a bool nor NaN/±Infinity."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
