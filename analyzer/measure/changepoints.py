@@ -48,7 +48,10 @@ dependency for ~2 000 points that numpy's prefix sums fit exactly at every split
    excess reached σ, σ taken as known. On the benchmark it held the truth in 99 % of steps, 94 % of
    linear climbs, 92 % of slow growths and 84 % of exponentials (an exponential's onset moves with σ, which
    the interval does not count). A slow growth under 15 % noise has an interval a quarter of the run wide:
-   no method can date it within ±5 %, and the interval says so.
+   no method can date it within ±5 %, and the interval says so. The benchmark's yardstick shows it: the
+   least-squares fit of the true hinge (the maximum-likelihood onset for a method told the shape) is within
+   ±5 % of the run on 87.5 % of slow growths, these change points on 88.2 %; only given the true level and
+   slope as well does the onset alone reach 98 %.
 6. **Recovery.** After the onset, a downward step back (the same CUSUM test on the steps after the onset,
    with its step model) ends the change: `until` is the last step before it.
 
