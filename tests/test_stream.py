@@ -11,7 +11,7 @@ import pytest
 
 from _cli_support import is_corpus_trace
 from gpuadvise.analyzer.read import forked
-from gpuadvise.analyzer.read import filebytes, loader, parallel
+from gpuadvise.analyzer.read import chunks, filebytes, loader, parallel
 from gpuadvise.analyzer.read import stream
 from gpuadvise.analyzer.errors import InputError
 from gpuadvise.rules import find_rule
@@ -25,13 +25,13 @@ def _careful(path, monkeypatch):
     return loader.load_trace(path, cache=False)
 
 
-def _streamed(path, monkeypatch, workers=1, window=4096, whole=False):
-    """Load through the streaming path with tiny windows (many cuts, matches across window edges); with
-    `whole`, a plain file is read in one piece (the windows then slide over it in memory).
+def _streamed(path, monkeypatch, workers=1, window=4096, mapped=True):
+    """Load through the streaming path with tiny windows (many cuts, matches across window edges); a plain
+    file is mapped (pieces framed in place), or, not `mapped`, read in windows as where mmap fails.
     Returns the model, whether it was streamed (not the careful path) and whether two processes split it."""
     monkeypatch.setattr(stream, "STREAM_MIN_BYTES", 0)
     monkeypatch.setattr(stream, "WINDOW", window)
-    monkeypatch.setattr(stream, "WHOLE_WINDOWS", 1 << 40 if whole else 0)
+    monkeypatch.setattr(stream, "MAP_FILES", mapped)
     monkeypatch.setattr(stream, "TAIL_RESERVE", max(window, 1024))
     monkeypatch.setattr(parallel, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setenv("GPUADVISE_LOAD_WORKERS", str(workers))
@@ -86,10 +86,12 @@ def test_streamed_model_equals_whole_file_model(tmp_path, monkeypatch, gz, worke
     assert len(model.gpu) > 0 and model.meta.devices
 
 
+@pytest.mark.parametrize("mapped", [True, False], ids=["mapped", "read"])
 @pytest.mark.parametrize("layout", ["compact", "pretty", "cuts-in-strings", "nan", "cut-off"])
-def test_a_file_read_in_one_piece_gives_the_same_model(tmp_path, monkeypatch, layout):
-    """Small plain files are read whole and cut in memory (no sliding windows): same model as the careful
-    path, the same mending of cuts inside strings and NaN tokens, and a cut-off file still salvaged."""
+def test_a_mapped_or_read_file_gives_the_same_model(tmp_path, monkeypatch, layout, mapped):
+    """Plain files are mapped and framed in place, or read in windows where they cannot be mapped: same
+    model as the careful path either way, the same mending of cuts inside strings and NaN tokens, and a
+    cut-off file still salvaged."""
     doc = _trace()
     if layout == "cuts-in-strings":
         for e in doc["traceEvents"]:
@@ -104,7 +106,7 @@ def test_a_file_read_in_one_piece_gives_the_same_model(tmp_path, monkeypatch, la
     path.write_text(text)
     ref = _careful(path, monkeypatch)
     for workers in (1, 2):
-        model, streamed, _ = _streamed(path, monkeypatch, workers=workers, window=2048, whole=True)
+        model, streamed, _ = _streamed(path, monkeypatch, workers=workers, window=2048, mapped=mapped)
         assert streamed == (layout != "cut-off")
         _same(ref, model)
     assert model.meta.truncated == (layout == "cut-off")
@@ -210,6 +212,45 @@ def test_memory_stays_below_the_file_size(tmp_path, monkeypatch):
         tracemalloc.stop()
     assert len(model.gpu) > 0
     assert peak < 0.35 * size, f"peak {peak / 1e6:.1f} MB for a {size / 1e6:.1f} MB file"
+
+
+def _mapped_resident_kb(path: Path) -> int:
+    """The resident size of this process's mappings of `path` (Linux's /proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5:  # a mapping's first line: range, perms, offset, dev, inode
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists() or not stream.MAP_FILES, reason="needs Linux's smaps and mmap")
+def test_a_mapped_file_keeps_about_one_window_resident_and_is_left_unchanged(tmp_path, monkeypatch):
+    """The pages behind the decoded pieces are handed back as the reader goes, and the brackets that frame
+    each piece in place leave the file as it was."""
+    doc = _trace(steps=2)
+    one, span = doc["traceEvents"], max(e.get("ts", 0) + e.get("dur", 0) for e in doc["traceEvents"]) + 1
+    doc["traceEvents"] = [{**e, "ts": e["ts"] + k * span} if "ts" in e else e
+                          for k in range(12_000_000 // len(json.dumps(doc)) + 1) for e in one]
+    path = _write(tmp_path / "big.json", doc)
+    before = path.read_bytes()
+    window = 512 << 10
+    monkeypatch.setattr(stream, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(stream, "WINDOW", window)
+    monkeypatch.setattr(stream, "TAIL_RESERVE", window)
+    monkeypatch.setenv("GPUADVISE_LOAD_WORKERS", "1")
+    resident = []
+    real = chunks.decode_chunk
+    monkeypatch.setattr(chunks, "decode_chunk", lambda b, buf, *a: resident.append(_mapped_resident_kb(path)) or real(b, buf, *a))
+    model = loader.load_trace(path, cache=False)
+    ref = _careful(path, monkeypatch)
+    _same(ref, model)
+    assert len(resident) > 10 and max(resident) > 0  # decoded through the mapping
+    # a piece and the next one's lookahead, the array's tail, pages of fault-around: far from the 12 MB file
+    assert max(resident) * 1024 < 4 * window + (2 << 20), f"{max(resident)} kB resident of a {len(before) >> 10} kB file"
+    assert path.read_bytes() == before
 
 
 def _corpus_files():

@@ -37,13 +37,17 @@ class _Replaced(bytes):
 
 
 def nan_tokens_to_null(body):
-    if b"NaN" in body or b"Infinity" in body:
-        if _NAN_TOKEN.search(body):
-            body = _NAN_TOKEN.sub(rb"\1null", bytes(body))
-    if b"\\ud" in body or b"\\uD" in body:  # lone UTF-16 surrogates are invalid JSON strings for msgspec
-        if _LONE_SURROGATE.search(body):
-            body = _LONE_SURROGATE.sub(rb"\\ufffd", bytes(body))
-    return body
+    """`body` with NaN / Infinity tokens as null and lone surrogates replaced; `body` itself if it has none
+    (a memoryview, a mapped file's piece, is searched as bytes)."""
+    text = bytes(body) if isinstance(body, memoryview) else body
+    fixed = text
+    if b"NaN" in fixed or b"Infinity" in fixed:
+        if _NAN_TOKEN.search(fixed):
+            fixed = _NAN_TOKEN.sub(rb"\1null", bytes(fixed))
+    if b"\\ud" in fixed or b"\\uD" in fixed:  # lone UTF-16 surrogates are invalid JSON strings for msgspec
+        if _LONE_SURROGATE.search(fixed):
+            fixed = _LONE_SURROGATE.sub(rb"\\ufffd", bytes(fixed))
+    return body if fixed is text else fixed
 
 
 SPACE = b"\xef\xbb\xbf \t\r\n"
