@@ -3,6 +3,7 @@ the layout, and never the whole text in memory."""
 
 import gzip
 import json
+import os
 import tracemalloc
 from pathlib import Path
 
@@ -216,11 +217,11 @@ def test_memory_stays_below_the_file_size(tmp_path, monkeypatch):
 
 def _mapped_resident_kb(path: Path) -> int:
     """The resident size of this process's mappings of `path` (Linux's /proc/self/smaps)."""
-    total, inside = 0, False
+    total, inside, name = 0, False, os.path.realpath(path)  # smaps names the file by its real path
     for line in Path("/proc/self/smaps").read_text().splitlines():
         head = line.split()
         if head and "-" in head[0] and len(head) >= 5:  # a mapping's first line: range, perms, offset, dev, inode
-            inside = line.rstrip().endswith(str(path))
+            inside = line.rstrip().endswith(name)
         elif inside and line.startswith("Rss:"):
             total += int(head[1])
     return total
