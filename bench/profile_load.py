@@ -6,8 +6,10 @@
 Runs `gpuadvise analyze FILE --format json --no-cache -o <tmp>` in this process with timers around
 the reader's steps and the analysis's steps, then prints one line per phase (seconds and share):
 
-- read: `decode` (JSON bytes → event structs, msgspec), `args` (the args of the events a column needs),
-  `columns` (structs → per-chunk numpy columns), `frames` (chunks joined into the model's DataFrames),
+- read: `scan` (the compiled scanner: JSON bytes → flat columns and their distinct texts, decoded once;
+  a chunk it declines is timed here too, then decoded by msgspec), `decode` (JSON bytes → event structs,
+  msgspec), `args` (the args of the events a column needs), `columns` (structs or scanned columns →
+  per-chunk numpy columns), `frames` (chunks joined into the model's DataFrames),
   `split` (waiting for the forked worker's half and merging it; 2 workers only), `other read` (finding
   the array, windows, header);
 - analysis: `metrics` (measure.compute), `memory` (the memory summary), `rules` (run_rules, with the
@@ -55,6 +57,9 @@ def instrument() -> None:
     if not hasattr(chunks, "decode_events"):  # the reader before: decoding events and their args is one step
         timed(chunks, "decode_chunk", "decode")
     timed(columns.Builder, "add_chunk", "columns")
+    if hasattr(chunks, "scan_chunk"):
+        timed(chunks, "scan_chunk", "scan")
+        timed(columns.Builder, "add_scanned", "columns")
     timed(columns.Builder, "frames", "frames")
     timed(columns.Builder, "merge", "split")
     timed(parallel.forked.Forked, "result", "split")
@@ -83,13 +88,13 @@ def main() -> None:
     # columns is timed around add_chunk, which (columnar reader) calls decode_args: count args once
     if "args" in SPENT and "columns" in SPENT:
         SPENT["columns"] -= SPENT["args"]
-    inner = sum(SPENT[k] for k in ("decode", "args", "columns", "frames", "split"))
+    inner = sum(SPENT[k] for k in ("scan", "decode", "args", "columns", "frames", "split"))
     SPENT["other read"] = read - inner
     SPENT["report"] = total - read - sum(SPENT[k] for k in ("metrics", "memory", "rules", "figures"))
     size = os.path.getsize(args.trace) / 1e6
     print(f"{args.trace}: {size:.0f} MB, {args.workers} worker(s), load {os.getloadavg()[0]:.2f}; total {total:.2f} s "
           f"(read {read:.2f} s)")
-    for phase in ("decode", "args", "columns", "frames", "split", "other read", "metrics", "memory", "rules",
+    for phase in ("scan", "decode", "args", "columns", "frames", "split", "other read", "metrics", "memory", "rules",
                   "figures", "report"):
         if phase in SPENT:
             print(f"  {phase:<11} {SPENT[phase]:7.2f} s  {SPENT[phase] / total:5.1%}")

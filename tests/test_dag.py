@@ -7,8 +7,12 @@ import networkx as nx
 import numpy as np
 import pytest
 
+from gpuadvise.analyzer.measure import dag, whatif
 from gpuadvise.analyzer.measure.dag import Cyclic, Graph
 from gpuadvise.analyzer.measure.whatif import _longest_path
+
+COMPILED = dag._compiled_topological_order is not None and whatif._compiled_longest_path is not None
+needs_compiled = pytest.mark.skipif(not COMPILED, reason="the compiled replay loops were not built (no C compiler at install)")
 
 
 def _random_dag(seed: int, nodes: int = 300, edges: int = 1500):
@@ -61,7 +65,12 @@ def test_longest_path_matches_networkx_in_any_topological_order(seed):
             assert _longest_path(300, start, end, path, g.edges()["base"][by]) == want
 
 
-def test_a_cycle_has_no_topological_order():
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_cycle_has_no_topological_order(compiled, monkeypatch):
+    if compiled and not COMPILED:
+        pytest.skip("the compiled replay loops were not built")
+    if not compiled:
+        monkeypatch.setattr(dag, "_compiled_topological_order", None)
     g = Graph(3)
     g.add("cpu", [0, 1, 2], [1, 2, 0], 1.0)
     with pytest.raises(Cyclic):
@@ -80,3 +89,32 @@ def test_dropping_a_kind_keeps_the_others_and_synced_falls_back_to_base():
     assert e["has_synced"].tolist() == [True, False]
     g.forget_synced()
     assert not g.edges()["has_synced"].any()
+
+
+@needs_compiled
+@pytest.mark.parametrize("seed", range(4))
+def test_compiled_loops_give_the_python_loops_order_and_time_to_the_bit(seed, monkeypatch):
+    """Where the C loops were built, they give the Python loops' topological order node for node and the
+    same longest path to the bit, removed edges (-inf) and a node no edge reaches included."""
+    src, dst, w = _random_dag(seed, nodes=2_000, edges=12_000)
+    g = Graph(2_000)
+    g.add("cpu", src, dst, w)
+    compiled = g.topological_order()
+    monkeypatch.setattr(dag, "_compiled_topological_order", None)
+    assert compiled.tolist() == g.topological_order().tolist()
+    path, by = _by_order(g, compiled)
+    e = {"n": 2_000, "start": int(compiled[0]), "src": g.edges()["src"][by], "dst": g.edges()["dst"][by]}
+    weights = g.edges()["base"][by]
+    unreached = int(np.setdiff1d(np.arange(2_000), dst)[-1])
+    for end in (int(compiled[-1]), int(compiled[1_000]), unreached):
+        want = _longest_path(2_000, e["start"], end, path, weights)
+        assert whatif.longest_path(dict(e, end=end), weights) == want
+
+
+@needs_compiled
+def test_compiled_loops_refuse_an_edge_outside_the_graph():
+    src, dst = np.array([0, 1], np.int64), np.array([1, 5], np.int64)
+    with pytest.raises(ValueError, match="outside the graph"):
+        whatif._compiled_longest_path(3, 0, 2, src, dst, np.ones(2))
+    with pytest.raises(ValueError, match="outside the graph"):
+        dag._compiled_topological_order(3, src, dst)

@@ -82,6 +82,21 @@ def test_union_float_total_and_overlap_each(pairs):
         assert iv.total(ms, me) >= float((e - s).max()) - 1e-6
 
 
+@settings(max_examples=examples(200), deadline=None)
+@given(interval_lists, interval_lists)
+def test_intersect_and_subtract_of_unions_match_brute_force_and_the_pointwise_way(a, b):
+    """Merged unions (what callers pass) go by binary search; the answer is the grid's, and the same
+    arrays, to the bit, as the point-by-point way that any intervals (unmerged ones) still take."""
+    ua = iv.union([x for x, _ in a], [y for _, y in a])
+    ub = iv.union([x for x, _ in b], [y for _, y in b])
+    for got, keep_b, want in ((iv.intersect(ua, ub), True, cells(a) & cells(b)),
+                              (iv.subtract(ua, ub), False, cells(a) & ~cells(b))):
+        assert np.array_equal(cells(zip(*got)), want)
+        assert np.all(got[0][1:] > got[1][:-1]) and np.all(got[1] > got[0])  # apart, none empty
+        slow = iv._combine_pointwise(*ua, *ub, keep_b)
+        assert np.array_equal(got[0], slow[0]) and np.array_equal(got[1], slow[1])
+
+
 def test_union_empty_and_unsorted():
     ms, me = iv.union([], [])
     assert ms.size == 0 and iv.total(ms, me) == 0.0

@@ -243,8 +243,9 @@ def test_a_mapped_file_keeps_about_one_window_resident_and_is_left_unchanged(tmp
     monkeypatch.setattr(stream, "TAIL_RESERVE", window)
     monkeypatch.setenv("GPUADVISE_LOAD_WORKERS", "1")
     resident = []
-    real = chunks.decode_chunk
-    monkeypatch.setattr(chunks, "decode_chunk", lambda b, buf, *a: resident.append(_mapped_resident_kb(path)) or real(b, buf, *a))
+    for step in ("decode_chunk", "scan_chunk"):  # msgspec's decode, or the compiled scanner's
+        real = getattr(chunks, step)
+        monkeypatch.setattr(chunks, step, lambda *a, real=real: resident.append(_mapped_resident_kb(path)) or real(*a))
     model = loader.load_trace(path, cache=False)
     ref = _careful(path, monkeypatch)
     _same(ref, model)

@@ -363,3 +363,22 @@ def test_one_rank_of_a_job_predicts_the_fix_on_every_rank(tmp_path):
     # the same own work saved, over the traced step (the waits stay): the no-wait rank's saving scaled
     saved_ms = g.impact.est_step_saving_pct / 100 * alone.metrics.median_step_us / 1e3
     assert f.impact.job_pct == pytest.approx(100 * saved_ms * 1e3 / job.metrics.median_step_us, abs=2.0)
+
+
+def test_replays_agree_with_and_without_the_compiled_longest_path(replayed, monkeypatch):
+    """Every scenario a rule fixture's replay answers is the same number from the C loop and the Python one."""
+    from gpuadvise.analyzer.measure import whatif
+
+    if whatif._compiled_longest_path is None:
+        pytest.skip("the compiled longest path was not built (no C compiler at install)")
+    scenarios = [BASELINE, Scenario("half", cpu_scale=0.5), Scenario("unblock", unblock=lambda c: np.ones(len(c), bool)),
+                 Scenario("gpu", gpu_scale=lambda ops: np.full(len(ops), 0.5))]
+    for name in ("gpu-bound", "sync-heavy", "overlap"):
+        _, replay = replayed(name)
+        compiled = [replay.simulate(s) for s in scenarios]
+        replay._simulated.clear()
+        monkeypatch.setattr(whatif, "_compiled_longest_path", None)
+        python = [replay.simulate(s) for s in scenarios]
+        monkeypatch.undo()
+        replay._simulated.clear()
+        assert compiled == python

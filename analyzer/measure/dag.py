@@ -15,6 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 
+try:  # the compiled topological order (replay_loops.c); the Python loop below where it was not built
+    from ._replay_loops import topological_order as _compiled_topological_order
+except ImportError:  # pragma: no cover - depends on the install having had a C compiler
+    _compiled_topological_order = None
+
 KINDS = ("cpu", "call", "launch", "anchor", "gpu", "stream", "drain", "wait", "dep", "alloc_wait", "unseen_dep")
 _CODE = {k: i for i, k in enumerate(KINDS)}
 _COLUMNS = ("src", "dst", "kind", "base", "call", "op", "gap_a", "gap_b", "synced", "has_synced", "unseen")
@@ -73,6 +78,12 @@ class Graph:
         """Every node, each after all its predecessors (Kahn's algorithm); `Cyclic` when there is none."""
         e = self.edges()
         src, dst = e["src"], e["dst"]
+        if _compiled_topological_order is not None:
+            order = _compiled_topological_order(self.nodes, np.ascontiguousarray(src, np.int64),
+                                                np.ascontiguousarray(dst, np.int64))
+            if order is None:
+                raise Cyclic("the graph has a cycle")
+            return np.frombuffer(order, dtype=np.int64).copy()
         by_src = np.argsort(src, kind="stable")
         targets = dst[by_src].tolist()
         first = np.searchsorted(src[by_src], np.arange(self.nodes + 1)).tolist()

@@ -43,7 +43,7 @@ from .gemm import GEMM_OPS, kernels_by_op, matmul_mkn, parse_dims
 from .spans import annotation_spans, gpu_ops_launched_in
 from gpuadvise.analyzer.model.devices import Spec
 from gpuadvise.analyzer.model.kernels import SIXTEEN_BIT, is_comm, is_matmul_like
-from gpuadvise.analyzer.model.trace import TraceModel, names_in
+from gpuadvise.analyzer.model.trace import TraceModel, distinct_names, names_in
 
 LARGE_GEMM_EFFICIENCY = roofline.COMPUTE_EFFICIENCY
 AUTOCAST_MEMORY_FACTOR = 0.6
@@ -149,7 +149,7 @@ def _memory_bound(model: TraceModel, launches: pd.DataFrame) -> pd.DataFrame:
     k = model.kernels
     if k.empty:
         return pd.DataFrame(columns=["correlation", "ts", "dur"])
-    names = pd.Series(k["name"].astype(str).unique())
+    names = distinct_names(k["name"])
     keep = {n for n in names if not is_matmul_like(n) and not is_comm(n) and not SIXTEEN_BIT.search(n)
             and not _OPTIMIZER_KERNEL.search(n)}
     out = k[names_in(k["name"], keep)][["correlation", "ts", "dur"]]
@@ -162,7 +162,7 @@ def _memory_bound(model: TraceModel, launches: pd.DataFrame) -> pd.DataFrame:
 def fp8_library(model: TraceModel) -> bool:
     """An fp8 training library (Transformer Engine, torchao float8) shows in the trace's ops, frames or kernels."""
     for frame in (model.cpu, model.python, model.kernels):
-        if len(frame) and any(FP8_LIBRARY.search(str(n)) for n in frame["name"].astype(str).unique()[:5000]):
+        if len(frame) and any(FP8_LIBRARY.search(n) for n in distinct_names(frame["name"])[:5000]):
             return True
     return False
 
@@ -196,16 +196,20 @@ def kernel_durations(matmuls: pd.DataFrame, spec: Spec, dtype: str, end: str = "
     """Each fp32 SIMT matmul kernel's duration in `dtype` (µs), bounded by its roofline on `spec`."""
     dur = matmuls["dur"].to_numpy(dtype=float)
     share = matmuls["share"].to_numpy(dtype=float) if "share" in matmuls else np.ones(len(dur))
-    new = np.empty(len(dur))
     peak_s = roofline.peak_speedup(spec, dtype) or 1.0
     blind = peak_s if end == "optimistic" else min(peak_s, roofline.unknown_shape_speedup(dtype))
-    predict = roofline.reached_us if end == "optimistic" else roofline.predicted_us
-    for i, (d, mkn, sh) in enumerate(zip(dur, matmuls["mkn"], share)):
-        mkn = tuple(mkn) if isinstance(mkn, (tuple, list)) else None
-        sh = sh if np.isfinite(sh) and sh > 0 else 1.0
-        # an op split over several kernels: each is bounded as its share of the op
-        t = predict(d / sh, mkn, spec, dtype) if mkn else None
-        new[i] = max(d / blind, min(d, MIN_KERNEL_US)) if t is None else t * sh
+    # an op split over several kernels: each is bounded as its share of the op
+    share = np.where(np.isfinite(share) & (share > 0), share, 1.0)
+    new = np.maximum(dur / blind, np.minimum(dur, MIN_KERNEL_US))  # without a shape (or a peak for it)
+    shapes: dict = {}  # each distinct shape's kernels, worked out together
+    for i, mkn in enumerate(matmuls["mkn"]):
+        if isinstance(mkn, (tuple, list)) and mkn:
+            shapes.setdefault(tuple(mkn), []).append(i)
+    for mkn, rows in shapes.items():
+        law = roofline.shape_law(mkn, spec, dtype, optimistic=end == "optimistic")
+        if law is not None:
+            rows = np.array(rows)
+            new[rows] = roofline.apply_law(dur[rows] / share[rows], *law) * share[rows]
     return np.minimum(dur, new)
 
 

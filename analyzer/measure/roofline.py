@@ -41,6 +41,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from gpuadvise.analyzer.model.devices import Spec
 
 LATENCY_FLOOR_US = 3.5
@@ -113,20 +115,32 @@ def predicted_us(dur: float, mkn, spec: Spec, dtype: str, current: str = "fp32")
     """A kernel that took `dur` µs in `current`, run in `dtype`: the same fraction of its attainable
     roofline, never below the new hardware bound (nor the latency floor), never slower than today. None
     without the shape or the device's peaks."""
-    s = speedup(mkn, spec, dtype, current)
-    hw = bound(mkn, spec, dtype)
-    if s is None or hw is None:
-        return None
-    return min(dur, max(dur / s, hw.us, min(dur, LATENCY_FLOOR_US)))
+    law = shape_law(mkn, spec, dtype, current)
+    return None if law is None else float(apply_law(dur, *law))
 
 
 def reached_us(dur: float, mkn, spec: Spec, dtype: str, current: str = "fp32") -> float | None:
     """The optimistic end: the kernel in `dtype` reaches its attainable roofline, gaining at most the peak
     ratio; never slower than today. None without the shape or the device's peaks."""
-    new, peak = attainable(mkn, spec, dtype), peak_speedup(spec, dtype, current)
-    if new is None or peak is None:
-        return None
-    return min(dur, max(dur / peak, new.us, min(dur, LATENCY_FLOOR_US)))
+    law = shape_law(mkn, spec, dtype, current, optimistic=True)
+    return None if law is None else float(apply_law(dur, *law))
+
+
+def shape_law(mkn, spec: Spec, dtype: str, current: str = "fp32", optimistic: bool = False) -> tuple | None:
+    """What a GEMM's shape sets in `predicted_us` (or `reached_us`, optimistic): the speed-up its time is
+    divided by and the time it cannot go below; None without the shape or the device's peaks. Apart from
+    the duration, so that many kernels of one shape are worked out at once (`apply_law`)."""
+    if optimistic:
+        new, peak = attainable(mkn, spec, dtype), peak_speedup(spec, dtype, current)
+        return None if new is None or peak is None else (peak, new.us)
+    s, hw = speedup(mkn, spec, dtype, current), bound(mkn, spec, dtype)
+    return None if s is None or hw is None else (s, hw.us)
+
+
+def apply_law(dur, divisor: float, floor_us: float):
+    """The new duration(s): `dur / divisor`, never below `floor_us` nor the latency floor (or `dur`, when
+    shorter), never above `dur`. `dur` a number or an array: the same arithmetic either way."""
+    return np.minimum(dur, np.maximum(np.maximum(dur / divisor, floor_us), np.minimum(dur, LATENCY_FLOOR_US)))
 
 
 def peak_speedup(spec: Spec, dtype: str, current: str = "fp32") -> float | None:

@@ -18,22 +18,33 @@ def attribute(model: TraceModel, calls: pd.DataFrame) -> tuple[list, list]:
     ops, sources = [], []
     if cpu.empty:
         return [""] * len(calls), [""] * len(calls)
-    real = cpu[~cpu["is_annotation"]]
-    # per thread, its ops' columns as arrays (rows in the frame's order)
-    by_tid = {tid: (g["ts"].to_numpy(), g["end"].to_numpy(), _Strings(g["name"]), _Strings(g["call_stack"]))
-              for tid, g in real.groupby("tid")}
+    real = ~cpu["is_annotation"].to_numpy(dtype=bool)
+    c_tid, c_ts, c_end = (cpu[k].to_numpy() for k in ("tid", "ts", "end"))
+    names, stacks = _Strings(cpu["name"]), _Strings(cpu["call_stack"])
+    # per thread that has calls: its ops' rows (in the frame's order, which is by start), starts, ends and
+    # the longest op, which bounds how far back an op around a call can start
+    by_tid = {}
+    for tid in pd.unique(calls["tid"].to_numpy()).tolist():
+        rows = np.flatnonzero(real & (c_tid == tid))
+        if len(rows):
+            g_ts, g_end = c_ts[rows], c_end[rows]
+            by_tid[tid] = (rows, g_ts, g_end, float(np.max(g_end - g_ts)), bool(np.all(g_ts[1:] >= g_ts[:-1])))
     for ts, end, tid in zip(calls["ts"].to_numpy(), calls["end"].to_numpy(), calls["tid"].to_numpy()):
         g = by_tid.get(tid)
         op, src = "", ""
         if g is not None:
-            g_ts, g_end, names, stacks = g
-            inside = np.flatnonzero((g_ts <= ts) & (g_end >= end))
+            rows, g_ts, g_end, longest, ordered = g
+            # only ops that start at most the longest op's length (and a µs of rounding) before the call can
+            # reach its end: the same ops as testing them all
+            lo = int(np.searchsorted(g_ts, ts - longest - 1.0, "left")) if ordered else 0
+            hi = int(np.searchsorted(g_ts, ts, "right")) if ordered else len(g_ts)
+            inside = lo + np.flatnonzero((g_ts[lo:hi] <= ts) & (g_end[lo:hi] >= end))
             if len(inside):
                 # innermost = latest start; nested ops often share a start µs, then the shorter one is inner
                 # (a stable sort by start, then longest first: ties keep the frame's order)
                 nest = inside[np.lexsort((-g_end[inside], g_ts[inside]))]
-                op = names[nest[-1]]
-                src = next((x for x in (user_frame_from_stack(stacks[j]) for j in nest[::-1]) if x), "")
+                op = names[rows[nest[-1]]]
+                src = next((x for x in (user_frame_from_stack(stacks[rows[j]]) for j in nest[::-1]) if x), "")
         if not src:
             src = python_source(model, ts, end, tid)
         ops.append(op)

@@ -109,16 +109,22 @@ def stream_gaps(model: TraceModel, launches: pd.DataFrame, excluded=None) -> pd.
         return pd.DataFrame(columns=cols)
     launch_ts = launches.set_index("correlation")["launch_ts"] if len(launches) else pd.Series(dtype=float)
     parts = []
-    for stream, g in gpu.sort_values("ts").groupby("stream", sort=True):
-        if len(g) < 2:
+    # the ops in start order (the order sort_values("ts") gives, ties included), then per stream in that
+    # order, streams ascending: columns picked out as arrays, not the frame copied and grouped
+    all_ts = gpu["ts"].to_numpy()
+    order = np.argsort(all_ts, kind="quicksort")
+    all_end, all_corr, by_stream = gpu["end"].to_numpy(), gpu["correlation"].to_numpy(), gpu["stream"].to_numpy()[order]
+    for stream in np.unique(by_stream).tolist():
+        rows = order[by_stream == stream]
+        if len(rows) < 2:
             continue
-        ts, end = g["ts"].to_numpy(), g["end"].to_numpy()
+        ts, end = all_ts[rows], all_end[rows]
         prev_end = np.maximum.accumulate(end)[:-1]
         gap = ts[1:] - prev_end
         if excluded is not None:
             gap = gap - iv.covered(*excluded, prev_end, ts[1:])
         pos = gap > 0
-        corr = g["correlation"].to_numpy()[1:]
+        corr = all_corr[rows][1:]
         rt = launch_ts.reindex(corr).to_numpy() if len(launch_ts) else np.full(corr.shape, np.nan)
         host = rt > prev_end
         kind = np.where(host, "host_wait", np.where(gap < KERNEL_WAIT_US, "kernel_wait", "other"))

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 
 from gpuadvise.analyzer.model.calls import ALLOC_CALLS, LAUNCH_CALLS
 
@@ -175,14 +176,23 @@ def _slow_first_calls(model, metrics) -> list[OneTimeCost]:
     cpu = model.cpu
     if not len(cpu):
         return []
-    top = cpu[cpu["dur"] >= FIRST_CALL_MIN_US]
+    op = cpu["name"] if isinstance(cpu["name"].dtype, pd.CategoricalDtype) else cpu["name"].astype("category")
+    codes, names = op.cat.codes.to_numpy(), op.cat.categories
+    c_ts, c_end, c_dur = (cpu[k].to_numpy(dtype=np.float64) for k in ("ts", "end", "dur"))
+    long_ones = [c for c in pd.unique(codes[c_dur >= FIRST_CALL_MIN_US]).tolist() if c >= 0]  # first seen first
+    # every call of those ops, grouped by op (each group in the frame's order)
+    picked = np.flatnonzero(np.isin(codes, long_ones))
+    picked = picked[np.argsort(codes[picked], kind="stable")]
+    grouped = codes[picked]
     found = []
-    for name in top["name"].unique():
-        calls = cpu[cpu["name"] == name].sort_values("ts")
-        if len(calls) < 3:
+    for code in long_ones:
+        rows = picked[np.searchsorted(grouped, code, "left"):np.searchsorted(grouped, code, "right")]
+        if len(rows) < 3:
             continue
-        first, later = float(calls["dur"].iloc[0]), float(np.median(calls["dur"].iloc[1:]))
-        ts, end = float(calls["ts"].iloc[0]), float(calls["end"].iloc[0])
+        by_start = rows[np.argsort(c_ts[rows], kind="quicksort")]  # as sort_values("ts") orders them
+        name = names[code]
+        first, later = float(c_dur[by_start[0]]), float(np.median(c_dur[by_start[1:]]))
+        ts, end = float(c_ts[by_start[0]]), float(c_end[by_start[0]])
         if first >= FIRST_CALL_MIN_US and first >= FIRST_CALL_X * max(later, 1.0) and not _waits_for_gpu(metrics, ts, end):
             found.append(_cost(metrics, "first-call", f"the first {name} ({first / 1e3:.0f} ms)",
                                f"the first {name} took {first / 1e3:.0f} ms, the later ones a median {later / 1e3:.2f} ms "

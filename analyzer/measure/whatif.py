@@ -27,6 +27,11 @@ import pandas as pd
 from . import intervals as iv
 from .dag import KINDS, Graph
 
+try:  # the compiled longest path (replay_loops.c); the Python loop below where it was not built
+    from ._replay_loops import longest_path as _compiled_longest_path
+except ImportError:  # pragma: no cover - depends on the install having had a C compiler
+    _compiled_longest_path = None
+
 WAKE_US = 5.0  # a blocked call returns about this long after the GPU op it waited for
 
 
@@ -94,7 +99,7 @@ class Replay:
         by = np.argsort(pos[g["src"]], kind="stable")
         e = self._edges
         e["n"] = self.graph.nodes
-        e["src"], e["dst"] = g["src"][by], g["dst"][by]
+        e["src"], e["dst"] = (np.ascontiguousarray(g[k][by], np.int64) for k in ("src", "dst"))
         codes = g["kind"][by]
         e["kind"] = np.array(KINDS, dtype=object)[codes]
         e["is"] = {k: codes == i for i, k in enumerate(KINDS)}  # per kind, which edges are of it
@@ -106,7 +111,6 @@ class Replay:
         e["unseen"] = g["unseen"][by]
         e["gap_a"], e["gap_b"] = g["gap_a"][by], g["gap_b"][by]
         e["end"], e["start"] = end, start
-        e["path"] = list(zip(e["src"].tolist(), e["dst"].tolist()))  # (source, target) per edge, for simulate
 
     def simulate(self, scenario: Scenario) -> float:
         """The window's time under `scenario`: the longest path through the graph with the scenario's edge
@@ -117,7 +121,7 @@ class Replay:
         key = hashlib.blake2b(w.tobytes(), digest_size=20).digest()
         t = self._simulated.get(key)
         if t is None:
-            t = self._simulated[key] = _longest_path(e["n"], e["start"], e["end"], e["path"], w)
+            t = self._simulated[key] = longest_path(e, w)
         return t
 
     @property
@@ -136,6 +140,16 @@ class Replay:
             return 0.0
         t = self.simulate(scenario)
         return max(0.0, 100.0 * (1.0 - t / base))
+
+
+def longest_path(e: dict, w: np.ndarray) -> float:
+    """The window's time with edge weights `w`: compiled where built, else the Python loop (the same
+    double additions and comparisons in the same order, so the same answer to the bit)."""
+    if _compiled_longest_path is not None:
+        return _compiled_longest_path(e["n"], e["start"], e["end"], e["src"], e["dst"], np.ascontiguousarray(w, np.float64))
+    if "path" not in e:  # (source, target) per edge, built once per replay
+        e["path"] = list(zip(e["src"].tolist(), e["dst"].tolist()))
+    return _longest_path(e["n"], e["start"], e["end"], e["path"], w)
 
 
 def _longest_path(n: int, start: int, end: int, path: list, w: np.ndarray) -> float:

@@ -32,6 +32,14 @@ def name_mask(col: pd.Series, predicate) -> np.ndarray:
                        dtype=bool, count=len(col))
 
 
+def distinct_names(col: pd.Series) -> list[str]:
+    """The column's names in order of first appearance, as text (a missing one as "nan"): found on the
+    categorical's codes rather than on a million strings."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        return [str(n) for n in col.unique()]
+    return list(col.astype(str).unique())
+
+
 def names_in(col: pd.Series, names) -> np.ndarray:
     names = set(names)
     return name_mask(col, names.__contains__)

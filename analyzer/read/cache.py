@@ -131,5 +131,5 @@ def _model(header: dict, z) -> TraceModel:
             if "categories" in spec:
                 values = pd.Categorical.from_codes(values, categories=spec["categories"])
             cols[spec["name"]] = values
-        frames[table] = pd.DataFrame(cols)
+        frames[table] = pd.DataFrame(cols, copy=False)  # a block per column, as the reader builds them
     return TraceModel(meta=_meta_from_json(header["meta"]), **frames)

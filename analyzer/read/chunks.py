@@ -15,6 +15,7 @@ import msgspec
 from . import events as ev
 from .columns import Builder
 from .repair import decode_leniently, nan_tokens_to_null
+from .rows import scan_chunk
 
 CHUNK_EVENTS = 50_000  # raw events per chunk when a salvaged list is fed
 CHUNK_BYTES = 8 << 20
@@ -46,6 +47,13 @@ def feed(b: Builder, chunks, retry: bool, progress: Progress | None = None) -> N
     while buf is not None:
         if progress is not None:
             progress.add(len(buf))
+        scanned = scan_chunk(buf)  # the compiled scanner, where built and the chunk is plain; else msgspec
+        if scanned is not None:
+            b.total += len(scanned)
+            b.add_scanned(scanned)
+            del scanned
+            buf = next(chunks, None)
+            continue
         try:
             decoded = decode_chunk(b, buf)
         except msgspec.DecodeError:

@@ -19,16 +19,15 @@ import numpy as np
 import pandas as pd
 
 from . import events as ev
+from .rows import ScannedRows, StructRows, ids_of
 from gpuadvise.analyzer.model import collectives
 from gpuadvise.analyzer.model.trace import TraceMeta
 
 # Ops whose input shapes/dtypes the rules read (Tensor Core eligibility, fp16 alignment).
 MATMUL_OPS = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|conv|convolution|cudnn_conv|_convolution)")
 
-_EMPTY_ARGS = ev.Args()
 _ARGS = operator.attrgetter("args")
 ROLES = (collectives.KERNEL, collectives.HOST, collectives.CALL)  # the comms table's `role` codes
-_TS, _DUR = operator.attrgetter("ts"), operator.attrgetter("dur")
 _ANY = msgspec.json.Decoder()
 
 
@@ -79,24 +78,12 @@ class _Columns:
         return out
 
 
-def _f(values) -> np.ndarray:
-    """Floats, None → NaN (numpy converts None to NaN for float arrays)."""
-    return np.asarray(values if isinstance(values, list) else list(values), dtype=np.float64)
-
-
-def _i(values) -> np.ndarray:
-    """Integer ids, None → -1; ids outside int64 (never written by Kineto) count as missing too."""
-    a = _f(values)
-    bad = np.isnan(a) | (np.abs(a) >= 2.0**63)
-    return np.where(bad, -1.0, a).astype(np.int64)
-
-
 _INSPECT = -3  # empty or instant category: look at ph/name (metadata, [memory])
 _IGNORED = -9  # a known category that no table keeps (flows, the profiler span)
 _NEW = -100  # not in the category cache yet
 _CAT = operator.attrgetter("cat")
 _TEXT_OR_NONE = {str, type(None)}
-_NAME, _PID, _TID, _PH = (operator.attrgetter(f) for f in ("name", "pid", "tid", "ph"))
+_NAME = operator.attrgetter("name")
 
 
 class Builder:
@@ -121,6 +108,7 @@ class Builder:
         self.total = 0
         self.skipped = 0
         self.tabulated = 0  # events that made it into a table
+        self.scanned = 0  # chunks read by the compiled scanner (the rest by msgspec structs)
         self.min_ts = math.inf
 
     # -- helpers --------------------------------------------------------------------------------
@@ -201,131 +189,138 @@ class Builder:
 
     # -- per chunk ------------------------------------------------------------------------------
     def add_chunk(self, events: list) -> None:
-        """One chunk's events into the tables: the events grouped by table with one stable sort, each
-        column built in one pass over its group (attribute access and conversions in C)."""
-        if not events:
-            return
-        codes = self._codes(events)
+        """One chunk's msgspec-decoded events into the tables."""
+        if events:
+            self._add(StructRows(events, list(map(_ARGS, events))), self._codes(events))
+
+    def add_scanned(self, rows: ScannedRows) -> None:
+        """One chunk read by the compiled scanner (rows.py) into the tables: the same columns as
+        `add_chunk` would build from the same bytes."""
+        self.scanned += 1
+        if len(rows):
+            where, cats = rows.categories()
+            get = self.cat_cache.get
+            table = np.array([c if (c := get(cat)) is not None else self._learn(cat) for cat in cats], np.int16)
+            self._add(rows, table[where])
+
+    def _add(self, rows, codes: np.ndarray) -> None:
+        """The events grouped by table with one stable sort, each column built in one pass over its group
+        (attribute access and conversions in C, or straight from the scanner's arrays)."""
         order = np.argsort(codes, kind="stable")
         ordered = codes[order]
         present, starts = np.unique(ordered, return_index=True)
         ends = np.append(starts[1:], len(ordered))
-        picked = list(map(events.__getitem__, order.tolist())) if len(present) > 1 else events
         groups = {}
         for code, lo, hi in zip(present.tolist(), starts.tolist(), ends.tolist()):
             if code != _IGNORED:
-                groups[code] = picked[lo:hi]
-        del picked
-        buckets: dict[int, tuple] = {}
-        for code, evs in groups.items():
+                groups[code] = rows.take(order[lo:hi]) if len(present) > 1 else rows
+        buckets: dict = {}
+        for code, sub in groups.items():
             if code == -1:
-                self.unknown.update(map(str, map(_CAT, evs)))
+                self.unknown.update(sub.unknown_categories())
                 continue
             if code == _INSPECT:  # metadata (ph M) and [memory] instants, told apart in C, not event by event
-                # operator.eq, not numpy object arrays: a name may be any JSON value (a list, in a broken trace)
-                meta = np.fromiter(map(operator.eq, map(_PH, evs), repeat("M")), bool, count=len(evs))
-                memory = np.fromiter(map(operator.eq, map(_NAME, evs), repeat("[memory]")), bool, count=len(evs))
+                meta, memory = sub.is_meta(), sub.is_memory()
                 for i in np.flatnonzero(meta).tolist():
-                    self._metadata(evs[i], evs[i].args)
-                mem = np.flatnonzero(~meta & memory).tolist()
-                if mem:
-                    picked = [evs[i] for i in mem]
-                    buckets[ev.MEMORY] = (picked, list(map(_ARGS, picked)))
+                    self._metadata(*sub.metadata(i))
+                mem = np.flatnonzero(~meta & memory)
+                if len(mem):
+                    buckets[ev.MEMORY] = sub.take(mem)
                 continue
-            buckets[code] = (evs, list(map(_ARGS, evs)))
-        for code, (evs, args) in buckets.items():
-            evs, args, ts, dur = self._valid(evs, args)
-            if not evs:
+            buckets[code] = sub
+        for code, sub in buckets.items():
+            sub, ts, dur = self._valid(sub)
+            if not len(sub):
                 continue
-            args = [a if a is not None else _EMPTY_ARGS for a in args] if None in args else args
-            self.tabulated += len(evs)
+            sub = sub.with_empty_args()
+            self.tabulated += len(sub)
             if code in (ev.KERNEL, ev.MEMCPY, ev.MEMSET):
-                self._gpu(evs, args, ts, dur, code)
+                self._gpu(sub, ts, dur, code)
             elif code == ev.RUNTIME:
-                self._runtime(evs, args, ts, dur)
+                self._runtime(sub, ts, dur)
             elif code in (ev.CPU_OP, ev.ANNOTATION):
-                self._cpu(evs, args, ts, dur, code == ev.ANNOTATION)
+                self._cpu(sub, ts, dur, code == ev.ANNOTATION)
             elif code == ev.PYTHON:
-                self._python(evs, args, ts, dur)
+                self._python(sub, ts, dur)
             elif code == ev.MEMORY:
-                self._memory(evs, args, ts)
+                self._memory(sub, ts)
             elif code == ev.SYNC:
-                self._span("syncs", evs, args, ts, dur)
+                self._span("syncs", sub, ts, dur)
             elif code == ev.GPU_ANNOTATION:
-                self._span("gpu_annotations", evs, args, ts, dur)
+                self._span("gpu_annotations", sub, ts, dur)
             elif code == ev.RANGE:
-                self.meta.profiler_ranges += len(evs)
+                self.meta.profiler_ranges += len(sub)
             elif code == ev.OVERHEAD:
-                self.meta.overhead_events += len(evs)
+                self.meta.overhead_events += len(sub)
 
-    def _valid(self, evs: list, args: list):
+    def _valid(self, rows):
         """Drop events without a usable timestamp or with a negative duration (counted, not fatal).
-        Returns the events kept, their args and their ts and dur columns (dur NaN → 0)."""
-        ts = _f(list(map(_TS, evs)))
-        dur = _f(list(map(_DUR, evs)))
+        Returns the rows kept and their ts and dur columns (dur NaN → 0)."""
+        ts, dur = rows.ts(), rows.dur()
         bad = np.isnan(ts) | (dur < 0) | np.isinf(ts) | np.isinf(dur)
         if bad.any():
             self.skipped += int(bad.sum())
-            keep = np.flatnonzero(~bad).tolist()
-            evs, args = [evs[i] for i in keep], [args[i] for i in keep]
+            rows = rows.take(np.flatnonzero(~bad))
             ts, dur = ts[~bad], dur[~bad]
         if ts.size:
             self.min_ts = min(self.min_ts, float(ts.min()))
-        return evs, args, ts, np.nan_to_num(dur, nan=0.0)
+        return rows, ts, np.nan_to_num(dur, nan=0.0)
 
-    def _metadata(self, e, a) -> None:
-        if a is None or not isinstance(a.name, str):
+    def _metadata(self, name, pid, tid, value) -> None:
+        """A metadata event (ph M): `value` is its args' `name` (None without args)."""
+        if not isinstance(value, str):
             return
-        if e.name == "process_name":
-            self.meta.process_names[self._ident(e.pid)] = a.name
-        elif e.name == "thread_name":
-            self.meta.thread_names[(self._ident(e.pid), self._ident(e.tid))] = a.name
+        if name == "process_name":
+            self.meta.process_names[self._ident(pid)] = value
+        elif name == "thread_name":
+            self.meta.thread_names[(self._ident(pid), self._ident(tid))] = value
 
-    def _base(self, t: _Columns, evs, ts, dur) -> None:
-        t.add("name", self._names(evs), np.int32)
+    def _base(self, t: _Columns, rows, ts, dur) -> np.ndarray:
+        names = rows.names(self)
+        t.add("name", names, np.int32)
         t.add("ts", ts, np.float64)
         t.add("dur", dur, np.float64)
+        return names
 
-    def _gpu(self, evs, args, ts, dur, code) -> None:
+    def _gpu(self, rows, ts, dur, code) -> None:
         t = self.tables["gpu"]
-        self._base(t, evs, ts, dur)
-        device = self._arg_or(_get(args, "device"), evs, _PID)
-        stream = self._arg_or(_get(args, "stream"), evs, _TID)
-        correlation = _i(_get(args, "correlation"))
-        t.add("kind", np.full(len(evs), code, np.int8), np.int8)
+        names = self._base(t, rows, ts, dur)
+        device = self._arg_or(rows, "device", "pid")
+        stream = self._arg_or(rows, "stream", "tid")
+        correlation = ids_of(rows.num("correlation"))
+        t.add("kind", np.full(len(rows), code, np.int8), np.int8)
         t.add("device", device, np.int64)
         t.add("stream", stream, np.int64)
         t.add("correlation", correlation, np.int64)
-        t.add("external_id", _external(args), np.int64)
-        t.add("bytes", _f(_get(args, "nbytes")), np.float64)
+        t.add("external_id", rows.external(), np.int64)
+        t.add("bytes", rows.num("nbytes"), np.float64)
         if code == ev.KERNEL:
-            self._comms(t.parts["name"][-1], True, evs, args, ts, dur, device, stream, correlation)
+            self._comms(names, True, rows, ts, dur, device, stream, correlation)
 
-    def _comms(self, names: np.ndarray, is_kernel: bool, evs, args, ts, dur, pid, tid, correlation) -> None:
+    def _comms(self, names: np.ndarray, is_kernel: bool, rows, ts, dur, pid, tid, correlation) -> None:
         """The rows that are collectives (model/collectives.py), with their metadata, into `comms`."""
         where, distinct = pd.factorize(names)  # once per distinct name, not per event
         roles = np.array([self._role(is_kernel, int(c)) for c in distinct], dtype=np.int8)[where]
-        rows = np.flatnonzero(roles >= 0)
-        if not len(rows):
+        picked = np.flatnonzero(roles >= 0)
+        if not len(picked):
             return
-        pick = rows.tolist()
-        a = [args[i] for i in pick]
+        a = rows.take(picked)
         t, types = self.tables["comms"], self.types
-        t.add("name", names[rows], np.int32)
-        t.add("ts", ts[rows], np.float64)
-        t.add("dur", dur[rows], np.float64)
-        t.add("role", roles[rows], np.int8)
-        t.add("pid", np.asarray(pid)[rows], np.int64)
-        t.add("tid", np.asarray(tid)[rows], np.int64)
-        t.add("external_id", _external(a), np.int64)
-        t.add("correlation", np.asarray(correlation)[rows], np.int64)
-        t.add("collective", [types[_text(x.collective_name)] for x in a], np.int32)
-        t.add("pg", [types[_text(x.pg_name)] for x in a], np.int32)
-        t.add("group_size", _i([x.group_size for x in a]), np.int64)
-        t.add("in_nelems", _f([x.in_nelems for x in a]), np.float64)
-        t.add("out_nelems", _f([x.out_nelems for x in a]), np.float64)
-        t.add("dtype", [types[_text(x.dtype)] for x in a], np.int32)
-        t.add("seq", _i([x.comm_seq for x in a]), np.int64)
+        t.add("name", names[picked], np.int32)
+        t.add("ts", ts[picked], np.float64)
+        t.add("dur", dur[picked], np.float64)
+        t.add("role", roles[picked], np.int8)
+        t.add("pid", np.asarray(pid)[picked], np.int64)
+        t.add("tid", np.asarray(tid)[picked], np.int64)
+        t.add("external_id", a.external(), np.int64)
+        t.add("correlation", np.asarray(correlation)[picked], np.int64)
+        t.add("collective", [types[_text(x)] for x in a.values("collective_name")], np.int32)
+        t.add("pg", [types[_text(x)] for x in a.values("pg_name")], np.int32)
+        t.add("group_size", ids_of(a.num("group_size")), np.int64)
+        t.add("in_nelems", a.num("in_nelems"), np.float64)
+        t.add("out_nelems", a.num("out_nelems"), np.float64)
+        t.add("dtype", [types[_text(x)] for x in a.values("dtype")], np.int32)
+        t.add("seq", ids_of(a.num("comm_seq")), np.int64)
 
     def _role(self, is_kernel: bool, code: int) -> int:
         key = (is_kernel, code)
@@ -336,36 +331,33 @@ class Builder:
             role = self.comm_roles[key] = ROLES.index(r) if r is not None else -1
         return role
 
-    def _arg_or(self, values: list, evs: list, field) -> np.ndarray:
-        """An id from args (device, stream), else from the event's pid/tid (`field`; old traces: pid 0,
+    def _arg_or(self, rows, field: str, fallback: str) -> np.ndarray:
+        """An id from args (device, stream), else from the event's pid/tid (`fallback`; old traces: pid 0,
         tid "stream 7")."""
-        ids = _i(values)
+        ids = ids_of(rows.num(field))
         missing = ids < 0
         if missing.any():
-            ids = np.where(missing, np.array(self._idents(list(map(field, evs))), dtype=np.int64), ids)
+            ids = np.where(missing, np.asarray(rows.idents(self, fallback), dtype=np.int64), ids)
         return ids
 
-    def _runtime(self, evs, args, ts, dur) -> None:
+    def _runtime(self, rows, ts, dur) -> None:
         t = self.tables["runtime"]
-        self._base(t, evs, ts, dur)
-        t.add("pid", self._idents(list(map(_PID, evs))), np.int64)
-        t.add("tid", self._idents(list(map(_TID, evs))), np.int64)
-        t.add("correlation", _i(_get(args, "correlation")), np.int64)
-        t.add("external_id", _external(args), np.int64)
+        self._base(t, rows, ts, dur)
+        t.add("pid", rows.idents(self, "pid"), np.int64)
+        t.add("tid", rows.idents(self, "tid"), np.int64)
+        t.add("correlation", ids_of(rows.num("correlation")), np.int64)
+        t.add("external_id", rows.external(), np.int64)
 
-    def _cpu(self, evs, args, ts, dur, annotation: bool) -> None:
+    def _cpu(self, rows, ts, dur, annotation: bool) -> None:
         t = self.tables["cpu"]
-        names = self._names(evs)
-        t.add("name", names, np.int32)
-        t.add("ts", ts, np.float64)
-        t.add("dur", dur, np.float64)
-        t.add("pid", self._idents(list(map(_PID, evs))), np.int64)
-        t.add("tid", self._idents(list(map(_TID, evs))), np.int64)
-        t.add("is_annotation", np.full(len(evs), annotation), bool)
-        t.add("external_id", _external(args), np.int64)
-        t.add("seq", _i(_get(args, "sequence_number")), np.int64)
+        names = self._base(t, rows, ts, dur)
+        t.add("pid", rows.idents(self, "pid"), np.int64)
+        t.add("tid", rows.idents(self, "tid"), np.int64)
+        t.add("is_annotation", np.full(len(rows), annotation), bool)
+        t.add("external_id", rows.external(), np.int64)
+        t.add("seq", ids_of(rows.num("sequence_number")), np.int64)
         stacks = self.stacks
-        calls = _get(args, "call_stack")
+        calls = rows.call_stacks()
         if calls.count(None) == len(calls):  # the common case: no legacy call stacks recorded
             t.add("call_stack", np.zeros(len(calls), np.int32), np.int32)
         elif set(map(type, calls)) <= _TEXT_OR_NONE:  # interned in C (None gets the code of "", 0)
@@ -377,51 +369,49 @@ class Builder:
             if isinstance(name, str) and MATMUL_OPS.match(name):
                 self.matmul_names.add(code)
         self.names_checked = len(self.names)
-        typ = np.zeros(len(evs), np.int32)
-        dims = np.zeros(len(evs), np.int32)
+        typ = np.zeros(len(rows), np.int32)
+        dims = np.zeros(len(rows), np.int32)
         if self.matmul_names:
             type_codes, dims_codes = self.raw_type_codes, self.raw_dims_codes  # raw JSON → code, decoded once
-            for i in np.flatnonzero(np.isin(names, list(self.matmul_names))).tolist():
-                a = args[i]
-                raw = bytes(a.input_type)
-                code = type_codes.get(raw)
+            picked = np.flatnonzero(np.isin(names, list(self.matmul_names))).tolist()
+            for i, raw_type, raw_dims in zip(picked, rows.raw("input_type", picked), rows.raw("input_dims", picked)):
+                code = type_codes.get(raw_type)
                 if code is None:
-                    kinds = _raw_json(raw)
-                    code = type_codes[raw] = self.types[",".join(map(str, kinds))] if isinstance(kinds, list) else 0
+                    kinds = _raw_json(raw_type)
+                    code = type_codes[raw_type] = self.types[",".join(map(str, kinds))] if isinstance(kinds, list) else 0
                 typ[i] = code
-                raw = bytes(a.input_dims)
-                code = dims_codes.get(raw)
+                code = dims_codes.get(raw_dims)
                 if code is None:
-                    code = dims_codes[raw] = self.types[raw.decode("utf-8", "replace")]
+                    code = dims_codes[raw_dims] = self.types[raw_dims.decode("utf-8", "replace")]
                 dims[i] = code
         t.add("input_type", typ, np.int32)
         t.add("input_dims", dims, np.int32)
-        self._comms(names, False, evs, args, ts, dur, t.parts["pid"][-1], t.parts["tid"][-1],
-                    np.full(len(evs), -1, np.int64))
+        self._comms(names, False, rows, ts, dur, t.parts["pid"][-1], t.parts["tid"][-1],
+                    np.full(len(rows), -1, np.int64))
 
-    def _python(self, evs, args, ts, dur) -> None:
+    def _python(self, rows, ts, dur) -> None:
         t = self.tables["python"]
-        self._base(t, evs, ts, dur)
-        t.add("tid", self._idents(list(map(_TID, evs))), np.int64)
-        t.add("python_id", _i(_get(args, "python_id")), np.int64)
-        t.add("parent_id", _i(_get(args, "python_parent_id")), np.int64)
+        self._base(t, rows, ts, dur)
+        t.add("tid", rows.idents(self, "tid"), np.int64)
+        t.add("python_id", ids_of(rows.num("python_id")), np.int64)
+        t.add("parent_id", ids_of(rows.num("python_parent_id")), np.int64)
 
-    def _memory(self, evs, args, ts) -> None:
+    def _memory(self, rows, ts) -> None:
         t = self.tables["memory"]
         t.add("ts", ts, np.float64)
-        t.add("bytes", _f([a.mem_bytes for a in args]), np.float64)
-        t.add("total_allocated", _f([a.total_allocated for a in args]), np.float64)
-        t.add("total_reserved", _f([a.total_reserved for a in args]), np.float64)
-        t.add("device_type", _i([a.device_type for a in args]), np.int64)
-        t.add("device", _i([a.device_id for a in args]), np.int64)
-        t.add("addr", _f([a.addr for a in args]), np.float64)
+        t.add("bytes", rows.num("mem_bytes"), np.float64)
+        t.add("total_allocated", rows.num("total_allocated"), np.float64)
+        t.add("total_reserved", rows.num("total_reserved"), np.float64)
+        t.add("device_type", ids_of(rows.num("device_type")), np.int64)
+        t.add("device", ids_of(rows.num("device_id")), np.int64)
+        t.add("addr", rows.num("addr"), np.float64)
 
-    def _span(self, table: str, evs, args, ts, dur) -> None:
+    def _span(self, table: str, rows, ts, dur) -> None:
         t = self.tables[table]
-        self._base(t, evs, ts, dur)
-        t.add("device", self._arg_or(_get(args, "device"), evs, _PID), np.int64)
-        t.add("stream", self._arg_or(_get(args, "stream"), evs, _TID), np.int64)
-        t.add("correlation", _i(_get(args, "correlation")), np.int64)
+        self._base(t, rows, ts, dur)
+        t.add("device", self._arg_or(rows, "device", "pid"), np.int64)
+        t.add("stream", self._arg_or(rows, "stream", "tid"), np.int64)
+        t.add("correlation", ids_of(rows.num("correlation")), np.int64)
 
     # -- merging a forked worker's share -----------------------------------------------------------
     def export(self) -> dict:
@@ -505,7 +495,7 @@ class Builder:
                 cols["role"] = pd.Categorical.from_codes(cols["role"].astype(np.int64), categories=list(ROLES))
                 for col in ("collective", "pg", "dtype"):
                     cols[col] = _decode_codes(cols[col], self.types)
-            df = pd.DataFrame(cols)
+            df = pd.DataFrame(cols, copy=False)  # a block per column: no copy to consolidate, and faster row picks
             if "name" in df:
                 df["name"] = df["name"].cat.remove_unused_categories()
             out[table] = df if df["ts"].is_monotonic_increasing else df.sort_values("ts", kind="stable", ignore_index=True)
@@ -523,20 +513,6 @@ def _raw_json(raw):
 def _text(value) -> str:
     """A metadata arg as text ("" when absent): process group names are "0" in one trace and 0 in another."""
     return "" if value is None else value if isinstance(value, str) else str(value)
-
-
-def _get(args: list, field: str) -> list:
-    """One field of every args struct (attribute access in C, not a Python loop)."""
-    return list(map(operator.attrgetter(field), args))
-
-
-def _external(args) -> np.ndarray:
-    """`External id` (new traces) or `external id` (2021 traces)."""
-    ids = _get(args, "external_id")
-    if ids.count(None):
-        legacy = _get(args, "external_id_legacy")
-        ids = [x if x is not None else y for x, y in zip(ids, legacy)]
-    return _i(ids)
 
 
 def _decode_codes(codes: np.ndarray, interner: Interner) -> pd.Categorical:

@@ -8,6 +8,7 @@ reports (tests, benchmarks), so its tests need neither torch nor a GPU.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 from textual import work
@@ -50,6 +51,59 @@ FIRST_SCREEN = "findings"  # the answer first; the overview is one key away
 
 class _Cancelled(Exception):
     """The app closed while the load ran: the analysis stops at its next progress callback."""
+
+
+class AnalysisAhead:
+    """The analysis of the app's inputs in a thread of its own, started the moment the app is asked to run:
+    it imports the analyzer and reads while Textual starts and draws the loading screen (the reader's C
+    scanner and its forked second-core decoder need no interpreter lock), where a load worker started on
+    mount would begin only after them. The load worker relays its progress to the screen and takes its
+    reports. Closing the app stops it at its next progress callback."""
+
+    def __init__(self, paths: list[str], sources=None):
+        self.paths, self.sources = paths, sources
+        self.cancelled = threading.Event()
+        self.done = threading.Event()
+        self.latest: tuple | None = None  # the newest LoadProgress arguments
+        self.reports: list | None = None
+        self.error: BaseException | None = None
+        self._file = {"label": "", "i": 0, "n": 1}
+        self._last = -1.0
+        self._thread = threading.Thread(target=self._run, name="gpuadvise-analysis", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            from gpuadvise.analyzer import run as analysis
+
+            sources = self.sources if self.sources is not None else analysis.resolve_inputs(self.paths)
+            # the reader may fork its second-core decoder beside Textual's threads (read/forked.py says why)
+            with analysis.beside_threads():
+                self.reports = analysis.analyze(sources, jobs=1, progress=self._progress, bytes_progress=self._bytes)
+        except BaseException as exc:  # noqa: BLE001 - handed to the load worker, which reports it
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def _progress(self, i, n, src) -> None:
+        """A step of the bar per file."""
+        if self.cancelled.is_set():
+            raise _Cancelled
+        label = f"{short_source(str(src.path))}{_size(src.path)} ({i + 1} of {n})"
+        self._file.update(label=label, i=i, n=n)
+        self._last = -1.0
+        self.latest = (f"Reading and analysing {label}", i, n, False)
+
+    def _bytes(self, done: int, total: int) -> None:
+        """Within a file, the bytes decoded (at most every 2 %), so that the bar moves with the parse."""
+        if self.cancelled.is_set():
+            raise _Cancelled
+        frac = done / total if total else 0.0
+        if frac - self._last >= 0.02 or done >= total:
+            self._last = frac
+            stage = "Analysing" if done >= total else "Reading"
+            f = self._file
+            self.latest = (f"{stage} {f['label']}", f["i"] + frac, f["n"], True)
 
 
 class LoadProgress(Message):
@@ -110,6 +164,7 @@ class GpuadviseApp(App[int]):
         self.last_export: Path | None = None
         self.waiting_for_index: set = set()  # timeline screens shown before their index was built
         self.loading = False  # True while the load worker runs (the CLI must not wait on it at exit)
+        self._ahead: AnalysisAhead | None = None
 
     # -- start-up ----------------------------------------------------------------------------------
     def get_default_screen(self) -> LoadingScreen:
@@ -131,19 +186,24 @@ class GpuadviseApp(App[int]):
         """Read and analyse every input through the one analysis entry point (run/), then index the
         timelines; runs off the UI thread. The ranks stay in this process (`jobs=1`): the timeline
         needs their events. The job-level findings (straggler, comm overlap) come with the reports."""
-        from gpuadvise.analyzer import run as analysis
-
         from .data import ViewData
 
         worker = get_current_worker()
+        ahead = self.start_analysis()
         try:
-            sources = self.sources if self.sources is not None else analysis.resolve_inputs(self.paths)
-            progress, on_bytes = self._progress_hooks(worker)
-            # the reader may fork its second-core decoder beside Textual's threads (read/forked.py says why)
-            with analysis.beside_threads():
-                reports = analysis.analyze(sources, jobs=1, progress=progress, bytes_progress=on_bytes)
+            shown = None
+            while not ahead.done.wait(0.05):  # relay the analysis' progress until it is done
+                if worker.is_cancelled:
+                    ahead.cancelled.set()
+                    return
+                if ahead.latest is not shown:
+                    shown = ahead.latest
+                    self.post_message(LoadProgress(*shown))
+            if ahead.error is not None:
+                raise ahead.error
             if worker.is_cancelled:
                 return
+            reports = ahead.reports
             data = ViewData(reports)
             self.post_message(Loaded(data))
             for i in range(len(reports)):  # the timeline index: in the background, after the findings show
@@ -160,30 +220,21 @@ class GpuadviseApp(App[int]):
         finally:
             self.loading = False
 
-    def _progress_hooks(self, worker):
-        """The analysis' callbacks: a step of the bar per file, and within a file the bytes decoded (at
-        most every 2 %) so that the bar moves with the parse instead of pulsing. A cancelled load stops
-        at the next callback."""
-        current = {"label": "", "i": 0, "n": 1}
-        last = [-1.0]
+    def start_analysis(self) -> AnalysisAhead | None:
+        """Start analysing the paths now (once; nothing for ready reports): `run` does it before Textual
+        starts, the load worker when the app was started otherwise (`run_test`)."""
+        if self._ahead is None and self.ready_reports is None:
+            self._ahead = AnalysisAhead(self.paths, self.sources)
+        return self._ahead
 
-        def progress(i, n, src) -> None:
-            if worker.is_cancelled:
-                raise _Cancelled
-            label = f"{short_source(str(src.path))}{_size(src.path)} ({i + 1} of {n})"
-            current.update(label=label, i=i, n=n)
-            last[0] = -1.0
-            self.post_message(LoadProgress(f"Reading and analysing {label}", i, n))
+    def run(self, *args, **kwargs):
+        self.start_analysis()
+        return super().run(*args, **kwargs)
 
-        def on_bytes(done: int, total: int) -> None:
-            frac = done / total if total else 0.0
-            if frac - last[0] >= 0.02 or done >= total:
-                last[0] = frac
-                stage = "Analysing" if done >= total else "Reading"
-                self.post_message(LoadProgress(f"{stage} {current['label']}", current["i"] + frac, current["n"],
-                                               fraction=True))
-
-        return progress, on_bytes
+    @property
+    def analysing(self) -> bool:
+        """The analysis thread still runs (the app was closed before it finished)."""
+        return self._ahead is not None and not self._ahead.done.is_set()
 
     @work(thread=True, exclusive=True, group="index", exit_on_error=False)
     def index_timelines(self) -> None:

@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         code = EXIT_INTERNAL
     if app.exit_code and not code:
         code = app.exit_code
-    if app.loading:
-        # Quit while a big trace was still loading: the worker thread cannot be interrupted and the
+    if app.loading or getattr(app, "analysing", False):
+        # Quit while a big trace was still loading: the analysis thread cannot be interrupted and the
         # interpreter would wait for it at exit. Nothing is left to save, so leave now.
         sys.stdout.flush()
         sys.stderr.flush()
