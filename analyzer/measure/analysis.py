@@ -189,10 +189,13 @@ class Analysis:
         if not comm.any():
             return None
         elems = self._comm_elems
-        key = pd.Series([f"{n}|{elems.get(c, '')}" for n, c in zip(ops["name"].astype(str), ops["correlation"])],
-                        index=ops.index)
-        transfer = ops["dur"].groupby(key).transform("min").to_numpy(dtype=float)
-        return np.where(comm, transfer, np.nan)
+        # the collective kernels only (a name is a collective's or not, so no other op shares their groups)
+        mine = ops[comm]
+        key = pd.Series([f"{n}|{elems.get(c, '')}" for n, c in zip(mine["name"].astype(str), mine["correlation"])],
+                        index=mine.index)
+        transfer = np.full(len(ops), np.nan)
+        transfer[comm] = mine["dur"].groupby(key).transform("min").to_numpy(dtype=float)
+        return transfer
 
     @cached_property
     def _comm_elems(self) -> dict:

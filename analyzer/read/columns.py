@@ -476,13 +476,17 @@ class Builder:
                           group_size=np.int64, in_nelems=np.float64, out_nelems=np.float64, dtype=np.int32, seq=np.int64),
         }
         kinds = np.array(["kernel", "memcpy", "memset"], dtype=object)
+        name_index = pd.Index(names)
         out = {}
         for table, spec in specs.items():
             cols = self.tables[table].frame(spec)
             self.tables[table] = None  # release chunk arrays as we go
             cols["ts"] = cols["ts"] - base
-            if "name" in cols:
-                cols["name"] = pd.Categorical.from_codes(cols["name"], categories=names)
+            if "name" in cols:  # the names this table uses, in the interner's order (no unused category)
+                codes = cols["name"]
+                used = np.bincount(codes, minlength=len(names)) > 0
+                kept = np.flatnonzero(used)
+                cols["name"] = pd.Categorical.from_codes((np.cumsum(used) - 1)[codes], categories=name_index[kept])
             if "dur" in cols:
                 cols["end"] = cols["ts"] + cols["dur"]
             if table == "gpu":
@@ -496,8 +500,6 @@ class Builder:
                 for col in ("collective", "pg", "dtype"):
                     cols[col] = _decode_codes(cols[col], self.types)
             df = pd.DataFrame(cols, copy=False)  # a block per column: no copy to consolidate, and faster row picks
-            if "name" in df:
-                df["name"] = df["name"].cat.remove_unused_categories()
             out[table] = df if df["ts"].is_monotonic_increasing else df.sort_values("ts", kind="stable", ignore_index=True)
         return out
 

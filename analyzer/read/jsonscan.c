@@ -330,6 +330,26 @@ scan_number(const uchar *p, const uchar *end, numval *nv)
 }
 
 /* ------------------------------------------------------------------------------------------------ */
+/* after an item of an object or array (p just past its value, NULL if the value failed): past `close`
+ * with *closed set, or past ',' and whitespace at the next item; NULL for anything else */
+static inline const uchar *
+after_item(const uchar *p, const uchar *end, uchar close, int *closed)
+{
+    *closed = 0;
+    if (!p)
+        return NULL;
+    p = skip_ws(p, end);
+    if (p >= end)
+        return NULL;
+    if (*p == close) {
+        *closed = 1;
+        return p + 1;
+    }
+    if (*p != ',')
+        return NULL;
+    return skip_ws(p + 1, end);
+}
+
 /* Skipping a value we do not keep (or keep only as raw text): fully validated, recursively, within the
  * nesting budget (how many containers it may still enter). `strict` is set for values msgspec decodes
  * into Python objects (Any-typed fields), where a number's value matters: huge integers and
@@ -363,17 +383,10 @@ skip_value(const uchar *p, const uchar *end, int budget, int strict)
             if (p >= end || *p != ':')
                 return NULL;
             p = skip_ws(p + 1, end);
-            p = skip_value(p, end, budget - 1, strict);
-            if (!p)
-                return NULL;
-            p = skip_ws(p, end);
-            if (p >= end)
-                return NULL;
-            if (*p == '}')
-                return p + 1;
-            if (*p != ',')
-                return NULL;
-            p = skip_ws(p + 1, end);
+            int closed;
+            p = after_item(skip_value(p, end, budget - 1, strict), end, '}', &closed);
+            if (!p || closed)
+                return p;
         }
     }
     case '[': {
@@ -383,17 +396,10 @@ skip_value(const uchar *p, const uchar *end, int budget, int strict)
         if (p < end && *p == ']')
             return p + 1;
         for (;;) {
-            p = skip_value(p, end, budget - 1, strict);
-            if (!p)
-                return NULL;
-            p = skip_ws(p, end);
-            if (p >= end)
-                return NULL;
-            if (*p == ']')
-                return p + 1;
-            if (*p != ',')
-                return NULL;
-            p = skip_ws(p + 1, end);
+            int closed;
+            p = after_item(skip_value(p, end, budget - 1, strict), end, ']', &closed);
+            if (!p || closed)
+                return p;
         }
     }
     case 't':
@@ -607,41 +613,20 @@ ensure(scanner *s, int ci)
     return 1;
 }
 
-static inline int
-put_i32(scanner *s, int ci, int32_t v)
-{
-    if (!ensure(s, ci))
-        return 0;
-    ((int32_t *)s->cols[ci].data)[s->row] = v;
-    return 1;
-}
-
-static inline int
-put_i64(scanner *s, int ci, int64_t v)
-{
-    if (!ensure(s, ci))
-        return 0;
-    ((int64_t *)s->cols[ci].data)[s->row] = v;
-    return 1;
-}
-
-static inline int
-put_f64(scanner *s, int ci, double v)
-{
-    if (!ensure(s, ci))
-        return 0;
-    ((double *)s->cols[ci].data)[s->row] = v;
-    return 1;
-}
-
-static inline int
-put_i8(scanner *s, int ci, int8_t v)
-{
-    if (!ensure(s, ci))
-        return 0;
-    ((int8_t *)s->cols[ci].data)[s->row] = v;
-    return 1;
-}
+/* put_<type>(s, ci, v): row s->row of column ci set to v, one function per column type */
+#define DEFINE_PUT(suffix, ctype)                                                                       \
+    static inline int put_##suffix(scanner *s, int ci, ctype v)                                          \
+    {                                                                                                    \
+        if (!ensure(s, ci))                                                                              \
+            return 0;                                                                                    \
+        ((ctype *)s->cols[ci].data)[s->row] = v;                                                         \
+        return 1;                                                                                        \
+    }
+DEFINE_PUT(i8, int8_t)
+DEFINE_PUT(i32, int32_t)
+DEFINE_PUT(i64, int64_t)
+DEFINE_PUT(f64, double)
+#undef DEFINE_PUT
 
 /* two spans of the buffer, of the same length n, byte for byte */
 static inline int
@@ -877,16 +862,10 @@ read_args(scanner *s, const uchar *p, const uchar *end)
                 break;
             }
         }
-        if (!p)
-            return NULL;
-        p = skip_ws(p, end);
-        if (p >= end)
-            return NULL;
-        if (*p == '}')
-            return p + 1;
-        if (*p != ',')
-            return NULL;
-        p = skip_ws(p + 1, end);
+        int closed;
+        p = after_item(p, end, '}', &closed);
+        if (!p || closed)
+            return p;
     }
 }
 
@@ -1024,16 +1003,10 @@ read_event(scanner *s, const uchar *p, const uchar *end)
             p = skip_value(p, end, s->max_depth - 2, 0);
             break;
         }
-        if (!p)
-            return NULL;
-        p = skip_ws(p, end);
-        if (p >= end)
-            return NULL;
-        if (*p == '}')
-            return p + 1;
-        if (*p != ',')
-            return NULL;
-        p = skip_ws(p + 1, end);
+        int closed;
+        p = after_item(p, end, '}', &closed);
+        if (!p || closed)
+            return p;
     }
 }
 
