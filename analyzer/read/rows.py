@@ -7,7 +7,7 @@
   distinct raw JSON texts of the chunk, decoded here once each (by msgspec, as the struct path would).
 
 The scanner answers only for chunks msgspec would decode without complaint and whose names and
-categories are plain values; anything else (`from_scan` returns None) goes the struct way, so both
+categories are plain values; anything else (`scan_chunk` returns None) goes the struct way, so both
 sources always give the builder the same values, and the builder the same columns.
 
 Each source hands out, for its rows: the timestamps and durations, numeric args as float64 (a missing
@@ -35,7 +35,7 @@ except ImportError:  # pragma: no cover - depends on the install
 SCAN = _scan is not None and os.environ.get("GPUADVISE_SCAN", "1") != "0"
 
 _EMPTY_ARGS = ev.Args()
-_TS, _DUR, _NAME, _PID, _TID, _PH, _CAT = (operator.attrgetter(f) for f in ("ts", "dur", "name", "pid", "tid", "ph", "cat"))
+_TS, _DUR, _NAME, _PH, _CAT = (operator.attrgetter(f) for f in ("ts", "dur", "name", "ph", "cat"))
 _ANY = msgspec.json.Decoder()
 
 

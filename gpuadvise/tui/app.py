@@ -191,8 +191,9 @@ class GpuadviseApp(App[int]):
         worker = get_current_worker()
         ahead = self.start_analysis()
         try:
-            shown = None
-            while not ahead.done.wait(0.05):  # relay the analysis' progress until it is done
+            shown, finished = None, False
+            while not finished:  # relay the analysis' progress until it is done, its last step included
+                finished = ahead.done.wait(0.05)
                 if worker.is_cancelled:
                     ahead.cancelled.set()
                     return
