@@ -1,6 +1,7 @@
-"""The events array, cut into ~8 MB sub-arrays at `},{` and fed to the column builder chunk by chunk.
+"""The events array, cut into ~8 MB sub-arrays at `},{` and fed to the column builder chunk by chunk: read
+by the compiled scanner (rows.py), or decoded by msgspec where the scanner declines.
 
-Cutting without parsing first is what keeps memory at one chunk of structs plus the columns. The
+Cutting without parsing first is what keeps memory at one chunk plus the columns. The
 cutter, the feeding loop (which asks for a longer chunk when a cut fell inside a string) and the
 progress callback are shared by the careful path, the streamed path and both halves of the parallel
 split, so they live apart from each of them.

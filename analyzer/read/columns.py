@@ -1,5 +1,7 @@
-"""Typed events → numpy columns, one table per kind of event (gpu, runtime, cpu, python, memory, syncs,
-GPU annotations), strings interned into pandas categorical codes.
+"""A chunk's events → numpy columns, one table per kind of event (gpu, runtime, cpu, python, memory,
+syncs, GPU annotations), strings interned into pandas categorical codes. The events come as msgspec
+structs (`add_chunk`) or as the compiled scanner's columns (`add_scanned`); rows.py gives both one
+interface, so one code path builds the tables from either.
 
 This is the hot loop of every load, shared by the careful path, the streamed path and the forked
 worker (which exports its columns and string tables for the parent to merge). It knows nothing about

@@ -1,16 +1,18 @@
-"""Kineto trace (.json / .json.gz) → `TraceModel`, decoded by msgspec straight into columns.
+"""Kineto trace (.json / .json.gz) → `TraceModel`, decoded straight into columns.
 
 Why not `json.load`: it builds a dict per event (about 1 KB each) before any analysis starts. Here the
-events array is cut at `},{` into ~8 MB sub-arrays that are decoded into typed structs, turned into numpy
-columns and dropped. Big regular files (plain or .gz) are streamed window by window (stream.py), so
-memory holds one window plus the columns; everything else — pipes, small files, and files that are cut
-off, damaged or oddly laid out — takes the careful path below, which reads the whole file, validates it
-and salvages what it can. A chunk that fails typed decoding is decoded event by event; events that
-cannot be read are counted and skipped, never fatal.
+events array is cut at `},{` into ~8 MB sub-arrays that the compiled scanner reads into flat columns
+(msgspec decodes those it declines into typed structs), turned into numpy columns and dropped. Big
+regular files (plain or .gz) are streamed window by window (stream.py), so memory holds one window plus
+the columns; everything else — pipes, small files, and files that are cut off, damaged or oddly laid
+out — takes the careful path below, which reads the whole file, validates it and salvages what it can.
+A chunk that fails typed decoding is decoded event by event; events that cannot be read are counted and
+skipped, never fatal.
 
 The steps live in their own modules: filebytes.py (reading, gzip, size limit), repair.py (damaged JSON),
-chunks.py (cutting the array and feeding chunks), columns.py (events → columns), parallel.py (the
-two-process split), header.py (TraceMeta from the header). This module chooses the path and joins them.
+chunks.py (cutting the array and feeding chunks), rows.py (a chunk's events, scanned or as structs),
+columns.py (events → columns), parallel.py (the two-process split), header.py (TraceMeta from the
+header). This module chooses the path and joins them.
 """
 
 from __future__ import annotations
