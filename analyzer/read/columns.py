@@ -359,7 +359,7 @@ class Builder:
         t.add("external_id", rows.external(), np.int64)
         t.add("seq", ids_of(rows.num("sequence_number")), np.int64)
         stacks = self.stacks
-        calls = rows.call_stacks()
+        calls = rows.values("call_stack")
         if calls.count(None) == len(calls):  # the common case: no legacy call stacks recorded
             t.add("call_stack", np.zeros(len(calls), np.int32), np.int32)
         elif set(map(type, calls)) <= _TEXT_OR_NONE:  # interned in C (None gets the code of "", 0)

@@ -103,9 +103,6 @@ class StructRows:
         get, args = operator.attrgetter(field), self.args
         return [bytes(get(args[i])) for i in picked]
 
-    def call_stacks(self) -> list:
-        return self.values("call_stack")
-
     # the chunk as a whole: categories, and the events of uncategorised kinds (metadata, [memory])
     def is_meta(self) -> np.ndarray:
         return np.fromiter(map(operator.eq, map(_PH, self.evs), repeat("M")), bool, count=len(self.evs))
@@ -155,27 +152,16 @@ def scan_chunk(buf) -> "ScannedRows | None":
     if out is None:
         return None
     n, cols, raws = out
+    # each decoded column's distinct ids (-1: missing, -2 for pid/tid: an integer or missing)
+    distinct = {name: pd.unique(np.frombuffer(cols[name], _INT32)).tolist() for name in _DECODED if name in cols}
     values: list = [None] * len(raws)
-    needed = set()
-    for name in _DECODED:
-        data = cols.get(name)
-        if data is not None:
-            ids = np.frombuffer(data, _INT32)
-            needed.update(pd.unique(ids).tolist())
-    for i in needed:
-        if i < 0:  # missing, or (pid/tid) an integer
-            continue
+    for i in {i for ids in distinct.values() for i in ids if i >= 0}:
         try:
             values[i] = _ANY.decode(raws[i])
         except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
             return None
-    for name in ("cat", "name"):
-        data = cols.get(name)
-        if data is not None:
-            ids = np.frombuffer(data, _INT32)
-            for i in pd.unique(ids).tolist():
-                if i >= 0 and isinstance(values[i], (list, dict)):
-                    return None
+    if any(i >= 0 and isinstance(values[i], (list, dict)) for name in ("cat", "name") for i in distinct.get(name, ())):
+        return None
     chunk = ScannedChunk(n, cols, raws, values)
     return ScannedRows(chunk, np.arange(n))
 
@@ -214,15 +200,12 @@ class ScannedRows:
             ids = np.where(missing, self.num("external_id_legacy"), ids)
         return ids_of(ids)
 
-    def _decoded(self, field: str) -> list:
+    def values(self, field: str) -> list:
         """Per row, the decoded value of a raw-id column (None where missing)."""
         if field not in self.chunk.cols:
             return [None] * len(self.rows)
         values = self.chunk.values
         return [values[i] if i >= 0 else None for i in self._col(field, _INT32, -1).tolist()]
-
-    def values(self, field: str) -> list:
-        return self._decoded(field)
 
     def idents(self, builder, field: str) -> np.ndarray:
         """pid/tid as ids: integers as they are, missing -1, strings through the builder's `_ident` in
@@ -254,8 +237,6 @@ class ScannedRows:
         ids, raws = self.chunk.column(field, _INT32, -1)[self.rows[picked]].tolist(), self.chunk.raws
         return [raws[i] if i >= 0 else b"null" for i in ids]
 
-    def call_stacks(self) -> list:
-        return self._decoded("call_stack")
 
     def categories(self) -> tuple[np.ndarray, list]:
         """Per row, the index of its category among the distinct ones, and those (decoded; "" if absent)."""
@@ -280,7 +261,7 @@ class ScannedRows:
         name_id = int(one._col("name", _INT32, -1)[0])
         name = self.chunk.values[name_id] if name_id >= 0 else ""  # the struct's default: ""
         has_args = bool(one._col("has_args", np.int8, 0)[0])
-        return name, one._one_ident("pid"), one._one_ident("tid"), (one._decoded("meta_name")[0] if has_args else None)
+        return name, one._one_ident("pid"), one._one_ident("tid"), (one.values("meta_name")[0] if has_args else None)
 
     def _one_ident(self, field: str):
         """The raw pid/tid of a single row as msgspec gives it (int, str or None)."""
