@@ -26,9 +26,10 @@ def can_fork() -> bool:
 @contextmanager
 def beside_threads():
     """Inside this block, this thread may fork although other threads run: its caller vouches that they
-    hold no lock the child needs. The child only reads the trace file, decodes it (msgspec, numpy) and
-    writes one pickle to its own pipe, then leaves with os._exit: it never writes to stdout or stderr,
-    never logs, never flushes or closes what the parent opened. `gpuadvise view` reads in a worker thread
+    hold no lock the child needs. The child only reads the trace file and decodes it (msgspec, numpy), or
+    runs rules on the analysis (run/rulequeue.py, with stdout and stderr sent to /dev/null), and writes
+    one pickle to its own pipe, then leaves with os._exit: it never writes to the terminal, never logs,
+    never flushes or closes what the parent opened. `gpuadvise view` reads in a worker thread
     beside Textual's (the event loop and the terminal's reader and writer, which hold nothing of that):
     without this it would decode on one core."""
     before = getattr(_vouched, "others_safe", False)

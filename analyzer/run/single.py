@@ -3,7 +3,10 @@ own → model → metrics and memory summary → every rule whose inputs exist �
 
 from __future__ import annotations
 
+import gc
 import traceback
+from contextlib import contextmanager
+from functools import partial
 
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.measure.memory import summarize
@@ -16,12 +19,35 @@ from gpuadvise.analyzer.read.loader import load_trace
 from gpuadvise.analyzer.read.snapshot import load_snapshot
 from gpuadvise.analyzer.read.sources import Source
 
+from . import rulequeue
 from .figures import trace_figures
 
 
 def analyze_model(model: TraceModel, facts: dict | None = None, source: str = "", rank: int | None = None,
                   rules=None, snapshot: dict | None = None) -> TraceReport:
     """One trace, with the allocator snapshot taken in the same run when there is one."""
+    with _collecting_only_new_objects():
+        return _analyze_model(model, facts, source, rank, rules, snapshot)
+
+
+@contextmanager
+def _collecting_only_new_objects():
+    """While a trace is analysed, the objects that were there before (every imported module's, the
+    caller's, the model's) are kept out of the cyclic collector's rounds (`gc.freeze`), and put back after
+    (`gc.unfreeze`): the analysis makes enough objects to trigger dozens of collections, and each full one
+    walked all of those again (about 40 ms per trace). Nothing is changed where something else froze
+    objects first (a job's worker, a forking server): its freeze is left as it is."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def _analyze_model(model, facts, source, rank, rules, snapshot) -> TraceReport:
     metrics = compute(model)
     memory = summarize(snapshot, model, metrics, facts)
     analysis = Analysis(model, metrics, facts, memory)
@@ -37,12 +63,14 @@ def analyze_model(model: TraceModel, facts: dict | None = None, source: str = ""
     if analysis.compiled is not None:  # how much of each step ran compiled
         notes.append(analysis.compiled.describe())
     rank = model.meta.rank if model.meta.rank is not None else rank
-    findings = run_rules(analysis, rules, source, rank, notes)
+    # the summary figures are one more task beside the rules (the first, the longest: rulequeue.py)
+    findings, (figures,) = run_rules(analysis, rules, source, rank, notes,
+                                     beside=[lambda: trace_figures(model, metrics, analysis.calibration, facts)])
     calibration = analysis.calibration
     if calibration is not None and calibration.unprofiled_step_us is None and metrics.has_gpu:
         notes.append(calibration.describe())
     return TraceReport(source=source, rank=rank, model=model, metrics=metrics, findings=findings, notes=notes,
-                       memory=memory, calibration=calibration, figures=trace_figures(model, metrics, calibration, facts))
+                       memory=memory, calibration=calibration, figures=figures)
 
 
 def analyze_snapshot(snapshot: dict, facts: dict | None = None, source: str = "", rank: int | None = None,
@@ -56,31 +84,61 @@ def analyze_snapshot(snapshot: dict, facts: dict | None = None, source: str = ""
 
 
 def run_rules(analysis, rules, source: str | None, rank: int | None, notes: list[str],
-               keep_rank: bool = False) -> list[Finding]:
+              keep_rank: bool = False, beside: list | None = None):
     """Every rule whose inputs `analysis` has (`Rule.requires`); a rule that raises costs only its own
-    findings. Job-level rules (`keep_rank`) name the rank and trace themselves."""
+    findings. Job-level rules (`keep_rank`) name the rank and trace themselves.
+
+    On a big trace a forked child takes rules from the same queue as this process (rulequeue.py): the
+    findings and notes are the same, in the same order. `beside`: more work (callables) for the same
+    queue, ahead of the rules; with it the result is `(findings, [what each returned])`."""
     from gpuadvise.rules import all_rules
 
+    # a rule whose input is not here is left out (a trace rule on a snapshot, a memory rule without memory data)
+    chosen = [rule for rule in rules or all_rules()
+              if all(analysis.has(need) for need in getattr(rule, "requires", ("trace",)))]
+    split = not keep_rank and _worth_splitting(analysis)
+    if split:
+        _shared_measures(analysis)  # built once, before the fork, for both processes
+    extra = list(beside or [])
+    tasks = extra + [partial(_run_one, analysis, rule, source, rank, keep_rank) for rule in chosen]
+    results = rulequeue.run_each(tasks, split)
     findings: list[Finding] = []
-    for rule in rules or all_rules():
-        if not all(analysis.has(need) for need in getattr(rule, "requires", ("trace",))):
-            continue  # its input is not here (a trace rule on a snapshot, a memory rule without memory data)
-        try:
-            found = rule.check(analysis)
-        except Exception as exc:  # a rule bug must not cost the user the other findings
-            notes.append(f"rule {rule.code} ({rule.name}) failed: {type(exc).__name__}: {exc}")
-            if _debug():
-                traceback.print_exc()
-            continue
-        if not keep_rank:
-            for f in found:
-                f.rank = rank
-                f.trace = source
-            _for_every_rank(analysis, found)
-            _place_ranges(analysis, found)
-            _fix_from_what_is_off(analysis, found)
+    for found, note in results[len(extra):]:
+        if note is not None:
+            notes.append(note)
         findings.extend(found)
-    return order(findings)
+    return (order(findings), results[:len(extra)]) if beside is not None else order(findings)
+
+
+def _run_one(analysis, rule, source: str | None, rank: int | None, keep_rank: bool) -> tuple[list[Finding], str | None]:
+    """One rule's findings, with the engine's additions, and the note saying it failed (None when it did not)."""
+    try:
+        found = rule.check(analysis)
+    except Exception as exc:  # a rule bug must not cost the user the other findings
+        if _debug():
+            traceback.print_exc()
+        return [], f"rule {rule.code} ({rule.name}) failed: {type(exc).__name__}: {exc}"
+    if not keep_rank:
+        for f in found:
+            f.rank = rank
+            f.trace = source
+        _for_every_rank(analysis, found)
+        _place_ranges(analysis, found)
+        _fix_from_what_is_off(analysis, found)
+    return found, None
+
+
+def _worth_splitting(analysis) -> bool:
+    model = getattr(analysis, "model", None)
+    return (isinstance(analysis, Analysis) and model is not None and analysis.metrics is not None
+            and not _debug() and rulequeue.worth_splitting(model.meta.events_total))
+
+
+def _shared_measures(analysis: Analysis) -> None:
+    """What most rules and the report ask for, built before the rules are shared out: each process would
+    otherwise build its own."""
+    if analysis.replay is not None:
+        analysis.calibration
 
 
 def _place_ranges(analysis, found: list[Finding]) -> None:
