@@ -188,6 +188,29 @@ def test_default_workers_follow_cpus_and_memory(job8, monkeypatch):
     assert ranks.default_jobs(sources) == 2
 
 
+def test_local_workers_one_for_a_single_trace_or_a_scheduler(job8, monkeypatch):
+    sources = resolve([str(job8)])
+    one = resolve([str(next(job8.iterdir()))])
+    assert ranks.local_workers(sources, 3) == 3
+    assert ranks.local_workers(sources, 50) == 8  # at most one per trace
+    assert ranks.local_workers(sources, 3, scheduler="tcp://host:8786") == 1  # Dask takes the ranks
+    assert ranks.local_workers(one, 4) == 1
+    monkeypatch.setattr(ranks, "default_jobs", lambda s: 5)
+    assert ranks.local_workers(sources, None) == 5
+
+
+def test_workers_start_early_only_for_a_local_job(job8, monkeypatch):
+    """`analyze` starts a job's fork server before importing the analysis; one trace starts nothing."""
+    started = []
+    monkeypatch.setattr("multiprocessing.forkserver.ensure_running", lambda: started.append(True))
+    ranks.start_early(resolve([str(next(job8.iterdir()))]), None)
+    ranks.start_early(resolve([str(job8)]), 2, scheduler="tcp://host:8786")
+    ranks.start_early(resolve([str(job8)]), 1)
+    assert started == []
+    ranks.start_early(resolve([str(job8)]), 2)
+    assert started == ([True] if "forkserver" in __import__("multiprocessing").get_all_start_methods() else [])
+
+
 def test_a_failed_worker_becomes_a_note(job8, monkeypatch):
     """A rank whose worker died (not bad input) is reported as a note; the other ranks still count."""
     real = ranks.map_local

@@ -7,12 +7,11 @@ import sys
 from pathlib import Path
 
 from gpuadvise.analyzer.errors import EXIT_GATE, EXIT_OK
-from gpuadvise.analyzer.model.report import all_findings
 from gpuadvise.analyzer.report import formats
-from gpuadvise.analyzer.read.sources import refuse_overwriting_inputs
+from gpuadvise.analyzer.read.sources import refuse_overwriting_inputs, resolve
 from gpuadvise.analyzer.report.output import check_writable, write_atomic
 
-from .engine import analyze_paths
+from . import ranks
 from .gate import describe, matching, parse_fail_on
 
 
@@ -69,8 +68,14 @@ def main(argv: list[str]) -> int:
         if bar:
             bar.start(f"{src.path}" + (f" ({i + 1}/{n})" if n > 1 else ""))
 
+    sources = resolve(args.paths)  # bad paths fail here, before anything is imported or started
+    # a job's worker processes start now, their imports beside this process' own (the analysis below)
+    ranks.start_early(sources, args.jobs, args.scheduler)
+    from gpuadvise.analyzer.model.report import all_findings
+    from .engine import analyze_paths
+
     try:
-        reports = analyze_paths(args.paths, progress=progress, bytes_progress=bar.update if bar else None,
+        reports = analyze_paths(sources, progress=progress, bytes_progress=bar.update if bar else None,
                                 jobs=args.jobs, scheduler=args.scheduler, rank_progress=bar.ranks if bar else None,
                                 cache=False if args.no_cache else None)
     finally:

@@ -39,9 +39,7 @@ def analyze_paths(paths: list[str] | Sources, progress=None, rules=None, bytes_p
         codes = ranks.rule_codes(rules)
     except ValueError:  # rules that are not in the catalog cannot travel: run here
         codes, jobs, scheduler = None, 1, None
-    workers = 1
-    if traces >= 2 and scheduler is None:
-        workers = min(jobs if jobs is not None else ranks.default_jobs(sources), len(sources))
+    workers = ranks.local_workers(sources, jobs, scheduler)
     if scheduler is not None:
         results = ranks.map_dask(sources, codes, scheduler, progress=rank_progress, cache=cache)
     elif workers > 1:
