@@ -1,3 +1,3 @@
-from gpuadvise.cli import main
+from gpuadvise.cli import console
 
-raise SystemExit(main())
+console()

@@ -95,5 +95,27 @@ def run_guarded(command) -> int:
         return EXIT_INTERNAL
 
 
+# Commands whose process has nothing left to do once `main` returns: their output is written (atomically)
+# and they start nothing that outlives them.
+_LEAVE_AT_ONCE = {"analyze"}
+
+
+def console() -> None:
+    """The `gpuadvise` executable: `main`, then exit. After `analyze` the process leaves without tearing
+    the interpreter down: freeing a big trace's model object by object and finalizing pandas and numpy
+    takes about 0.1 s that nobody waits for (stdout and stderr are flushed first). Every other command —
+    `profile` above all, which runs the user's script and its atexit handlers — exits the ordinary way."""
+    argv = sys.argv[1:]
+    code = main(argv)
+    if argv and ALIASES.get(argv[0], argv[0]) in _LEAVE_AT_ONCE:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe: the reader has what it wanted
+                pass
+        os._exit(code)
+    raise SystemExit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())
+    console()

@@ -139,6 +139,36 @@ def test_console_command_end_to_end(tmp_path, stall_trace):
     assert json.loads(run.stdout)["summary"]["findings"] == 3
 
 
+@pytest.mark.slow
+def test_console_command_exit_code_and_whole_report_after_leaving_at_once(tmp_path, stall_trace):
+    """`analyze` leaves without the interpreter's teardown: the report must still be whole on a pipe, and
+    the gate's exit code kept."""
+    run = run_cli("analyze", stall_trace, "--format", "json", "--fail-on", "low", cwd=tmp_path)
+    assert run.returncode == 1, run.stderr
+    assert json.loads(run.stdout)["summary"]["findings"] == 3  # the whole JSON document, flushed before leaving
+    assert "--fail-on low: 3 findings" in run.stderr
+
+
+@pytest.mark.parametrize("argv, leaves", [(["analyze", "x.json"], True), (["analyse", "x.json"], True),
+                                          (["rules"], False), (["profile", "train.py"], False), ([], False)])
+def test_only_analyze_skips_the_interpreter_teardown(monkeypatch, argv, leaves):
+    """`profile` runs the user's script: its atexit handlers must run, so only `analyze` leaves at once."""
+    import gpuadvise.cli as cli
+
+    monkeypatch.setattr(cli.sys, "argv", ["gpuadvise", *argv])
+    monkeypatch.setattr(cli, "main", lambda a: 7)
+    class Left(Exception):
+        pass
+
+    def leave(code):
+        raise Left(code)
+
+    monkeypatch.setattr(cli.os, "_exit", leave)
+    with pytest.raises(Left if leaves else SystemExit) as exc:
+        cli.console()
+    assert (exc.value.args[0] if leaves else exc.value.code) == 7
+
+
 def test_version(capsys):
     rc, out, _ = call_main(capsys, "--version")
     assert rc == 0
