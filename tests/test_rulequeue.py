@@ -95,15 +95,19 @@ def test_the_child_never_writes_to_the_terminal(two_processes, capfd):
     assert "by the child" not in err
 
 
-def test_an_error_here_stops_the_child_and_propagates(two_processes):
+def test_an_error_here_stops_the_child_and_propagates(two_processes, monkeypatch):
     def boom():
         raise KeyError("a bug in this process")
 
+    children = []
+    real = forked.Forked.__init__
+    monkeypatch.setattr(forked.Forked, "__init__", lambda self, work: real(self, work) or children.append(self.pid))
     tasks = [boom] + [_slow(i) for i in range(5)]
     with pytest.raises(KeyError):
         rulequeue.run_each(tasks, split=True)
+    assert len(children) == 1
     with pytest.raises(ChildProcessError):
-        os.waitpid(-1, os.WNOHANG)  # the child was reaped: no zombie left behind
+        os.waitpid(children[0], os.WNOHANG)  # the child was stopped and reaped: no zombie left behind
 
 
 def test_worth_splitting_only_big_traces_with_two_processes(monkeypatch):
