@@ -170,7 +170,7 @@ class Analysis:
         own = scenario.gpu_time
 
         def gpu_time(o):
-            mine = own(o) if own is not None else np.full(len(o), np.nan)
+            mine = self.replay.of_ops(own) if own is not None else np.full(len(o), np.nan)
             return np.where(np.isnan(fixed), mine, fixed)
 
         # the baseline: only the collectives at their transfer (the fix's own kernel times stay out of it)

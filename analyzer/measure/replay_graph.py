@@ -156,8 +156,9 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
     spill_in = unknown & (gpu["ts"] >= max(ws, own_start)) & (gpu["ts"] < we)
     ops = gpu[launched | spill_in].sort_values("ts", ignore_index=True)
     # what earlier steps left queued (launched before the window): an op may have waited for it
-    rest = gpu[~(launched | spill_in)]
-    backlog = rest[~rest["correlation"].isin(rt.loc[rt["ts"] >= we, "correlation"])]
+    # (only the columns the replay reads of it: a row selection of the whole frame is the cost here)
+    later = gpu["correlation"].isin(rt.loc[rt["ts"] >= we, "correlation"])
+    backlog = gpu.loc[~(launched | spill_in | later).to_numpy(), ["end", "stream"]]
     # cudaMemcpyAsync to or from pageable memory returns only once the data is staged: it blocks too
     pageable = name_mask(ops["name"], lambda n: "Pageable" in n)
     calls.loc[calls["correlation"].isin(ops.loc[pageable, "correlation"]), "blocking"] = True
@@ -200,7 +201,6 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
         on = np.flatnonzero(o_stream == stream)
         prev_op[on[1:]] = on[:-1]
         stream_prev_end[on[1:]] = np.fmax.accumulate(o_ts[on] + o_dur[on])[:-1]
-    all_ends = np.sort(model.gpu["end"].to_numpy(dtype=np.float64))  # every stream, the backlog included
     owned = owner >= 0
     mine = np.where(owned, owner, nc)  # an op no call of the window launched: the padding row past the calls
     sync_copy = owned & np.append(blocking_calls, False)[mine]
@@ -212,6 +212,7 @@ def build(model: TraceModel, metrics: Metrics) -> Replay | None:
         # event): that is a wait on the GPU, which the replay ties it to
         k = np.flatnonzero(sync_copy)
         i = owner[k]
+        all_ends = np.sort(model.gpu["end"].to_numpy(dtype=np.float64))  # every stream, the backlog included
         last_end = np.concatenate([[-np.inf], all_ends])[np.searchsorted(all_ends, o_ts[k], side="right")]
         ready = _py_max(_py_max(call_ts[i], stream_prev_end[k]), last_end)
         staged = _py_min(_py_max(latency, o_ts[k] - ready), call_end[i] - call_ts[i])
@@ -500,11 +501,16 @@ def _unexplained_starts(g: _Edges, ops: pd.DataFrame, launch_ts: np.ndarray, lat
     return unseen
 
 
+def _sorted(values: np.ndarray) -> np.ndarray:
+    """`np.sort(values)`, without the sort when they are in order already (a trace's events mostly are)."""
+    return values if len(values) < 2 or bool((values[1:] >= values[:-1]).all()) else np.sort(values)
+
+
 def _choose_window(model: TraceModel, metrics: Metrics):
     """(CPU window, number of steps, their time on the GPU timeline)."""
     steps = metrics.steps
     budget_calls = NODE_BUDGET // 4
-    rt_ts = np.sort(model.runtime["ts"].to_numpy()) if len(model.runtime) else np.empty(0)
+    rt_ts = _sorted(model.runtime["ts"].to_numpy()) if len(model.runtime) else np.empty(0)
     if rt_ts.size == 0:
         return None, 0, 0.0
     if not steps:

@@ -89,6 +89,37 @@ class Replay:
     # lazy module loading on a first launch), which cheaper launches or a lighter profiler do not shrink
     _stall_us: np.ndarray | None = None
     _simulated: dict = field(default_factory=dict)  # digest of a scenario's edge weights → its window time
+    # what a scenario's callables gave on this replay's frames, by callable (kept alive with its answer:
+    # an id is never reused while it is here), and the recorded events in each CPU gap, by start array
+    _answers: dict = field(default_factory=dict)
+    _events_in_gaps: dict = field(default_factory=dict)
+
+    def of_calls(self, fn) -> np.ndarray:
+        """`fn(self.calls)` as a bool array, computed once per callable: a prediction replays the same
+        scenario several times (its baseline, calibrated, with the collectives at their transfer time)."""
+        return self._answer(fn, self.calls, bool)
+
+    def of_ops(self, fn) -> np.ndarray:
+        """`fn(self.ops)` as a float array, computed once per callable (`of_calls`)."""
+        return self._answer(fn, self.ops, np.float64)
+
+    def _answer(self, fn, frame: pd.DataFrame, dtype) -> np.ndarray:
+        key = (id(fn), dtype)
+        hit = self._answers.get(key)
+        if hit is None or hit[0] is not fn:
+            hit = self._answers[key] = (fn, np.asarray(fn(frame), dtype=dtype))
+        return hit[1]
+
+    def events_in_gaps(self, starts: np.ndarray) -> np.ndarray:
+        """Per CPU edge, how many of the sorted event `starts` fall in its gap (a calibration's events: the
+        same array for every scenario replayed on it)."""
+        hit = self._events_in_gaps.get(id(starts))
+        if hit is None or hit[0] is not starts:
+            e = self._edges
+            cpu = e["is"]["cpu"]
+            n = np.searchsorted(starts, e["gap_b"][cpu], "right") - np.searchsorted(starts, e["gap_a"][cpu], "right")
+            hit = self._events_in_gaps[id(starts)] = (starts, n)
+        return hit[1]
 
     def compile(self, order: np.ndarray, start: int, end: int) -> None:
         """Freeze the graph into edge arrays, by source node in topological order (`order`, dag.py), with
@@ -172,7 +203,7 @@ def _of_calls(e: dict, mask: np.ndarray) -> np.ndarray:
 
 def _weights(replay: Replay, s: Scenario) -> np.ndarray:
     """Edge weights under a scenario, all edges at once."""
-    e, calls, ops = replay._edges, replay.calls, replay.ops
+    e = replay._edges
     is_, w = e["is"], e["base"].copy()
     cpu, call, wait, gpu = is_["cpu"], is_["call"], is_["wait"], is_["gpu"]
     drain = is_["alloc_wait"]
@@ -191,7 +222,7 @@ def _weights(replay: Replay, s: Scenario) -> np.ndarray:
         # the profiler's share of each gap, spread evenly through it: what a scenario removed or shrank loses
         # its share too, so the edits above act on the unprofiled time
         starts, us = s.cpu_per_event
-        n = np.searchsorted(starts, e["gap_b"][cpu], "right") - np.searchsorted(starts, e["gap_a"][cpu], "right")
+        n = replay.events_in_gaps(starts)
         traced = e["base"][cpu]
         w[cpu] *= np.where(traced > 0, np.clip(1.0 - us * n / np.where(traced > 0, traced, 1.0), 0.0, 1.0), 1.0)
         w[call] = np.maximum(0.0, w[call] - us)  # each runtime call the replay keeps is a recorded event too
@@ -201,7 +232,7 @@ def _weights(replay: Replay, s: Scenario) -> np.ndarray:
     if s.cpu_scale < 1:  # cheaper launches: the calls' own CPU cost shrinks too
         scaled = call.copy()
         if s.unscaled is not None:
-            keep = np.asarray(s.unscaled(calls), dtype=bool)
+            keep = replay.of_calls(s.unscaled)
             scaled &= ~_of_calls(e, keep)
         stall = np.zeros(len(w))
         if replay._stall_us is not None:  # indexed at the calls only: a trace may have none to index
@@ -209,12 +240,12 @@ def _weights(replay: Replay, s: Scenario) -> np.ndarray:
         stall = np.minimum(stall, w)  # the call's own cost once any wait is taken out
         w[scaled] = (w[scaled] - stall[scaled]) * s.cpu_scale + stall[scaled]
     if s.unblock is not None:
-        mask = np.asarray(s.unblock(calls), dtype=bool)
+        mask = replay.of_calls(s.unblock)
         freed = _of_calls(e, mask)
         w[call & freed] = np.minimum(w[call & freed], WAKE_US)
         w[(wait | drain) & freed] = -np.inf  # the call no longer waits for the GPU
     if s.remove is not None:
-        mask = np.asarray(s.remove(calls), dtype=bool)
+        mask = replay.of_calls(s.remove)
         gone = _of_calls(e, mask)
         w[call & gone] = 0.0
         w[(wait | drain) & gone] = -np.inf
@@ -223,9 +254,9 @@ def _weights(replay: Replay, s: Scenario) -> np.ndarray:
         w[held] = np.maximum(0.0, w[held] - e["unseen"][held] * (1.0 - s.unseen_scale))
         w[is_["unseen_dep"]] = 0.0  # the op still follows the work launched before it (replay_graph)
     if s.gpu_scale is not None:
-        factor = np.asarray(s.gpu_scale(ops), dtype=np.float64)
+        factor = replay.of_ops(s.gpu_scale)
         w[gpu] *= factor[e["op"][gpu]]
     if s.gpu_time is not None:
-        new = np.asarray(s.gpu_time(ops), dtype=np.float64)
+        new = replay.of_ops(s.gpu_time)
         w[gpu] = np.where(np.isfinite(new[e["op"][gpu]]), new[e["op"][gpu]], w[gpu])
     return w
