@@ -88,13 +88,20 @@ def per_step_table(model, steps, window, gpu_union, dataloader, syncs, cut=None)
     return out
 
 
+GAP_KINDS = ("host_wait", "kernel_wait", "other")  # stream_gaps' `kind`, by code
+
+
 def idle_breakdown(model: TraceModel, launches: pd.DataFrame, excluded=None) -> pd.DataFrame:
     """Per stream, its gaps split as HTA does; gap time inside `excluded` (one-time costs) is left out."""
     cols = ["stream", "idle_us", "host_wait_us", "kernel_wait_us", "other_us"]
     rows = []
-    for stream, g in stream_gaps(model, launches, excluded).groupby("stream", sort=True):
-        by = g.groupby("kind")["dur"].sum()
-        rows.append((int(stream), float(g["dur"].sum()), *(float(by.get(k, 0.0)) for k in ("host_wait", "kernel_wait", "other"))))
+    for stream, _, _, dur, code in _gaps_by_stream(model, launches, excluded):
+        if not len(dur):
+            continue
+        # the sums pandas makes of the stream's rows of stream_gaps, grouped by kind, with the kinds as codes
+        d = pd.Series(dur)
+        by = d.groupby(code).sum()
+        rows.append((stream, float(d.sum()), *(float(by.get(i, 0.0)) for i in range(len(GAP_KINDS)))))
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -103,12 +110,20 @@ def stream_gaps(model: TraceModel, launches: pd.DataFrame, excluded=None) -> pd.
     `stream`, `ts`, `end`, `dur` (µs) and `kind`: "host_wait" (the launch came after the previous op
     ended), "kernel_wait" (other gaps shorter than KERNEL_WAIT_US) or "other". Gap time inside `excluded`
     (one-time costs cut out of the figures, warmup.py) is left out of `dur`."""
-    gpu = model.gpu
     cols = ["stream", "ts", "end", "dur", "kind"]
+    kinds = np.array(GAP_KINDS)
+    parts = [pd.DataFrame({"stream": stream, "ts": ts, "end": end, "dur": dur, "kind": kinds[code]})
+             for stream, ts, end, dur, code in _gaps_by_stream(model, launches, excluded)]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
+
+
+def _gaps_by_stream(model: TraceModel, launches: pd.DataFrame, excluded=None):
+    """Per stream with at least two ops, streams ascending: `(stream, starts, ends, durations, kind codes
+    into GAP_KINDS)` of its gaps longer than zero, in start order."""
+    gpu = model.gpu
     if gpu.empty:
-        return pd.DataFrame(columns=cols)
+        return
     launch_ts = launches.set_index("correlation")["launch_ts"] if len(launches) else pd.Series(dtype=float)
-    parts = []
     # the ops in start order (the order sort_values("ts") gives, ties included), then per stream in that
     # order, streams ascending: columns picked out as arrays, not the frame copied and grouped
     all_ts = gpu["ts"].to_numpy()
@@ -127,10 +142,8 @@ def stream_gaps(model: TraceModel, launches: pd.DataFrame, excluded=None) -> pd.
         corr = all_corr[rows][1:]
         rt = launch_ts.reindex(corr).to_numpy() if len(launch_ts) else np.full(corr.shape, np.nan)
         host = rt > prev_end
-        kind = np.where(host, "host_wait", np.where(gap < KERNEL_WAIT_US, "kernel_wait", "other"))
-        parts.append(pd.DataFrame({"stream": int(stream), "ts": prev_end[pos], "end": ts[1:][pos], "dur": gap[pos],
-                                   "kind": kind[pos]}))
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
+        code = np.where(host, 0, np.where(gap < KERNEL_WAIT_US, 1, 2))
+        yield int(stream), prev_end[pos], ts[1:][pos], gap[pos], code[pos]
 
 
 def launch_stats(model: TraceModel) -> pd.DataFrame:
