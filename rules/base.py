@@ -43,6 +43,10 @@ class Rule:
     title: str = ""  # one line
     thresholds: dict = {}
     requires: tuple = ("trace",)
+    # its check walks every event or op of the trace, so its time grows with the trace: when a big trace's
+    # rules are shared between two processes (run/rulequeue.py), such rules are taken first, and the
+    # cheap ones after them even out the two processes' ends. It changes nothing else.
+    costly: bool = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -72,6 +72,7 @@ class CpuCreatedTensors(Rule):
     code = "GA143"
     name = "cpu-created-tensors"
     title = "Small tensors are created on the CPU and copied to the GPU every step"
+    costly = True  # (rulequeue.py: taken first)
     thresholds = {"max_bytes": 1 << 20, "max_unsized_copy_us": 100.0, "window_us": 1_000.0, "max_chain": 4, "min_step_share": 0.5,
                   "min_saving_pct": 0.5}
 

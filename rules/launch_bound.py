@@ -58,6 +58,7 @@ class LaunchBound(Rule):
     code = "GA105"
     name = "launch-bound"
     title = "Many tiny kernels: the GPU waits for launches"
+    costly = True  # (rulequeue.py: taken first)
     thresholds = {"short_kernel_us": 10.0, "min_short_share_pct": 50.0, "max_busy_pct": 60.0,
                   "min_host_wait_pct": 50.0, "min_direct_launch_pct": 50.0, "cpu_overhead_cut": 0.75,
                   "min_saving_pct": 3.0}

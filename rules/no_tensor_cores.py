@@ -64,6 +64,7 @@ class NoTensorCores(Rule):
     code = "GA106"
     name = "no-tensor-cores"
     title = "Matmuls and convolutions run without Tensor Cores"
+    costly = True  # (rulequeue.py: taken first)
     thresholds = {"min_simt_share_pct": 50.0, "min_matmul_share_pct": 10.0, "fallback_speedup": 2.0,
                   "min_kernel_us": precision.MIN_KERNEL_US, "min_saving_pct": 1.0}
 

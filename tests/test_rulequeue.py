@@ -45,6 +45,20 @@ def test_every_result_comes_back_in_order_from_both_processes(two_processes):
     assert os.getpid() in {pid for _, pid in results}
 
 
+def test_the_tasks_named_first_are_taken_first(two_processes):
+    def task(i):
+        def run():
+            started = time.monotonic()
+            time.sleep(0.03)
+            return i, started
+        return run
+
+    results = rulequeue.run_each([task(i) for i in range(8)], split=True, first=[6, 3])
+    assert [i for i, _ in results] == list(range(8))  # still in the tasks' order
+    started = {i: t for i, t in results}
+    assert max(started[6], started[3]) < min(t for i, t in started.items() if i not in (6, 3))
+
+
 def test_without_split_every_task_runs_here(two_processes):
     results = rulequeue.run_each([_slow(i) for i in range(4)], split=False)
     assert results == [(i, os.getpid()) for i in range(4)]

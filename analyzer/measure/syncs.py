@@ -47,7 +47,8 @@ def _implicit_syncs(model: TraceModel) -> pd.DataFrame:
     copies = gpu[(gpu["kind"] == "memcpy") & name_mask(gpu["name"], lambda n: "Pageable" in n)]
     if copies.empty:
         return rt.iloc[0:0]
-    calls = rt[names_in(rt["name"], ASYNC_COPIES) & rt["correlation"].isin(copies["correlation"])].copy()
+    calls = rt[names_in(rt["name"], ASYNC_COPIES)]
+    calls = calls[calls["correlation"].isin(copies["correlation"])].copy()  # (isin on the copy calls only)
     if calls.empty:
         return calls
     by_corr = copies.groupby("correlation").agg(name=("name", "first"), dur=("dur", "sum"))

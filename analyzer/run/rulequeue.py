@@ -34,14 +34,18 @@ def worth_splitting(events: int) -> bool:
     return events >= MIN_EVENTS and load_workers() >= 2 and forked.can_fork()
 
 
-def run_each(tasks: list, split: bool) -> list:
+def run_each(tasks: list, split: bool, first: list[int] | None = None) -> list:
     """`[task() for task in tasks]`, in the tasks' order; with `split`, a forked child takes tasks from the
-    same queue. Every task must return something picklable."""
+    same queue, the tasks at the indices `first` before the others (the costly ones: taken last, one of
+    them would keep one process busy while the other has nothing left). Every task must return something
+    picklable."""
     if not split or not 2 <= len(tasks) <= _MAX_ITEMS or not forked.can_fork():
         return [task() for task in tasks]
+    head = list(dict.fromkeys(first or []))
+    queue = head + [i for i in range(len(tasks)) if i not in set(head)]
     read_fd, write_fd = os.pipe()
     try:
-        os.write(write_fd, bytes(range(len(tasks))))  # far below a pipe's capacity: never blocks
+        os.write(write_fd, bytes(queue))  # far below a pipe's capacity: never blocks
     finally:
         os.close(write_fd)
 

@@ -101,7 +101,9 @@ def run_rules(analysis, rules, source: str | None, rank: int | None, notes: list
         _shared_measures(analysis)  # built once, before the fork, for both processes
     extra = list(beside or [])
     tasks = extra + [partial(_run_one, analysis, rule, source, rank, keep_rank) for rule in chosen]
-    results = rulequeue.run_each(tasks, split)
+    # the summary figures and the costly rules are taken first (Rule.costly)
+    first = list(range(len(extra))) + [len(extra) + i for i, rule in enumerate(chosen) if getattr(rule, "costly", False)]
+    results = rulequeue.run_each(tasks, split, first)
     findings: list[Finding] = []
     for found, note in results[len(extra):]:
         if note is not None:
