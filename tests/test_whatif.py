@@ -382,3 +382,40 @@ def test_replays_agree_with_and_without_the_compiled_longest_path(replayed, monk
         monkeypatch.undo()
         replay._simulated.clear()
         assert compiled == python
+
+
+def test_a_scenario_callable_is_asked_once_per_replay_and_never_kept(load_built):
+    """A prediction replays its scenario several times: the callable's answer is reused while the callable
+    lives, and the replay does not keep the callable (a rule's closure over the Analysis that holds the
+    replay would be a cycle that keeps every trace's analysis alive until the collector runs)."""
+    import gc
+    import weakref
+
+    replay = replay_of(load_built(sync_heavy_trace()))
+    asked = []
+
+    class Holder:  # stands for the Analysis a rule's lambda closes over
+        pass
+
+    holder = Holder()
+    holder.replay = replay
+
+    def blocking(c, _h=holder):
+        asked.append(1)
+        return c["blocking"].to_numpy()
+
+    s = Scenario("no syncs", unblock=blocking)
+    first = replay.saving_pct(s)
+    assert replay.saving_pct(s) == first and replay.simulate(s) > 0
+    assert len(asked) == 1
+    other = Scenario("no syncs, asked anew", unblock=lambda c: c["blocking"].to_numpy())
+    assert replay.saving_pct(other) == first  # another callable: asked for its own answer
+    alive = weakref.ref(holder)
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        del holder, blocking, s
+        assert alive() is None, "the replay kept the scenario's callable, and through it what the callable holds"
+    finally:
+        if was:
+            gc.enable()

@@ -18,6 +18,7 @@ launch queue).
 from __future__ import annotations
 
 import hashlib
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -89,8 +90,10 @@ class Replay:
     # lazy module loading on a first launch), which cheaper launches or a lighter profiler do not shrink
     _stall_us: np.ndarray | None = None
     _simulated: dict = field(default_factory=dict)  # digest of a scenario's edge weights → its window time
-    # what a scenario's callables gave on this replay's frames, by callable (kept alive with its answer:
-    # an id is never reused while it is here), and the recorded events in each CPU gap, by start array
+    # what a scenario's callables gave on this replay's frames, by callable (a weak reference to it beside
+    # its answer: holding the callable would tie the replay to the rule's closure, and through it to the
+    # Analysis that holds this replay, a cycle only the collector frees), and the recorded events in each
+    # CPU gap, by start array
     _answers: dict = field(default_factory=dict)
     _events_in_gaps: dict = field(default_factory=dict)
 
@@ -106,9 +109,14 @@ class Replay:
     def _answer(self, fn, frame: pd.DataFrame, dtype) -> np.ndarray:
         key = (id(fn), dtype)
         hit = self._answers.get(key)
-        if hit is None or hit[0] is not fn:
-            hit = self._answers[key] = (fn, np.asarray(fn(frame), dtype=dtype))
-        return hit[1]
+        if hit is not None and hit[0]() is fn:  # the same callable, alive: not another one at its old id
+            return hit[1]
+        answer = np.asarray(fn(frame), dtype=dtype)
+        try:
+            self._answers[key] = (weakref.ref(fn), answer)
+        except TypeError:  # a callable that takes no weak reference: asked again each time
+            pass
+        return answer
 
     def events_in_gaps(self, starts: np.ndarray) -> np.ndarray:
         """Per CPU edge, how many of the sorted event `starts` fall in its gap (a calibration's events: the
