@@ -65,6 +65,7 @@ class AnalysisAhead:
         self.cancelled = threading.Event()
         self.done = threading.Event()
         self.latest: tuple | None = None  # the newest LoadProgress arguments
+        self.reading = threading.Event()  # set once the reader reports its first bytes
         self.reports: list | None = None
         self.error: BaseException | None = None
         self._file = {"label": "", "i": 0, "n": 1}
@@ -98,6 +99,7 @@ class AnalysisAhead:
         """Within a file, the bytes decoded (at most every 2 %), so that the bar moves with the parse."""
         if self.cancelled.is_set():
             raise _Cancelled
+        self.reading.set()
         frac = done / total if total else 0.0
         if frac - self._last >= 0.02 or done >= total:
             self._last = frac
@@ -191,7 +193,7 @@ class GpuadviseApp(App[int]):
         worker = get_current_worker()
         ahead = self.start_analysis()
         try:
-            shown, finished = None, False
+            shown, finished, screens = None, False, False
             while not finished:  # relay the analysis' progress until it is done, its last step included
                 finished = ahead.done.wait(0.05)
                 if worker.is_cancelled:
@@ -200,6 +202,10 @@ class GpuadviseApp(App[int]):
                 if ahead.latest is not shown:
                     shown = ahead.latest
                     self.post_message(LoadProgress(*shown))
+                if not screens and ahead.reading.is_set():
+                    # the screens' modules (Textual's Markdown among them: about 0.1 s) are imported while
+                    # the reader's C scanner runs without the interpreter lock, not after the analysis
+                    screens = bool(screen_classes())
             if ahead.error is not None:
                 raise ahead.error
             if worker.is_cancelled:
