@@ -11,15 +11,20 @@ import pkgutil
 from functools import lru_cache
 
 
+def rule_modules() -> list[str]:
+    """The modules that may hold a rule, by import name: every module here but the contract, the catalog
+    and the CLI (a job's fork server imports them all before it forks its workers: run/ranks.py)."""
+    return [f"{__name__}.{info.name}" for info in pkgutil.iter_modules(__path__)
+            if not info.name.startswith("_") and info.name not in ("base", "catalog", "cli")]
+
+
 @lru_cache(maxsize=1)
 def all_rules() -> tuple:
     from .base import Rule
 
     found = []
-    for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_") or info.name in ("base", "catalog", "cli"):
-            continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
+    for name in rule_modules():
+        module = importlib.import_module(name)
         rule = getattr(module, "RULE", None)
         if isinstance(rule, Rule):
             found.append(rule)

@@ -181,18 +181,12 @@ def _context():
     method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
     ctx = mp.get_context(method)
     if method == "forkserver":
-        ctx.set_forkserver_preload(["gpuadvise.analyzer.run.ranks", "gpuadvise.analyzer.run.single", *_rule_modules()])
+        from gpuadvise.rules import rule_modules
+
+        # every rule module too, so that no worker imports them again
+        ctx.set_forkserver_preload(["gpuadvise.analyzer.run.ranks", "gpuadvise.analyzer.run.single", "gpuadvise.rules",
+                                    *rule_modules()])
     return ctx
-
-
-def _rule_modules() -> list[str]:
-    """The catalog's modules (rules/__init__.all_rules), for every worker to have them imported already."""
-    import pkgutil
-
-    import gpuadvise.rules as catalog
-
-    return ["gpuadvise.rules"] + [f"gpuadvise.rules.{m.name}" for m in pkgutil.iter_modules(catalog.__path__)
-                                  if not m.name.startswith("_") and m.name not in ("catalog", "cli")]
 
 
 def _init_worker(env: dict, decode_alone: bool) -> None:
