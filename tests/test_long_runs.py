@@ -91,8 +91,8 @@ for i in range(1000):
                 model(val)
     if i in (21, 61, 67):
         pause(f"pause{i}")
-    if i == 78:
-        raise RuntimeError("crashed at iteration 78")
+    if i == 98:  # late enough for a stall window placed at step 70, 80 or 90
+        raise RuntimeError("crashed at iteration 98")
 """
 
 LOCKSTEP = """
@@ -332,9 +332,9 @@ def stall_run(tmp_path_factory):
 
 def test_the_crash_keeps_every_window_and_the_record(stall_run):
     run, code, err, _ = stall_run
-    assert code == 1 and "RuntimeError: crashed at iteration 78" in err
+    assert code == 1 and "RuntimeError: crashed at iteration 98" in err
     windows = _windows(run)
-    done = [w for w in windows if w["steps"][1] <= 78]
+    done = [w for w in windows if w["steps"][1] <= 98]
     assert len(done) >= 4 and all(w["state"] == "captured" for w in done), windows
     for w in done:  # every window recorded before the crash is there, complete
         assert _recorded_steps(run / w["trace"]) == list(range(w["steps"][0], w["steps"][1] + 1))
@@ -343,7 +343,7 @@ def test_the_crash_keeps_every_window_and_the_record(stall_run):
             assert w["state"].startswith(("incomplete", "not reached")) and not w["trace"]
     header, *blocks = _record_lines(run)
     last = max(b["first"] + len(b["cpu"]) - 1 for b in blocks if "first" in b)
-    assert last == 78  # iteration 78's optimizer step ends step 78; the crash comes in step 79, before it ends
+    assert last == 98  # iteration 98's optimizer step ends step 98; the crash comes in step 99, before it ends
 
 
 def test_a_signal_and_trigger_requests_each_record_a_window(stall_run):
@@ -374,6 +374,8 @@ def test_a_periodic_stall_is_recorded_found_and_named(stall_run, stall_doc):
     predicted = int(re.search(r"recording the next one \(step (\d+)\)", stall[0]["detail"]).group(1))
     first, last = stall[0]["steps"]
     assert predicted % 10 == 0 and first < predicted < last  # an evaluation step, inside the recorded steps
+    # the crash at step 99 leaves room for a window placed a period or two late (a busy machine may hide a stall)
+    assert stall[0]["state"] == "captured", stall
     f = _finding(stall_doc, "periodic-stall")
     assert f["evidence"]["numbers"]["period_steps"] == 10
     assert f["evidence"]["numbers"]["kind"] == "evaluation" and "an evaluation" in f["message"]
