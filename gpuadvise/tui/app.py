@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 from textual import work
@@ -45,6 +46,16 @@ def screen_classes() -> dict:
     return {"overview": OverviewScreen, "findings": FindingsScreen, "timeline": TimelineScreen,
             "kernels": KernelsScreen, "copies": CopiesScreen, "memory": MemoryScreen, "job": JobScreen}
 
+
+def warm_highlighter() -> None:
+    """Compile the code highlighter's Python lexer (pygments builds its regular expressions on first use:
+    about 40 ms) so that the first finding's fix, a Python block, is drawn without that wait."""
+    from textual.highlight import highlight
+
+    highlight("x = 1", language="python")
+
+
+PROGRESS_EVERY_S = 0.2  # the bar moves 5 times a second: each repaint is CPU time the analysis waits for
 
 FIRST_SCREEN = "findings"  # the answer first; the overview is one key away
 
@@ -193,19 +204,23 @@ class GpuadviseApp(App[int]):
         worker = get_current_worker()
         ahead = self.start_analysis()
         try:
-            shown, finished, screens = None, False, False
+            shown, finished, screens, posted = None, False, False, 0.0
             while not finished:  # relay the analysis' progress until it is done, its last step included
                 finished = ahead.done.wait(0.05)
                 if worker.is_cancelled:
                     ahead.cancelled.set()
                     return
-                if ahead.latest is not shown:
-                    shown = ahead.latest
+                latest = ahead.latest
+                if latest is not shown and (shown is None or latest[0] != shown[0] or finished
+                                            or time.monotonic() - posted >= PROGRESS_EVERY_S):
+                    shown, posted = latest, time.monotonic()
                     self.post_message(LoadProgress(*shown))
                 if not screens and ahead.reading.is_set():
-                    # the screens' modules (Textual's Markdown among them: about 0.1 s) are imported while
-                    # the reader's C scanner runs without the interpreter lock, not after the analysis
+                    # the screens' modules (Textual's Markdown among them: about 0.1 s) are imported, and the
+                    # highlighter compiled, while the reader's C scanner runs without the interpreter lock,
+                    # not after the analysis
                     screens = bool(screen_classes())
+                    warm_highlighter()
             if ahead.error is not None:
                 raise ahead.error
             if worker.is_cancelled:

@@ -20,7 +20,7 @@ class LoadingScreen(Screen):
     LoadingScreen { align: center middle; }
     LoadingScreen #loading-box { width: 80; height: auto; border: round $accent; padding: 1 2; }
     LoadingScreen #loading-title { text-style: bold; }
-    LoadingScreen #loading-status { margin-top: 1; }
+    LoadingScreen #loading-status { margin-top: 1; width: 100%; height: 1; }
     LoadingScreen #loading-error { margin-top: 1; color: $error; display: none; }
     LoadingScreen.-failed #loading-error { display: block; }
     LoadingScreen.-failed ProgressBar { display: none; }
@@ -73,7 +73,9 @@ class LoadingScreen(Screen):
             return
         elapsed = time.monotonic() - self.started
         try:
-            self.query_one("#loading-status", Static).update(Text(f"{clean(self.stage)} · {elapsed:.0f} s"))
+            # one line of fixed size: the new text is repainted without laying the screen out again
+            self.query_one("#loading-status", Static).update(
+                Text(f"{clean(self.stage)} · {elapsed:.0f} s", no_wrap=True, overflow="ellipsis"), layout=False)
         except NoMatches:
             pass
 
