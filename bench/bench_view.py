@@ -93,6 +93,9 @@ def main() -> int:
     p.add_argument("--sizes", default="250,1000", help="grown trace sizes in MB (default 250,1000)")
     p.add_argument("--data-dir", type=Path, default=REPO / "bench" / "data")
     args = p.parse_args()
+    from bench_analyze import bytecode_as_installed  # sibling script
+
+    bytecode_as_installed()
     paths = list(args.paths) or [args.data_dir / f"grown_{s.strip()}mb.json" for s in args.sizes.split(",") if s.strip()]
     print("| trace | MB | parse | events | first paint | findings | timeline ready | worst UI stall | peak RSS |")
     print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
