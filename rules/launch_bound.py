@@ -23,10 +23,11 @@ opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)  # one kernel for
 ```
 The finding's fix asks only for what the input does not show on: a compiled model (compiled frames or
 Inductor kernels in the trace, or run.json's compile facts) gets `mode="reduce-overhead"` (CUDA graphs)
-instead of `torch.compile(model)`, one that replays CUDA graphs already gets larger batches, and a
-foreach/fused optimizer is not asked for again. Larger batches (or fewer, larger layers) give each launch
-more work. For fixed shapes, capture the step once with `torch.cuda.graphs.make_graphed_callables` or
-`torch.cuda.CUDAGraph`.
+instead of `torch.compile(model)`. A compiled helper whose code launched under a quarter of the model's
+matmul kernels does not make a compiled model: the model itself still gets `torch.compile(model)`. One
+that replays CUDA graphs already gets larger batches, and a foreach/fused optimizer is not asked for
+again. Larger batches (or fewer, larger layers) give each launch more work. For fixed shapes, capture
+the step once with `torch.cuda.graphs.make_graphed_callables` or `torch.cuda.CUDAGraph`.
 
 ## Thresholds
 Short kernel: under 10 µs (TraceLens' short-kernel cut). Fires when ≥ 50 % of kernels are short, GPU

@@ -119,6 +119,43 @@ def test_launch_bound_on_a_compiled_trace_turns_to_cuda_graphs_not_compile(load_
     assert "compile the model" not in said.lower() and "compile" not in asked_for(said)
 
 
+def _helper_beside(matmuls_compiled: bool) -> TraceBuilder:
+    """launch-bound's loop with a matmul every 5th kernel, and a small compiled function (one Inductor
+    kernel) each step; the matmuls are launched outside the compiled region (an eager model beside a
+    compiled helper) or inside it (a compiled model)."""
+    b = TraceBuilder(launch_us=12.0)
+    for _ in range(4):
+        with b.step():
+            with b.op("Torch-Compiled Region: 0/0"), b.op("## Call CompiledFxGraph abc ##"):
+                b.kernel("triton_poi_fused_add_0", 3)
+                b.idle(8)
+                if matmuls_compiled:
+                    for _ in range(40):
+                        b.kernel("ampere_sgemm_32x32_sliced1x4_tn", 3)
+                        b.idle(8)
+            for i in range(200):
+                b.kernel(SHORT if matmuls_compiled or i % 5 else "ampere_sgemm_32x32_sliced1x4_tn", 3)
+                b.idle(8)
+            b.sync()
+    b.finish()
+    return b
+
+
+def test_a_compiled_helper_beside_an_eager_model_is_no_compiled_model(load_built):
+    # the model's matmuls all run eagerly: compiling the model is still the fix, and the notes say why
+    report = analyze_model(load_built(_helper_beside(matmuls_compiled=False)), None, rules=[find_rule("launch-bound")])
+    assert is_on("compile", _analysis(load_built(_helper_beside(matmuls_compiled=False)))) is None
+    (f,) = [f for f in report.findings if f.topic == "launch-bound"]
+    assert "compile" in asked_for(f.advice + "\n" + f.fix) and "on already" not in f.advice
+    assert any("the model runs eagerly: 0 of its 160 matmul kernels were launched inside compiled code" in n
+               for n in report.notes)
+    # the same helper with the matmuls inside it: a compiled model, told about CUDA graphs instead
+    compiled = analyze_model(load_built(_helper_beside(matmuls_compiled=True)), None, rules=[find_rule("launch-bound")])
+    (g,) = [f for f in compiled.findings if f.topic == "launch-bound"]
+    assert g.advice.startswith("torch.compile is on already (") and "compile" not in asked_for(g.advice + "\n" + g.fix)
+    assert not any("runs eagerly" in n for n in compiled.notes)
+
+
 def test_low_utilization_fix_lists_only_what_is_off(load_built):
     rule = find_rule("low-gpu-utilization")
     (plain,) = _findings(load_built, rule.positive(), topic="low-gpu-utilization")

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from gpuadvise.analyzer.model.calls import GRAPH_LAUNCHES
-from gpuadvise.analyzer.model.kernels import inductor_kind
+from gpuadvise.analyzer.model.kernels import inductor_kind, is_matmul_like
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask
 
 from . import intervals
@@ -36,6 +36,8 @@ from .compilework import CompileWork, region_id
 from .metrics import Metrics
 
 REGION = "Torch-Compiled Region"
+MODEL_MATMULS_MIN = 20  # matmul kernels enough to say where the model runs
+MODEL_MATMULS_COMPILED = 0.25  # … and the share of them a compiled model launches inside compiled code, at least
 GRAPH_SPANS = ("CompiledFunction", "CompiledFunctionBackward")
 GRAPH_ANNOTATION = "## Call CompiledFxGraph"
 
@@ -55,12 +57,23 @@ class CompiledTrace:
     graph_spans: bool  # the trace shows where graphs run, not only where compiled frames run
     inductor_kernels: dict = field(default_factory=dict)  # kind → {"count", "us"}
     cuda_graph_launches: int = 0
+    # (matmul kernels launched inside a compiled region or graph span on the launching thread, all matmul
+    # kernels), in the steps where there are steps; None without region or graph spans to look in
+    matmuls: tuple[int, int] | None = None
+
+    @property
+    def beside_eager_model(self) -> bool:
+        """Compiled code that launched under a quarter of the model's matmul kernels (of 20 or more): a
+        compiled helper beside a model that runs eagerly."""
+        if self.matmuls is None:
+            return False
+        inside, total = self.matmuls
+        return total >= MODEL_MATMULS_MIN and inside < MODEL_MATMULS_COMPILED * total
 
     @property
     def compiled_pct(self) -> float:
         total = sum(s.dur_us for s in self.steps)
         return 100.0 * sum(s.compiled_us for s in self.steps) / total if total > 0 else 0.0
-
 
     def describe(self) -> str:
         """One line for the report: the compiled share of the recorded steps and what ran between graphs."""
@@ -79,6 +92,10 @@ class CompiledTrace:
                                                           for k, v in sorted(self.inductor_kernels.items())))
         if self.cuda_graph_launches:
             parts.append(f"{self.cuda_graph_launches} CUDA graph launches")
+        if self.beside_eager_model:
+            inside, total = self.matmuls
+            parts.append(f"the model runs eagerly: {inside} of its {total} matmul kernels were launched inside "
+                         "compiled code")
         return "; ".join(parts) or "torch.compile: compiled work in the trace"
 
 
@@ -103,7 +120,28 @@ def compiled_trace(model: TraceModel, metrics: Metrics) -> CompiledTrace | None:
         island = float(np.sum(intervals.covered(*islands, s.start, s.end))) if islands is not None else None
         n = int(((regions["ts"] >= s.start) & (regions["ts"] < s.end)).sum()) if len(regions) else 0
         out.append(StepSplit(s.number, float(s.cpu_dur), float(np.sum(inside)), island, n))
-    return CompiledTrace(out, has_graphs, kernels, launches)
+    matmuls = _matmuls_in_compiled_code(model, metrics, pd.concat([regions, graphs])) \
+        if len(regions) or has_graphs else None
+    return CompiledTrace(out, has_graphs, kernels, launches, matmuls)
+
+
+def _matmuls_in_compiled_code(model: TraceModel, metrics: Metrics, spans: pd.DataFrame) -> tuple[int, int]:
+    """How many of the matmul kernels (in the steps, when there are steps) were launched from inside a
+    compiled region or graph span on the launching thread, and how many there are. A kernel replayed from
+    a CUDA graph counts where its graph was launched. A compiled model launches its matmuls there, the
+    backward's included (CompiledFunctionBackward runs on the autograd thread); a compiled helper beside
+    an eager model launches none of them."""
+    from .spans import gpu_ops_launched_in
+
+    k, rt = model.kernels, model.runtime
+    if not len(k) or not len(rt):
+        return 0, 0
+    k = k[name_mask(k["name"], is_matmul_like)]
+    if metrics.steps:
+        k = k[k["ts"].between(*metrics.window)]
+    calls = rt[rt["correlation"].isin(k["correlation"])].drop_duplicates("correlation")
+    inside = gpu_ops_launched_in(model, calls.rename(columns={"ts": "launch_ts"}), spans)
+    return int(k["correlation"].isin(inside["correlation"]).sum()), len(k)
 
 
 def _inductor_kernels(model: TraceModel) -> dict:

@@ -9,7 +9,7 @@ rule over the corpus and the fixtures: no finding may ask for a switch its input
 
 | switch | run.json | trace |
 |---|---|---|
-| `compile` | `compiled.calls`/`compiles`, the framework's `torch_compile` | compiled frames or graph spans inside the steps, Inductor kernels (measure/compiled.py) |
+| `compile` | `compiled.calls`/`compiles`, the framework's `torch_compile` | compiled frames or graph spans inside the steps, Inductor kernels (measure/compiled.py); not when the compiled code launched under a quarter of the model's 20 or more matmul kernels (a compiled helper beside an eager model) |
 | `cuda_graphs` | `compiled.cudagraphs.replays` above 0 | `cudaGraphLaunch` / `hipGraphLaunch` calls |
 | `autocast` | an autocast context in bf16/fp16, the framework's `bf16`/`precision` | most matmul kernel time in 16-bit kernels |
 | `tf32` | `matmul_allow_tf32` (or `float32_matmul_precision` high/medium), the framework's `tf32` | fp32 GEMMs (not convolutions: cuDNN's TF32 is on by default) on TF32 Tensor Core kernels |
@@ -124,12 +124,16 @@ def asked_for(text: str) -> set[str]:
 
 def compiled_evidence(a) -> str | None:
     """The trace shows torch.compile's work (compiled frames, graph spans, Inductor kernels or CUDA graph
-    replays), in words; None when it does not."""
+    replays), in words; None when it does not. Compiled code that launches under a quarter of the model's
+    matmul kernels (of 20 or more, in the steps), where the trace shows its regions, is a compiled helper
+    beside an eager model: torch.compile is not on for the model, and advice may ask to compile it."""
     c = a.compiled
     if c is None:
         return None
     if c.steps and not any(s.regions or s.compiled_us > 0 for s in c.steps):
         return None  # compiled code ran, but not in the training steps (a helper, a warm-up call)
+    if c.beside_eager_model:
+        return None  # compiled code ran, but the model's matmuls were launched outside it: a compiled helper
     parts = []
     regions = max((s.regions for s in c.steps), default=0)
     if regions:
