@@ -31,8 +31,8 @@ layer's input every step. Batch norm, ReLU and pooling keep the layout, so nothi
 Fires when the conversion kernels launched by convolutions take at least 5 % of the median step's kernel
 time (the median step's conversion time over its kernel time; below that the conversions are a negligible
 share). The predicted saving is the critical-path replay of the steps with those kernels and their launch
-calls removed and the batch-norm kernels that ran on NCHW tensors at the time of cuDNN's NHWC batch-norm
-kernels, which pass over memory fewer times: 2/3 of the forward's time (activation read once instead of
+calls removed and the batch-norm kernels that ran on NCHW tensors at the time of cuDNN's (on AMD, MIOpen's)
+NHWC batch-norm kernels, which pass over memory fewer times: 2/3 of the forward's time (activation read once instead of
 twice, written once), 3/5 of the backward's (activation and gradient read once instead of twice, input
 gradient written once); the range starts at the conversions alone. Convolution kernels that get faster
 on NHWC tensors are not counted. Measured on an H100 (ResNet-50, batch 64, torch 2.11;
@@ -122,7 +122,7 @@ class ChannelsLast(Rule):
         if bn_us > 0:
             message += (f" Batch norm runs its NCHW kernels beside them ({bn_us / 1e3:.2f} ms "
                         f"{'per step' if m.steps else 'in the trace'}); in "
-                        "channels_last it runs cuDNN's NHWC kernels, which pass over memory fewer times.")
+                        f"channels_last it runs {_library(a)}'s NHWC kernels, which pass over memory fewer times.")
         if saving < 1.0:
             message += f" Little of it is on the step's critical path today: {a.bound_by()}."
         ops = by_dir.assign(op=[o or "(no op recorded)" for o in by_dir["op"]],
@@ -186,6 +186,12 @@ def _fix(a: Analysis) -> str:
     lines += ["```", "Convert the inputs as well as the model: a channels-last model fed NCHW batches converts the "
               "first layer's input every step. Batch norm, ReLU and pooling keep the layout."]
     return "\n".join(lines)
+
+
+def _library(a: Analysis) -> str:
+    """The convolution library in the GPU's vendor's name: MIOpen on AMD, cuDNN elsewhere."""
+    dev = a.model.device if a.model is not None else None
+    return "MIOpen" if dev is not None and dev.vendor == "amd" else "cuDNN"
 
 
 def _convnet(channels_last: bool) -> TraceBuilder:

@@ -14,7 +14,9 @@ import pytest
 
 from _cli_support import REPO
 from gpuadvise.analyzer.model import devices
+from gpuadvise.analyzer.model.runfacts import describe_device
 from gpuadvise.analyzer.model.trace import Device
+from gpuadvise.fixtures.builder import TraceBuilder
 
 TRACES = Path(os.environ.get("GPUADVISE_TRACES") or REPO.parent / "shared" / "traces").resolve()
 
@@ -111,3 +113,16 @@ def test_each_corpus_gpu_gets_its_row(rel):
         pytest.skip(f"{path} not found")
     device, platform = _header_device(path)
     assert devices.spec(device, platform).product == CORPUS_ROWS[rel]
+
+
+def test_the_device_line_says_sm_on_nvidia_and_compute_capability_on_amd(load_built):
+    def line(**kw):
+        b = TraceBuilder(**kw)
+        with b.step():
+            b.kernel("ampere_sgemm_128x64_nn", 100)
+        b.finish()
+        return describe_device(None, load_built(b), has_gpu=True)
+
+    assert "sm 9.0" in line(device="NVIDIA H100 80GB HBM3", compute=(9, 0))
+    amd = line(platform="rocm", device="AMD Instinct MI300X", compute=(9, 4))
+    assert "compute capability 9.4" in amd and "sm " not in amd

@@ -170,7 +170,8 @@ def test_low_utilization_fix_lists_only_what_is_off(load_built):
 
 # -- channels-last -------------------------------------------------------------------------------------
 
-def _convnet(conversion_us: float, miopen: bool = False, launcher: str = "aten::cudnn_convolution") -> TraceBuilder:
+def _convnet(conversion_us: float, miopen: bool = False, launcher: str = "aten::cudnn_convolution",
+             batch_norm: bool = False) -> TraceBuilder:
     kw = {"platform": "rocm", "device": "AMD Instinct MI300X", "compute": None} if miopen else {}
     b = TraceBuilder(**kw)
     to = "batched_transpose_32x32_half" if miopen else TO_NHWC
@@ -184,6 +185,9 @@ def _convnet(conversion_us: float, miopen: bool = False, launcher: str = "aten::
                     b.kernel(to, conversion_us)
                     b.kernel(conv, 400)
                     b.kernel(back, conversion_us)
+                if batch_norm:
+                    with b.op("aten::miopen_batch_norm" if miopen else "aten::cudnn_batch_norm"):
+                        b.kernel("MIOpenBatchNormFwdTrainSpatial" if miopen else "cudnn::bn_fw_tr_1C11_kernel_NCHW", 80)
             b.sync()
     b.finish()
     return b
@@ -209,5 +213,11 @@ def test_channels_last_reads_miopen_and_blames_only_convolutions(load_built):
     (f,) = _findings(load_built, _convnet(conversion_us=60, miopen=True, launcher="aten::miopen_convolution"),
                      topic="channels-last")
     assert f.evidence.items[0]["name"] == "aten::miopen_convolution"
+    # an AMD GPU's batch norm is MIOpen's, not cuDNN's
+    (bn,) = _findings(load_built, _convnet(conversion_us=60, miopen=True, launcher="aten::miopen_convolution",
+                                          batch_norm=True), topic="channels-last")
+    assert "runs MIOpen's NHWC kernels" in bn.message and "cuDNN" not in bn.message
+    (nv,) = _findings(load_built, _convnet(conversion_us=60, batch_norm=True), topic="channels-last")
+    assert "runs cuDNN's NHWC kernels" in nv.message
     # the same transposes launched by a non-convolution op are someone else's layout
     assert not _findings(load_built, _convnet(conversion_us=60, miopen=True, launcher="aten::bmm"), topic="channels-last")

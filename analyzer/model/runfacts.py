@@ -65,7 +65,9 @@ def describe_device(facts: dict | None, model=None, has_gpu: bool | None = None)
     if name:
         parts = [name]
         if dev is not None and dev.name == name and dev.compute_major is not None:
-            parts.append(f"sm {dev.compute_major}.{dev.compute_minor}")
+            # "sm" is NVIDIA's word (sm_90); an AMD GPU's major.minor is its gfx generation (9.4: gfx94x)
+            word = "compute capability" if dev.vendor == "amd" else "sm"
+            parts.append(f"{word} {dev.compute_major}.{dev.compute_minor}")
         if dev is not None and dev.name == name and dev.total_memory:
             parts.append(f"{dev.total_memory / 2**30:.1f} GiB")
         platform = getattr(getattr(model, "meta", None), "platform", "unknown")
