@@ -97,8 +97,13 @@ class InferenceWithGrad(Rule):
         numbers = [m.steps[i].number for i in affected] if m.steps else []
         per_step_nodes = nodes[affected]
         source = _source(a, rows)
-        message = (f"{len(affected)} of {len(windows)} profiled {'steps' if m.steps else 'windows'} run forward ops with "
-                   f"autograd recording (a median {perstep.count_text(float(np.median(per_step_nodes)))} graph nodes per step) and no backward pass"
+        if m.steps:
+            nodes_text = f"a median {perstep.count_text(float(np.median(per_step_nodes)))} graph nodes per step"
+            where = f"{len(affected)} of {len(windows)} profiled steps run"
+        else:  # no ProfilerStep: the traced window is the one "step"
+            nodes_text = f"{perstep.count_text(float(per_step_nodes[0]))} graph nodes in the trace"
+            where = "The traced window runs"
+        message = (f"{where} forward ops with autograd recording ({nodes_text}) and no backward pass"
                    f"{f' ({source})' if source else ''}: evaluation or inference without torch.no_grad().")
         evidence = Evidence(
             steps=numbers,

@@ -232,6 +232,15 @@ def test_evaluation_after_training_in_the_window(load_built):
                    "inference-with-grad") is None
 
 
+def test_a_trace_without_steps_is_described_as_one_window(load_built):
+    b = inference_with_grad._loop(eval_steps=2, grad=True)
+    b.events = [e for e in b.events if not str(e.get("name", "")).startswith("ProfilerStep#")]
+    f = finding(run(load_built, b), "inference-with-grad")
+    assert f is not None and f.evidence.steps == []
+    assert f.message.startswith("The traced window runs forward ops with autograd recording (16 graph nodes in the trace)")
+    assert "per step" not in f.message
+
+
 def test_grad_mode_without_graph_nodes_is_not_flagged(load_built):
     """A frozen model (no parameter requires grad) runs in grad mode but creates no nodes: every op
     repeats the same sequence number."""
