@@ -9,8 +9,9 @@ CPU to launch the next op), *kernel wait* (short gaps between back-to-back ops) 
 The finding also says what the CPU was doing during the idle time: each idle gap is charged to the
 thread that launched the GPU op ending it, and within that thread to the DataLoader wait, a blocking
 sync, cudaMalloc/cudaFree, launch calls, the outermost op running, or Python outside any recorded op
-(in that order), in ms per step: the median over the steps, as the report's median step
-(`analyzer/measure/idle.py`, `analyzer/measure/perstep.py`).
+(in that order), in ms per step: the median over the steps, as the report's median step, with its share
+of the median step's idle time (`analyzer/measure/idle.py`, `analyzer/measure/perstep.py`). A cause that
+fills one step's idle time but not the others' is not the typical step's, and is not listed.
 
 ## Why it matters
 An idle GPU is paid for and does nothing. This finding is the symptom; the other findings (data
@@ -102,8 +103,8 @@ class LowGpuUtilization(Rule):
         causes = explain_idle(a.model, m)
         named = causes[causes["share_of_idle_pct"] >= 1.0]
         if len(named):
-            per = "median per step" if m.steps else "in the trace"
-            message += (f" Meanwhile the CPU thread launching the GPU's work was in ({per}; share of the idle time): "
+            per = "median per step; share of that step's idle time" if m.steps else "in the trace; share of the idle time"
+            message += (f" Meanwhile the CPU thread launching the GPU's work was in ({per}): "
                         + "; ".join(f"{r.what} {r.ms_per_step:.2f} ms ({r.share_of_idle_pct:.0f}%)"
                                     for r in named.head(4).itertuples()) + ".")
         low = m.per_step[m.per_step["gpu_busy_pct"] < self.thresholds["max_busy_pct"]]

@@ -52,11 +52,14 @@ def idle_split(model: TraceModel, metrics: Metrics) -> dict[str, np.ndarray]:
 def explain_idle(model: TraceModel, metrics: Metrics, top: int = 8) -> pd.DataFrame:
     """Idle GPU time per cause, largest first: `what` (a name), `kind` (dataloader, sync, allocator,
     launch, op, python), ms per step (the median over the steps, the report's statistic: `perstep`), and
-    share of all the steps' idle time."""
+    that time's share of the median step's idle time (the same statistic: a cause that fills one step's
+    idle time is not the typical step's)."""
     gaps = idle_gaps(metrics)
     total = iv.total(*gaps)
     if total <= 0 or metrics.launches.empty:
         return pd.DataFrame(columns=COLUMNS)
+    lo, hi = perstep.windows(metrics)
+    idle_median = perstep.median(iv.covered(*gaps, lo, hi))
     rows: list[tuple[str, str, np.ndarray]] = []
     for tid, mine in _gaps_by_thread(metrics, gaps).items():
         rows += _explain_thread(model, metrics, tid, mine)
@@ -65,9 +68,10 @@ def explain_idle(model: TraceModel, metrics: Metrics, top: int = 8) -> pd.DataFr
         per[(what, kind)] = per.get((what, kind), 0.0) + us
     out = pd.DataFrame([(w, k, float(us.sum()), perstep.median(us)) for (w, k), us in per.items()],
                        columns=["what", "kind", "us", "median_us"])
-    out = out[out["us"] > 0].sort_values("us", ascending=False, ignore_index=True)
+    out = out[out["us"] > 0].sort_values(["median_us", "us"], ascending=False, ignore_index=True)
     out["ms_per_step"] = (out["median_us"] / 1e3).round(3)
-    out["share_of_idle_pct"] = (100 * out["us"] / total).round(1)
+    share = 100 * out["median_us"] / idle_median if idle_median > 0 else 0.0 * out["median_us"]
+    out["share_of_idle_pct"] = np.minimum(share, 100.0).round(1)
     return out.head(top)[COLUMNS]
 
 
