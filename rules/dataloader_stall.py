@@ -133,14 +133,18 @@ class DataloaderStall(Rule):
         fw = runfacts.framework(a.facts)  # advice names the framework's own switch (TrainingArguments, …)
         main = loaders[0] if loaders else None
         kind = "single-process (`num_workers=0`)" if single else "multi-process"
+        if m.steps:
+            whole, part = "the median step", f"a median {per_step_ms:.1f} ms of each {step_ms:.1f} ms step"
+        else:  # no ProfilerStep: the traced window is the one "step", and it holds many waits
+            whole, part = "the traced window", f"{per_step_ms:.1f} ms of the {step_ms:.1f} ms window"
         if floor > 0:
-            message = (f"The {kind} DataLoader takes {share:.1f}% of the median step beyond the hand-over of a ready "
-                       f"batch: a median {per_step_ms:.1f} ms of each {step_ms:.1f} ms step is spent waiting for the next "
-                       f"batch, with no GPU work being launched; about {floor / 1e3:.1f} ms of it is the hand-over from a "
-                       "worker, which more workers do not remove.")
+            message = (f"The {kind} DataLoader takes {share:.1f}% of {whole} beyond the hand-over of a ready "
+                       f"batch: {part} is spent waiting for the next batch, with no GPU work being launched; about "
+                       f"{floor / 1e3:.1f} ms of {'it' if m.steps else 'each wait'} is the hand-over from a worker, which "
+                       "more workers do not remove.")
         else:
-            message = (f"The {kind} DataLoader takes {share:.1f}% of the median step: a median {per_step_ms:.1f} ms of each "
-                       f"{step_ms:.1f} ms step is spent waiting for the next batch, with no GPU work being launched.")
+            message = (f"The {kind} DataLoader takes {share:.1f}% of {whole}: {part} is spent waiting for the next "
+                       "batch, with no GPU work being launched.")
         if outlier_steps:
             worst_ms = float(waits[outlier].max()) / 1e3
             message += (f" Step{'s' if len(outlier_steps) > 1 else ''} {', '.join(map(str, outlier_steps))} waited far "
@@ -177,7 +181,8 @@ class DataloaderStall(Rule):
              for n, g in in_window.groupby("name")],
             sources=sources,
             numbers={"dataloader_share_pct": round(share, 1), "median_dataloader_ms_per_step": round(per_step_ms, 2),
-                     "median_step_ms": round(step_ms, 2), "single_process": single, "statistic": "median step",
+                     "median_step_ms": round(step_ms, 2), "single_process": single,
+                     "statistic": "median step" if m.steps else "traced window",
                      "handover_floor_ms": round(floor / 1e3, 2),
                      "outlier_steps": outlier_steps, **(loading_numbers(measured, plan) if measured else {})},
         )

@@ -113,7 +113,7 @@ class InferenceWithGrad(Rule):
             numbers={"steps_affected": int(len(affected)), "steps": len(windows),
                      "autograd_nodes_per_step": [int(x) for x in per_step_nodes],
                      "ops_recording_per_step": round(float(np.median(np.bincount(step[hit], minlength=len(windows))[affected])), 1),
-                     "statistic": "median affected step"},
+                     "statistic": "median affected step" if m.steps else "traced window"},
         )
         return [self.finding(
             message=message, evidence=evidence, saving=0.0,

@@ -116,14 +116,17 @@ class PageableMemcpy(Rule):
         held_us, waiting_us = perstep.median(held_ps), perstep.median(waiting_ps)  # the header's statistic
         step_us = max(float(m.median_step_us), 1e-9)
         per_step = perstep.median(perstep.issued(m, calls.drop_duplicates("correlation")["ts"]))
+        count = f", a median {perstep.count_text(per_step)} per step" if m.steps else ""  # else: all of them, above
         message = (f"{len(pageable)} host↔device copies ({pageable['bytes'].sum() / 2**20:.1f} MiB, "
-                   f"{pageable['dur'].sum() / 1e3:.2f} ms of copy time, a median {perstep.count_text(per_step)} per step) go through "
+                   f"{pageable['dur'].sum() / 1e3:.2f} ms of copy time{count}) go through "
                    "pageable host memory, so each one blocks the CPU until the data is staged.")
         if 100 * waiting_us / step_us >= self.thresholds["min_wait_share_pct"]:
             # a few µs of copying can hold the thread for milliseconds: say so, or the copy time hides it
-            message += (f" Their calls hold the training thread a median {held_us / 1e3:.2f} ms of each "
-                        f"{step_us / 1e3:.1f} ms step ({100 * held_us / step_us:.1f}%), {waiting_us / 1e3:.2f} ms of it "
-                        "waiting for earlier GPU work before the copy could start: implicit syncs")
+            of = (f"a median {held_us / 1e3:.2f} ms of each {step_us / 1e3:.1f} ms step" if m.steps else
+                  f"{held_us / 1e3:.2f} ms of the {step_us / 1e3:.1f} ms traced window")
+            message += (f" Their calls hold the training thread {of} ({100 * held_us / step_us:.1f}%), "
+                        f"{waiting_us / 1e3:.2f} ms of it waiting for earlier GPU work before the copy could start: "
+                        "implicit syncs")
             if basis.startswith("critical-path") and saving < 1.0 and _waits_on_other_ranks(a):
                 # one rank of a job whose GPU waits for the others: host-sync predicts ending them on every rank
                 message += (f". The replay predicts {saving:.1f}% from ending those waits on this rank alone: its GPU "
@@ -143,7 +146,8 @@ class PageableMemcpy(Rule):
                      "copy_ms": a.ms(pageable["dur"].sum()), "issued_by": op_names[:5],
                      "pageable_gbps": round(float(pageable["bytes"].sum()) / max(float(pageable["dur"].sum()), 1e-9) / 1e3, 2),
                      "pinned_gbps": round(gbps, 1), "held_ms_per_step": a.ms(held_us),
-                     "waiting_ms_per_step": a.ms(waiting_us), "statistic": "median step"},
+                     "waiting_ms_per_step": a.ms(waiting_us),
+                     "statistic": "median step" if m.steps else "traced window"},
         )
         advice = "Pin the host side of these copies and make them asynchronous."
         fw = runfacts.framework(a.facts)
