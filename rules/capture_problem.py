@@ -71,7 +71,8 @@ class CaptureProblem(Rule):
                        "CUDA calls: it was captured without `ProfilerActivity.CUDA`.",
                        "Add `ProfilerActivity.CUDA` to the profiler's activities.", "high")
         elif not has_gpu:
-            problem = (f"No GPU activity was recorded ({len(m.cpu)} CPU ops, {len(a.metrics.steps)} steps, no CUDA/HIP "
+            n = len(a.metrics.steps)
+            problem = (f"No GPU activity was recorded ({len(m.cpu)} CPU ops, {n} step{'' if n == 1 else 's'}, no CUDA/HIP "
                        "calls): this looks like a CPU-only run, so GPU findings do not apply.",
                        "If the job should use a GPU, check that the model and batches are moved to it (`.to('cuda')`).",
                        "info")

@@ -96,7 +96,8 @@ class LowGpuUtilization(Rule):
         # below are medians over the same steps (explain_idle); the busy share is the header's, of all their time
         nsteps = max(len(m.steps), 1)
         median_step_ms = m.median_step_us / 1e3
-        step_txt = (f"{nsteps} steps, median {median_step_ms:.1f} ms" if m.steps else f"{median_step_ms:.1f} ms traced")
+        step_txt = (f"{nsteps} steps, median {median_step_ms:.1f} ms" if len(m.steps) > 1 else
+                    f"1 step, {median_step_ms:.1f} ms" if m.steps else f"{median_step_ms:.1f} ms traced")
         message = (f"The GPU is busy only {busy:.1f}% of the time {where} ({step_txt}). "
                    f"Of the idle time, {split['host_wait']:.0f}% is the GPU waiting for the CPU to launch work, "
                    f"{split['kernel_wait']:.0f}% short gaps between kernels, {split['other']:.0f}% other waits.")

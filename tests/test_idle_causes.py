@@ -1,6 +1,6 @@
-"""What the CPU was doing while the GPU sat idle: each cause's time per step and its share of the idle
-time come from the same statistic, the median step, so one step's stall is not reported as the typical
-step's share."""
+"""low-gpu-utilization's account of the idle time: what the CPU was doing while the GPU sat idle, each
+cause's time per step and its share of the idle time from the same statistic (the median step, so one
+step's stall is not reported as the typical step's share), and the steps counted in words."""
 
 from __future__ import annotations
 
@@ -47,3 +47,16 @@ def test_every_cause_share_is_its_time_over_the_median_step_idle_time(load_built
     assert list(causes["ms_per_step"]) == sorted(causes["ms_per_step"], reverse=True)
     ratio = causes["share_of_idle_pct"] / causes["ms_per_step"]
     assert (ratio.max() - ratio.min()) / ratio.mean() < 0.05  # one denominator: the median step's idle time
+
+
+def test_one_step_is_one_step_not_one_steps(load_built):
+    b = TraceBuilder()
+    with b.step():
+        b.idle(4_000)
+        for _ in range(10):
+            b.kernel(GEMM, 100)
+        b.sync()
+    b.finish()
+    report = analyze_model(load_built(b), None, rules=[find_rule("low-gpu-utilization")])
+    (f,) = [f for f in report.findings if f.topic == "low-gpu-utilization"]
+    assert "inside the steps (1 step, " in f.message and "1 steps" not in f.message
