@@ -141,7 +141,8 @@ def compiled_evidence(a) -> str | None:
     elif c.graph_spans:
         parts.append("compiled graphs run in the steps" if c.steps else "compiled graphs run")
     if c.inductor_kernels:
-        parts.append(f"{sum(v['count'] for v in c.inductor_kernels.values())} Inductor kernels")
+        n = sum(v['count'] for v in c.inductor_kernels.values())
+        parts.append(f"{n} Inductor kernel{'' if n == 1 else 's'}")
     if not parts and c.cuda_graph_launches:
         return None  # CUDA graphs without compiled code: captured by hand, not torch.compile
     return ", ".join(parts) or None
