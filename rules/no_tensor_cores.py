@@ -43,7 +43,9 @@ new kernels reach their roofline (at most the peak ratio faster) and takes kerne
 large GEMMs (the peak ratio). The headline is autocast (the recommended fix); the range spans every fix's low to high end;
 `saving_by_fix_pct` has each, `roofline_by_fix` what bounds the kernels with shapes. Without the device
 in the table, the kernels are taken as 2× faster (a floor any Tensor Core GPU clears) and the finding
-says so. Under 1 % predicted (the matmuls hide behind CPU work) the finding is informational.
+says so. Under 1 % predicted (the matmuls hide behind CPU work) the finding is informational. On an
+NVIDIA GPU whose Tensor Cores take fp16 only (Volta, Turing: no bf16, no TF32) the finding's fix is fp16
+autocast with its GradScaler, without the bf16 and TF32 lines above.
 """
 
 from __future__ import annotations
@@ -131,11 +133,12 @@ class NoTensorCores(Rule):
             # the fix is not advertised with its near-zero figure; the reason is given instead
             severity = "info"
             message += f" Tensor Cores would not shorten the step yet: {a.bound_by()}."
+            how = ("bf16 autocast or TF32 (`torch.set_float32_matmul_precision('high')`)" if "tf32" in fixes else
+                   "fp16 autocast with a GradScaler" if fixes == ["fp16"] else "autocast")
             advice = ("Not worth changing for step time until the step is bound by these kernels "
-                      f"({a.bound_by()}). Once it is, bf16 autocast or TF32 "
-                      "(`torch.set_float32_matmul_precision('high')`) moves them onto the Tensor Cores.")
+                      f"({a.bound_by()}). Once it is, {how} moves them onto the Tensor Cores.")
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice,
-                             range_pct=span, severity=severity)]
+                             range_pct=span, severity=severity, fix=_fix(spec, fixes))]
 
     def _replay(self, a: Analysis, work, spec, key: str, end: str) -> tuple[float | None, str]:
         if key == "assumed":
@@ -183,6 +186,26 @@ def _fixes(spec, a: Analysis) -> list[str]:
     if spec.fp8 and precision.fp8_library(a.model):
         out.append("fp8")
     return out
+
+
+FP16_ONLY_FIX = """```python
+# Tensor Cores without bf16 or TF32 (Volta, Turing): fp16 automatic mixed precision with a gradient scaler
+scaler = torch.amp.GradScaler("cuda")
+with torch.autocast(device_type="cuda", dtype=torch.float16):
+    loss = model(x).loss
+scaler.scale(loss).backward()
+scaler.step(optimizer)
+scaler.update()
+```
+Keep matrix dimensions multiples of 8: fp16 Tensor Cores work on tiles of 8."""
+
+
+def _fix(spec, fixes: list[str]) -> str | None:
+    """The fix block for this GPU: on NVIDIA GPUs whose Tensor Cores take fp16 only (no bf16, no TF32), fp16
+    autocast with its GradScaler; elsewhere the general Fix (None)."""
+    if fixes == ["fp16"] and spec.vendor != "amd":
+        return FP16_ONLY_FIX
+    return None
 
 
 def _how(spec, work, fixes: list[str], savings: dict, t: dict) -> str:

@@ -399,6 +399,12 @@ def test_no_tensor_cores_volta_advice_is_fp16(load_built):
     f = next(f for f in report.findings if f.topic == "no-tensor-cores")
     assert "fp16" in f.message + f.recommendation
     assert "no TF32" in f.recommendation
+    # the fix block is the one this GPU can run: fp16 with its scaler, no bf16 or TF32 lines
+    assert "dtype=torch.float16" in f.fix and "GradScaler" in f.fix
+    assert "bfloat16" not in f.fix and "set_float32_matmul_precision" not in f.fix and "allow_tf32" not in f.fix
+    ampere = analyze(_gemm_trace("NVIDIA A100-SXM4-80GB", (8, 0), "ampere_sgemm_128x64_nn"), load_built)
+    g = next(f for f in ampere.findings if f.topic == "no-tensor-cores")
+    assert "dtype=torch.bfloat16" in g.fix and "set_float32_matmul_precision" in g.fix
 
 
 def test_capture_problem_without_cuda_activity(load_built):
