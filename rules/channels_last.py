@@ -172,7 +172,8 @@ def _advice(a: Analysis) -> str:
 
 
 def _fix(a: Analysis) -> str:
-    """The Fix block with the autocast line only when the run is not under autocast already."""
+    """The Fix block with the autocast line only when the run is not under autocast already, in the 16-bit type
+    the GPU's Tensor Cores take (fp16 on Volta and Turing, bf16 elsewhere)."""
     amp = is_on("autocast", a) is not None
     lines = ["```python",
              "model = model.to(memory_format=torch.channels_last)   # once, before torch.compile and the optimizer",
@@ -181,8 +182,14 @@ def _fix(a: Analysis) -> str:
     if amp:
         lines.append("    loss = criterion(model(x), y)                   # your autocast region stays as it is")
     else:
-        lines += ["    with torch.autocast(\"cuda\", dtype=torch.bfloat16):  # channels_last works under AMP too",
-                  "        loss = criterion(model(x), y)"]
+        spec = a.device_spec
+        if spec.fp16 is not None and spec.bf16 is None:  # fp16-only Tensor Cores (Volta, Turing): fp16, scaled
+            lines += ["    with torch.autocast(\"cuda\", dtype=torch.float16):  # channels_last works under AMP too "
+                      "(with a GradScaler)",
+                      "        loss = criterion(model(x), y)"]
+        else:
+            lines += ["    with torch.autocast(\"cuda\", dtype=torch.bfloat16):  # channels_last works under AMP too",
+                      "        loss = criterion(model(x), y)"]
     lines += ["```", "Convert the inputs as well as the model: a channels-last model fed NCHW batches converts the "
               "first layer's input every step. Batch norm, ReLU and pooling keep the layout."]
     return "\n".join(lines)

@@ -171,8 +171,10 @@ def test_low_utilization_fix_lists_only_what_is_off(load_built):
 # -- channels-last -------------------------------------------------------------------------------------
 
 def _convnet(conversion_us: float, miopen: bool = False, launcher: str = "aten::cudnn_convolution",
-             batch_norm: bool = False) -> TraceBuilder:
+             batch_norm: bool = False, volta: bool = False) -> TraceBuilder:
     kw = {"platform": "rocm", "device": "AMD Instinct MI300X", "compute": None} if miopen else {}
+    if volta:
+        kw = {"device": "Tesla V100-SXM2-16GB", "compute": (7, 0)}
     b = TraceBuilder(**kw)
     to = "batched_transpose_32x32_half" if miopen else TO_NHWC
     back = "batched_transpose_16x32_half" if miopen else TO_NCHW
@@ -219,5 +221,12 @@ def test_channels_last_reads_miopen_and_blames_only_convolutions(load_built):
     assert "runs MIOpen's NHWC kernels" in bn.message and "cuDNN" not in bn.message
     (nv,) = _findings(load_built, _convnet(conversion_us=60, batch_norm=True), topic="channels-last")
     assert "runs cuDNN's NHWC kernels" in nv.message
+
+
+def test_channels_last_fix_autocasts_in_the_type_the_tensor_cores_take(load_built):
+    (volta,) = _findings(load_built, _convnet(conversion_us=60, volta=True), topic="channels-last")
+    assert "dtype=torch.float16" in volta.fix and "GradScaler" in volta.fix and "bfloat16" not in volta.fix
+    (newer,) = _findings(load_built, _convnet(conversion_us=60), topic="channels-last")
+    assert "dtype=torch.bfloat16" in newer.fix
     # the same transposes launched by a non-convolution op are someone else's layout
     assert not _findings(load_built, _convnet(conversion_us=60, miopen=True, launcher="aten::bmm"), topic="channels-last")
