@@ -31,10 +31,10 @@ layer's input every step. Batch norm, ReLU and pooling keep the layout, so nothi
 Fires when the conversion kernels launched by convolutions take at least 5 % of the median step's kernel
 time (the median step's conversion time over its kernel time; below that the conversions are a negligible
 share). The predicted saving is the critical-path replay of the steps with those kernels and their launch
-calls removed and the batch-norm kernels that ran on NCHW tensors at the time of cuDNN's (on AMD, MIOpen's)
-NHWC batch-norm kernels, which pass over memory fewer times: 2/3 of the forward's time (activation read once instead of
-twice, written once), 3/5 of the backward's (activation and gradient read once instead of twice, input
-gradient written once); the range starts at the conversions alone. Convolution kernels that get faster
+calls removed and the batch-norm kernels that ran on NCHW tensors at the time of cuDNN's (on AMD,
+MIOpen's) NHWC batch-norm kernels, which pass over memory fewer times: 2/3 of the forward's time
+(activation read once instead of twice, written once), 3/5 of the backward's (activation and gradient
+read once instead of twice, input gradient written once); the range starts at the conversions alone. Convolution kernels that get faster
 on NHWC tensors are not counted. Measured on an H100 (ResNet-50, batch 64, torch 2.11;
 bench/h100-pairs): channels_last saved 24.8 % in fp32 and 36.0 % under bf16 autocast, where PyTorch's
 own NCHW batch-norm kernels are slower still (docs/accuracy.md has the predictions). Where the GPU waits
