@@ -112,11 +112,11 @@ class ChannelsLast(Rule):
                           + (d if d != "layout conversion" else "whose names do not say the direction")
                           for d, g in by_dir.groupby("direction", sort=True))
         if m.steps:
-            message = (f"Convolutions convert between NCHW and NHWC: a median {perstep.count_text(count)} conversion "
-                       f"kernels per step ({split}) take {per_step_us / 1e3:.2f} ms, {of_kernels:.1f} % of the median "
+            message = (f"Convolutions convert between NCHW and NHWC: a median {perstep.count_of(count, 'conversion kernel')} "
+                       f"per step ({split}) take {per_step_us / 1e3:.2f} ms, {of_kernels:.1f} % of the median "
                        f"step's kernel time and {of_step:.1f} % of the median step.")
         else:  # no ProfilerStep: the traced window is the one "step"
-            message = (f"Convolutions convert between NCHW and NHWC: {perstep.count_text(count)} conversion kernels "
+            message = (f"Convolutions convert between NCHW and NHWC: {perstep.count_of(count, 'conversion kernel')} "
                        f"in the trace ({split}) take {per_step_us / 1e3:.2f} ms, {of_kernels:.1f} % of the kernel time "
                        f"and {of_step:.1f} % of the traced window.")
         if bn_us > 0:

@@ -76,10 +76,10 @@ class ExposedAllGather(Rule):
             return []
         saving, basis = self._saving(a, c, rows, hideable, hide_us)
         setting, advice = _settings(a.facts)
-        message = (f"{perstep.count_text(count)} all-gathers of sharded parameters per step leave this rank with nothing "
-                   f"to do for {exposed_us / 1e3:.2f} ms per step ({share:.1f} % of the median step): each layer waits "
-                   f"for its parameters. Prefetching each all-gather under the compute before it would hide up to "
-                   f"{hide_us / 1e3:.2f} ms per step.{setting}")
+        message = (f"{perstep.count_of(count, 'all-gather')} of sharded parameters per step "
+                   f"leave{'s' if count == 1 else ''} this rank with nothing to do for {exposed_us / 1e3:.2f} ms per step "
+                   f"({share:.1f} % of the median step): each layer waits for its parameters. Prefetching each "
+                   f"all-gather under the compute before it would hide up to {hide_us / 1e3:.2f} ms per step.{setting}")
         order = np.argsort(-exposed)[:8]
         evidence = Evidence(
             steps=[s.number for s in m.steps],

@@ -98,10 +98,10 @@ class InferenceWithGrad(Rule):
         per_step_nodes = nodes[affected]
         source = _source(a, rows)
         if m.steps:
-            nodes_text = f"a median {perstep.count_text(float(np.median(per_step_nodes)))} graph nodes per step"
+            nodes_text = f"a median {perstep.count_of(float(np.median(per_step_nodes)), 'graph node')} per step"
             where = f"{len(affected)} of {len(windows)} profiled steps run"
         else:  # no ProfilerStep: the traced window is the one "step"
-            nodes_text = f"{perstep.count_text(float(per_step_nodes[0]))} graph nodes in the trace"
+            nodes_text = f"{perstep.count_of(float(per_step_nodes[0]), 'graph node')} in the trace"
             where = "The traced window runs"
         message = (f"{where} forward ops with autograd recording ({nodes_text}) and no backward pass"
                    f"{f' ({source})' if source else ''}: evaluation or inference without torch.no_grad().")

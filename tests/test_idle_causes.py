@@ -60,3 +60,4 @@ def test_one_step_is_one_step_not_one_steps(load_built):
     report = analyze_model(load_built(b), None, rules=[find_rule("low-gpu-utilization")])
     (f,) = [f for f in report.findings if f.topic == "low-gpu-utilization"]
     assert "inside the steps (1 step, " in f.message and "1 steps" not in f.message
+

@@ -60,6 +60,12 @@ def count_text(n: float) -> str:
     return f"{n:.0f}" if float(n).is_integer() else f"{n:.1f}"
 
 
+def count_of(n: float, noun: str, plural: str | None = None) -> str:
+    """`count_text(n)` with its noun, singular for exactly one ("1 copy", "2 copies", "1.5 copies"); the
+    plural is the noun + "s" unless given. In a compound noun only the last word changes ("1 fill kernel")."""
+    return f"{count_text(n)} {noun if float(n) == 1 else (plural or noun + 's')}"
+
+
 def covered(m: Metrics, starts, ends) -> np.ndarray:
     """Per step: the time inside it covered by the intervals [starts, ends)."""
     lo, hi = windows(m)
