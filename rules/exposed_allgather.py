@@ -31,7 +31,9 @@ give each rank more work per layer (larger per-GPU batch), shard over fewer rank
 
 ## Thresholds
 Fires when the all-gathers' exposed time is at least 5 % of the median step and at least 0.1 ms per
-step. The predicted saving is the part prefetch can hide (at most the compute before each all-gather):
+step. When prefetch could hide under a tenth of it (the rank does almost nothing before the gathers),
+the finding says so and advises cheaper transfers (fewer ranks per shard group, no reshard after
+forward, ZeRO-2 or DDP) instead of prefetch. The predicted saving is the part prefetch can hide (at most the compute before each all-gather):
 by the critical-path replay with those kernels shortened on a GPU, else as a share of the median step.
 An upper bound: the compute a prefetched gather runs beside may slow down a little.
 """
@@ -54,7 +56,7 @@ class ExposedAllGather(Rule):
     code = "GA134"
     name = "exposed-allgather"
     title = "The step waits for sharded parameters to be all-gathered"
-    thresholds = {"min_share_pct": 5.0, "min_ms": 0.1}
+    thresholds = {"min_share_pct": 5.0, "min_ms": 0.1, "min_hideable_share": 0.1}
 
     def check(self, a: Analysis):
         c = a.collectives
@@ -78,8 +80,15 @@ class ExposedAllGather(Rule):
         setting, advice = _settings(a.facts)
         message = (f"{perstep.count_of(count, 'all-gather')} of sharded parameters per step "
                    f"leave{'s' if count == 1 else ''} this rank with nothing to do for {exposed_us / 1e3:.2f} ms per step "
-                   f"({share:.1f} % of the median step): each layer waits for its parameters. Prefetching each "
-                   f"all-gather under the compute before it would hide up to {hide_us / 1e3:.2f} ms per step.{setting}")
+                   f"({share:.1f} % of the median step): each layer waits for its parameters. ")
+        if hide_us < self.thresholds["min_hideable_share"] * exposed_us:
+            # nothing runs before the gathers to hide them under: prefetch cannot help, the transfer must shrink
+            message += (f"Prefetching would hide only {hide_us / 1e3:.2f} ms per step: the rank does almost no work "
+                        "before these all-gathers that they could run beside.")
+            advice = NO_WORK_TO_HIDE_UNDER
+        else:
+            message += (f"Prefetching each all-gather under the compute before it would hide up to "
+                        f"{hide_us / 1e3:.2f} ms per step.{setting}")
         order = np.argsort(-exposed)[:8]
         evidence = Evidence(
             steps=[s.number for s in m.steps],
@@ -136,6 +145,11 @@ def _hideable(c, rows: np.ndarray, exposed: np.ndarray, work) -> np.ndarray:
         out[j] = min(float(exposed[j]), done)
         prev_end = float(c.end_us[i])
     return out
+
+
+NO_WORK_TO_HIDE_UNDER = ("Make the transfers cheaper instead: shard over fewer ranks (HYBRID_SHARD, a 2-D mesh), keep the "
+                         "parameters unsharded between forward and backward (reshard_after_forward=False), or use "
+                         "ZeRO-2 / DDP if the model fits.")
 
 
 def _settings(facts: dict) -> tuple[str, str]:
