@@ -152,7 +152,8 @@ class HostSync(Rule):
         else:
             per = f" ({scalar_txt[2:]})" if scalar_txt else ""
             held = f" ({share:.1f}% of the traced window)"
-        message = (f"{len(s)} blocking calls{per} hold the CPU for {s['dur'].sum() / 1e3:.2f} ms in total{held}. The largest share is "
+        message = (f"{perstep.count_of(len(s), 'blocking call')}{per} hold{'s' if len(s) == 1 else ''} the CPU for "
+                   f"{s['dur'].sum() / 1e3:.2f} ms in total{held}. The largest share is "
                    f"{int(top['count'])}× `{top['name']}` ({top['kind']}){inside}{where}: {top['total_us'] / 1e3:.2f} ms.")
         if outlier_steps:
             many = len(outlier_steps) > 1
@@ -162,9 +163,9 @@ class HostSync(Rule):
         advice = "Remove the syncs from the loop, or move them to where the value is really needed."
         if with_work is not None:
             headline = "the larger, headline" if with_work >= alone else "the headline is the syncs alone"
+            chain = " ← ".join(f"`{n}`" for n in dict.fromkeys(feeding.chain))
             message += (f" The syncs alone: {alone:.1f}%; with the work that computes the synced values "
-                        f"({feeding.reads} reads fed by {' ← '.join(f'`{n}`' for n in dict.fromkeys(feeding.chain))}): "
-                        f"{with_work:.1f}% ({headline}).")
+                        f"({perstep.count_of(feeding.reads, 'read')} fed by {chain}): {with_work:.1f}% ({headline}).")
         if with_frees is not None:
             message += (f" cudaFree calls in the same window synchronise the device as well: without them gone too, "
                         f"removing these syncs saves only {with_frees:.1f}%; with them gone: {saving:.1f}% (the headline).")

@@ -185,7 +185,8 @@ def _pinned_bandwidth(a: Analysis, pageable) -> tuple[float, str]:
                & (c["bytes"] >= MIN_REFERENCE_BYTES)]
     if len(pinned):
         gbps = float(pinned["bytes"].sum()) / max(float(pinned["dur"].sum()), 1e-9) / 1e3
-        return gbps, f"{gbps:.0f} GB/s, measured on {len(pinned)} pinned copies of ≥ 1 MiB in this trace"
+        copies = perstep.count_of(len(pinned), "pinned copy", "pinned copies")
+        return gbps, f"{gbps:.0f} GB/s, measured on {copies} of ≥ 1 MiB in this trace"
     gbps = a.device_spec.pinned_copy_gbps
     dev = a.device.name if a.device is not None and a.device.name else "an unknown GPU"
     return gbps, f"expected {gbps:.0f} GB/s for {dev}'s PCIe generation (no large pinned copy in the trace)"

@@ -91,7 +91,8 @@ class CompiledTrace:
             parts.append("Inductor kernels: " + ", ".join(f"{v['count']} {k} ({v['us'] / 1e3:.2f} ms)"
                                                           for k, v in sorted(self.inductor_kernels.items())))
         if self.cuda_graph_launches:
-            parts.append(f"{self.cuda_graph_launches} CUDA graph launches")
+            n = self.cuda_graph_launches
+            parts.append(f"{n} CUDA graph launch{'' if n == 1 else 'es'}")
         if self.beside_eager_model:
             inside, total = self.matmuls
             parts.append(f"the model runs eagerly: {inside} of its {total} matmul kernels were launched inside "

@@ -172,7 +172,7 @@ def _graphs_facts(a) -> str | None:
 def _graphs_trace(a) -> str | None:
     rt = a.model.runtime
     n = int(rt["name"].isin(GRAPH_LAUNCHES).sum()) if len(rt) else 0
-    return f"{n} CUDA graph launches" if n else None
+    return f"{n} CUDA graph launch{'' if n == 1 else 'es'}" if n else None
 
 
 # -- precision -----------------------------------------------------------------------------------------
