@@ -36,6 +36,7 @@ events, a file that ends mid-event).
 
 from __future__ import annotations
 
+from gpuadvise.analyzer.measure import perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.model.calls import LAUNCH_CALLS
@@ -71,8 +72,8 @@ class CaptureProblem(Rule):
                        "CUDA calls: it was captured without `ProfilerActivity.CUDA`.",
                        "Add `ProfilerActivity.CUDA` to the profiler's activities.", "high")
         elif not has_gpu:
-            n = len(a.metrics.steps)
-            problem = (f"No GPU activity was recorded ({len(m.cpu)} CPU ops, {n} step{'' if n == 1 else 's'}, no CUDA/HIP "
+            steps = perstep.count_of(len(a.metrics.steps), "step")
+            problem = (f"No GPU activity was recorded ({len(m.cpu)} CPU ops, {steps}, no CUDA/HIP "
                        "calls): this looks like a CPU-only run, so GPU findings do not apply.",
                        "If the job should use a GPU, check that the model and batches are moved to it (`.to('cuda')`).",
                        "info")

@@ -31,7 +31,7 @@ from gpuadvise.analyzer.model.calls import GRAPH_LAUNCHES
 from gpuadvise.analyzer.model.kernels import inductor_kind, is_matmul_like
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask
 
-from . import intervals
+from . import intervals, perstep
 from .compilework import CompileWork, region_id
 from .metrics import Metrics
 
@@ -91,8 +91,7 @@ class CompiledTrace:
             parts.append("Inductor kernels: " + ", ".join(f"{v['count']} {k} ({v['us'] / 1e3:.2f} ms)"
                                                           for k, v in sorted(self.inductor_kernels.items())))
         if self.cuda_graph_launches:
-            n = self.cuda_graph_launches
-            parts.append(f"{n} CUDA graph launch{'' if n == 1 else 'es'}")
+            parts.append(perstep.count_of(self.cuda_graph_launches, "CUDA graph launch", "CUDA graph launches"))
         if self.beside_eager_model:
             inside, total = self.matmuls
             parts.append(f"the model runs eagerly: {inside} of its {total} matmul kernels were launched inside "

@@ -44,6 +44,8 @@ from gpuadvise.analyzer.model.calls import GRAPH_LAUNCHES
 from gpuadvise.analyzer.model.kernels import CONV, GEMM, head
 from gpuadvise.analyzer.model.trace import name_mask
 
+from . import perstep
+
 # a GEMM kernel (not a convolution) on TF32 Tensor Cores, by name
 TF32_GEMM = re.compile(r"tf32|s1688gemm|s884gemm|_s1688|1688tf32", re.I)
 # 16-bit matmul kernels, by name
@@ -141,8 +143,7 @@ def compiled_evidence(a) -> str | None:
     elif c.graph_spans:
         parts.append("compiled graphs run in the steps" if c.steps else "compiled graphs run")
     if c.inductor_kernels:
-        n = sum(v['count'] for v in c.inductor_kernels.values())
-        parts.append(f"{n} Inductor kernel{'' if n == 1 else 's'}")
+        parts.append(perstep.count_of(sum(v["count"] for v in c.inductor_kernels.values()), "Inductor kernel"))
     if not parts and c.cuda_graph_launches:
         return None  # CUDA graphs without compiled code: captured by hand, not torch.compile
     return ", ".join(parts) or None
@@ -172,7 +173,7 @@ def _graphs_facts(a) -> str | None:
 def _graphs_trace(a) -> str | None:
     rt = a.model.runtime
     n = int(rt["name"].isin(GRAPH_LAUNCHES).sum()) if len(rt) else 0
-    return f"{n} CUDA graph launch{'' if n == 1 else 'es'}" if n else None
+    return perstep.count_of(n, "CUDA graph launch", "CUDA graph launches") if n else None
 
 
 # -- precision -----------------------------------------------------------------------------------------

@@ -237,7 +237,6 @@ class ScannedRows:
         ids, raws = self.chunk.column(field, _INT32, -1)[self.rows[picked]].tolist(), self.chunk.raws
         return [raws[i] if i >= 0 else b"null" for i in ids]
 
-
     def categories(self) -> tuple[np.ndarray, list]:
         """Per row, the index of its category among the distinct ones, and those (decoded; "" if absent)."""
         where, distinct = pd.factorize(self._col("cat", _INT32, -1))
