@@ -15,6 +15,7 @@ from gpuadvise.analyzer.report.finding import finding_lines
 @pytest.mark.parametrize("key, value, shown", [
     ("outlier_steps", [], ("outlier steps", "none")),
     ("outlier_steps", [3, 4], ("outlier steps", "#3, #4")),
+    ("autograd_nodes_per_step", [343, 50], ("autograd nodes per step", "343, 50")),  # counts, not step numbers
     ("single_process", True, ("single-process loader", "yes")),
     ("cudnn_benchmark", False, ("cudnn.benchmark", "no")),
     ("dataloader_share_pct", 98.2, ("DataLoader share", "98.2 %")),
@@ -30,6 +31,11 @@ from gpuadvise.analyzer.report.finding import finding_lines
     ("peak_allocated_gib", 20.5, ("peak allocated", "20.5 GiB")),
     ("profiler_overhead_x", 1.5, ("profiler overhead", "1.5×")),
     ("share_of_recorded_pct", 46253.5, ("share of recorded", "46 254 %")),
+    # digits grouped from five on, whether the number came as an integer or a float: one column reads alike
+    ("live_at_peak_mib", 4056.4, ("live at peak", "4056 MiB")),
+    ("allocated_mib", 2304.0, ("allocated", "2304 MiB")),
+    ("runtime_calls", 31524, ("runtime calls", "31 524")),
+    ("mean_us", 999.5, ("mean", "1000 µs")),  # not "1e+03"
 ])
 def test_a_key_and_its_value_read_as_words(key, value, shown):
     assert evidence.named(key, value) == shown

@@ -67,7 +67,7 @@ WORDS: dict[str, str] = {
     "id": "ID", "hta": "HTA", "params": "parameters", "io": "I/O", "h2d": "host-to-device", "d2h": "device-to-host", "cuda": "CUDA",
 }
 
-_STEP_LISTS = re.compile(r"(^|_)steps(_|$)|^step$|_step$")
+_STEP_LISTS = re.compile(r"(^|_)steps(_|$)|^step$|(?<!_per)_step$")  # `…_per_step`: counts, not steps
 _LEADS = ("what", "name", "remedy", "rule", "topic")  # a table's entry that names it: written first
 
 
@@ -96,23 +96,29 @@ def label_and_unit(key: str) -> tuple[str, str]:
 
 
 def number(v) -> str:
-    """A number as people write it: integers whole, others to three significant figures."""
+    """A number as people write it: integers whole, others to three significant figures. From five digits
+    on, the digits are grouped in threes by a space (a comma would read as a list's separator): "2304",
+    "46 254", whether the value came as an integer or a float."""
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, Integral):
-        return str(int(v))
+        return _grouped(int(v))
     v = float(v)
     if math.isnan(v):
         return "not measured"
     if math.isinf(v):
         return "unbounded"
     if v == int(v) and abs(v) < 1e15:
-        return str(int(v))
-    if abs(v) >= 1000:
-        return f"{v:,.0f}".replace(",", " ")
+        return _grouped(int(v))
+    if abs(v) >= 999.5:  # three significant figures would be written "1e+03"
+        return _grouped(round(v))
     if abs(v) < 0.001:
         return f"{v:.2g}"  # a chance of 1e-12 is not 0
     return f"{v:.3g}"
+
+
+def _grouped(n: int) -> str:
+    return str(n) if abs(n) < 10_000 else f"{n:,}".replace(",", " ")
 
 
 def _bytes(n: float) -> str:
