@@ -112,9 +112,10 @@ class ChannelsLast(Rule):
                           + (d if d != "layout conversion" else "whose names do not say the direction")
                           for d, g in by_dir.groupby("direction", sort=True))
         if m.steps:
-            message = (f"Convolutions convert between NCHW and NHWC: a median {perstep.count_of(count, 'conversion kernel')} "
-                       f"per step ({split}) take {per_step_us / 1e3:.2f} ms, {of_kernels:.1f} % of the median "
-                       f"step's kernel time and {of_step:.1f} % of the median step.")
+            step = perstep.the_median_step(m)
+            message = (f"Convolutions convert between NCHW and NHWC: {perstep.a_median(m)}"
+                       f"{perstep.count_of(count, 'conversion kernel')} per step ({split}) take {per_step_us / 1e3:.2f} ms, "
+                       f"{of_kernels:.1f} % of {step}'s kernel time and {of_step:.1f} % of {step}.")
         else:  # no ProfilerStep: the traced window is the one "step"
             message = (f"Convolutions convert between NCHW and NHWC: {perstep.count_of(count, 'conversion kernel')} "
                        f"in the trace ({split}) take {per_step_us / 1e3:.2f} ms, {of_kernels:.1f} % of the kernel time "

@@ -102,8 +102,8 @@ class CudnnBenchmark(Rule):
                       None: "input shapes were not recorded (run with record_shapes), so whether they are fixed is unknown"}[fixed]
         conv_ms = perstep.median(conv_us) / 1e3  # conv_us is per step already: the report's statistic (perstep)
         conv_n = perstep.median(perstep.sums(m, conv["ts"]))
-        message = (f"cudnn.benchmark was off; convolution kernels took {pct:.1f} % of the median step "
-                   f"(a median {conv_ms:.2f} ms and {perstep.count_of(conv_n, 'kernel')} per step), with {shape_note}.")
+        message = (f"cudnn.benchmark was off; convolution kernels took {pct:.1f} % of {perstep.the_median_step(m)} "
+                   f"({perstep.a_median(m)}{conv_ms:.2f} ms and {perstep.count_of(conv_n, 'kernel')} per step), with {shape_note}.")
         if len(generic):
             generic_ms = perstep.median(perstep.sums(m, generic["ts"], generic["dur"])) / 1e3
             generic_n = perstep.median(perstep.sums(m, generic["ts"]))

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuadvise.analyzer.measure import intervals as iv
+from gpuadvise.analyzer.measure import intervals as iv, perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model import runfacts, switches
 from gpuadvise.analyzer.model.findings import Evidence
@@ -134,7 +134,8 @@ class DataloaderStall(Rule):
         main = loaders[0] if loaders else None
         kind = "single-process (`num_workers=0`)" if single else "multi-process"
         if m.steps:
-            whole, part = "the median step", f"a median {per_step_ms:.1f} ms of each {step_ms:.1f} ms step"
+            whole = perstep.the_median_step(m)
+            part = f"{perstep.a_median(m)}{per_step_ms:.1f} ms of {perstep.each_step(m)} {step_ms:.1f} ms step"
         else:  # no ProfilerStep: the traced window is the one "step", and it holds many waits
             whole, part = "the traced window", f"{per_step_ms:.1f} ms of the {step_ms:.1f} ms window"
         if floor > 0:

@@ -147,8 +147,9 @@ class HostSync(Rule):
         inside = f" inside `{top['op']}`" if top["op"] else ""
         where = f" at {top['source']}" if top["source"] else ""
         if m.steps:
-            per = f" (a median {perstep.count_text(calls_per_step)} per step{scalar_txt})"
-            held = f", a median {blocked_us / 1e3:.2f} ms of each {step_us / 1e3:.1f} ms step ({share:.1f}%)"
+            per = f" ({perstep.a_median(m)}{perstep.count_text(calls_per_step)} per step{scalar_txt})"
+            held = (f", {perstep.a_median(m)}{blocked_us / 1e3:.2f} ms of {perstep.each_step(m)} {step_us / 1e3:.1f} ms "
+                    f"step ({share:.1f}%)")
         else:
             per = f" ({scalar_txt[2:]})" if scalar_txt else ""
             held = f" ({share:.1f}% of the traced window)"

@@ -98,7 +98,8 @@ class InferenceWithGrad(Rule):
         per_step_nodes = nodes[affected]
         source = _source(a, rows)
         if m.steps:
-            nodes_text = f"a median {perstep.count_of(float(np.median(per_step_nodes)), 'graph node')} per step"
+            nodes_text = (f"{'a median ' if len(affected) > 1 else ''}"
+                          f"{perstep.count_of(float(np.median(per_step_nodes)), 'graph node')} per step")
             where = f"{len(affected)} of {len(windows)} profiled steps run"
         else:  # no ProfilerStep: the traced window is the one "step"
             nodes_text = f"{perstep.count_of(float(per_step_nodes[0]), 'graph node')} in the trace"

@@ -116,13 +116,13 @@ class PageableMemcpy(Rule):
         held_us, waiting_us = perstep.median(held_ps), perstep.median(waiting_ps)  # the header's statistic
         step_us = max(float(m.median_step_us), 1e-9)
         per_step = perstep.median(perstep.issued(m, calls.drop_duplicates("correlation")["ts"]))
-        count = f", a median {perstep.count_text(per_step)} per step" if m.steps else ""  # else: all of them, above
+        count = f", {perstep.a_median(m)}{perstep.count_text(per_step)} per step" if m.steps else ""  # else: all of them, above
         message = (f"{len(pageable)} host↔device copies ({pageable['bytes'].sum() / 2**20:.1f} MiB, "
                    f"{pageable['dur'].sum() / 1e3:.2f} ms of copy time{count}) go through "
                    "pageable host memory, so each one blocks the CPU until the data is staged.")
         if 100 * waiting_us / step_us >= self.thresholds["min_wait_share_pct"]:
             # a few µs of copying can hold the thread for milliseconds: say so, or the copy time hides it
-            of = (f"a median {held_us / 1e3:.2f} ms of each {step_us / 1e3:.1f} ms step" if m.steps else
+            of = (f"{perstep.a_median(m)}{held_us / 1e3:.2f} ms of {perstep.each_step(m)} {step_us / 1e3:.1f} ms step" if m.steps else
                   f"{held_us / 1e3:.2f} ms of the {step_us / 1e3:.1f} ms traced window")
             message += (f" Their calls hold the training thread {of} ({100 * held_us / step_us:.1f}%), "
                         f"{waiting_us / 1e3:.2f} ms of it waiting for earlier GPU work before the copy could start: "

@@ -89,8 +89,8 @@ class SingleTensorOptimizer(Rule):
             return []  # the optimizer's launches hide behind GPU work: nothing to win here
         opt = spans["name"].iloc[0].split("#", 1)[-1].split(".")[0]
         recorded = [o.as_dict() for o in runfacts.optimizers(a.facts, cls=opt)]
-        message = (f"`{opt}` launches a median {perstep.count_of(per_step, 'kernel')} {per} "
-                   f"(median {kernels['gpu_us'].median():.1f} µs each) and takes a median {cpu_us / 1e3:.2f} ms of "
+        message = (f"`{opt}` launches {perstep.a_median(m)}{perstep.count_of(per_step, 'kernel')} {per} "
+                   f"(median {kernels['gpu_us'].median():.1f} µs each) and takes {perstep.a_median(m)}{cpu_us / 1e3:.2f} ms of "
                    "CPU time in them; none of them is a foreach or fused kernel.")
         evidence = Evidence(
             steps=[s.number for s in m.steps],

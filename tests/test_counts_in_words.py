@@ -10,3 +10,27 @@ def test_a_count_of_one_takes_the_singular():
     assert count_of(1, "small host→device copy", "small host→device copies") == "1 small host→device copy"
     assert count_of(2, "kernel") == "2 kernels" and count_of(1.5, "fill kernel") == "1.5 fill kernels"
     assert count_of(0, "graph node") == "0 graph nodes"
+
+
+def _steps_line(tmp_path, steps: int) -> str:
+    from fixtures.builder import TraceBuilder
+    from gpuadvise.analyzer.report import markdown
+    from gpuadvise.analyzer.run.engine import analyze_paths
+
+    b = TraceBuilder()
+    for _ in range(steps):
+        with b.step():
+            with b.op("aten::linear"):
+                b.kernel("ampere_sgemm_128x64_nn", 400)
+    path = b.write(tmp_path / f"steps{steps}.json")
+    text = markdown.render(analyze_paths([path]))
+    return next(line for line in text.splitlines() if line.startswith("- **Steps:**"))
+
+
+def test_one_step_is_not_a_range_and_has_no_median(tmp_path):
+    line = _steps_line(tmp_path, 1)
+    assert line.startswith("- **Steps:** 1 (ProfilerStep#0), ") and "median" not in line and "–" not in line
+
+
+def test_several_steps_show_their_range_and_median(tmp_path):
+    assert _steps_line(tmp_path, 3).startswith("- **Steps:** 3 (ProfilerStep#0–#2), median ")

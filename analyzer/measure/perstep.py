@@ -66,6 +66,22 @@ def count_of(n: float, noun: str, plural: str | None = None) -> str:
     return f"{count_text(n)} {noun if float(n) == 1 else (plural or noun + 's')}"
 
 
+def a_median(m: Metrics) -> str:
+    """"a median " before a figure per step, or nothing when the trace holds one step: its figure is that
+    step's own ("3.2 ms of the 41.0 ms step", not "a median 3.2 ms of each 41.0 ms step")."""
+    return "" if len(m.steps) == 1 else "a median "
+
+
+def each_step(m: Metrics) -> str:
+    """"each" step, or "the" step when the trace holds one."""
+    return "the" if len(m.steps) == 1 else "each"
+
+
+def the_median_step(m: Metrics) -> str:
+    """"the median step", or "the step" when the trace holds one."""
+    return "the step" if len(m.steps) == 1 else "the median step"
+
+
 def covered(m: Metrics, starts, ends) -> np.ndarray:
     """Per step: the time inside it covered by the intervals [starts, ends)."""
     lo, hi = windows(m)

@@ -124,9 +124,12 @@ def _trace_header(t: TraceSummary) -> list[str]:
         lines.append(f"- **Device:** {md(s.device or 'not recorded')}{cc}, {s.platform}")
     if s.steps:
         nums = s.step_numbers
-        ahead = (f" on the GPU timeline; their CPU spans take {s.median_step_cpu_ms:.2f} ms (the CPU runs ahead of the GPU)"
+        one = s.steps == 1
+        spans = "its CPU span takes" if one else "their CPU spans take"
+        ahead = (f" on the GPU timeline; {spans} {s.median_step_cpu_ms:.2f} ms (the CPU runs ahead of the GPU)"
                  if s.median_step_ms > 1.1 * s.median_step_cpu_ms else "")
-        lines.append(f"- **Steps:** {s.steps} (ProfilerStep#{nums[0]}–#{nums[-1]}), median {s.median_step_ms:.2f} ms{ahead}")
+        which = f"ProfilerStep#{nums[0]}" if one or nums[0] == nums[-1] else f"ProfilerStep#{nums[0]}–#{nums[-1]}"
+        lines.append(f"- **Steps:** {s.steps} ({which}), {'' if one else 'median '}{s.median_step_ms:.2f} ms{ahead}")
     else:
         lines.append(f"- **Steps:** none recorded; the whole trace ({s.window_ms:.2f} ms) is one window")
     if s.one_time_note:

@@ -110,8 +110,11 @@ idle; and GPU busy % per step (0–100 % scale).
         row("Versions", versions)
         if s.steps:
             nums = s.step_numbers
-            row("Steps", f"{s.steps} (#{nums[0]}–#{nums[-1]}) · median step {s.median_step_ms:,.2f} ms · "
-                         f"window {s.window_ms:,.2f} ms")
+            if s.steps == 1:
+                row("Steps", f"1 (#{nums[0]}) · step {s.median_step_ms:,.2f} ms · window {s.window_ms:,.2f} ms")
+            else:
+                row("Steps", f"{s.steps} (#{nums[0]}–#{nums[-1]}) · median step {s.median_step_ms:,.2f} ms · "
+                             f"window {s.window_ms:,.2f} ms")
         else:
             row("Steps", f"no ProfilerStep marks: the whole trace ({s.window_ms:,.2f} ms) is one window")
         if s.one_time_note:
