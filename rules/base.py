@@ -43,6 +43,9 @@ class Rule:
     title: str = ""  # one line
     thresholds: dict = {}
     requires: tuple = ("trace",)
+    # a rule on one rank's trace read alone whose finding the job's rules replace once every rank's trace is
+    # analysed with it (the engine drops its findings from the ranks of a job)
+    job_replaces: bool = False
     # its check walks every event or op of the trace, so its time grows with the trace: when a big trace's
     # rules are shared between two processes (run/rulequeue.py), such rules are taken first, and the
     # cheap ones after them even out the two processes' ends. It changes nothing else.

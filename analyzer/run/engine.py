@@ -76,6 +76,7 @@ def analyze_job(reports: list[TraceReport], rules=None):
     view = build_view([r.rank_stats for r in reports if r.rank_stats is not None])
     if view is None:
         return None
+    _leave_to_the_job(reports)
     by_rank: dict = {}
     for r in reports:
         by_rank.setdefault(r.rank, []).extend(r.findings)
@@ -85,6 +86,17 @@ def analyze_job(reports: list[TraceReport], rules=None):
     findings = run_rules(analysis, rules, source=None, rank=None, notes=notes, keep_rank=True)
     fix_on_every_rank(view, reports)
     return JobReport(view=view, findings=findings, notes=notes)
+
+
+def _leave_to_the_job(reports: list[TraceReport]) -> None:
+    """A rank's findings from rules that read one rank's trace alone (`Rule.job_replaces`: its collectives'
+    waits and transfers are one figure there) go once the ranks are lined up: the job's rules say it better."""
+    from gpuadvise.rules import all_rules
+
+    alone = {r.code for r in all_rules() if getattr(r, "job_replaces", False)}
+    for r in reports:
+        if any(f.rule in alone for f in r.findings):
+            r.findings = [f for f in r.findings if f.rule not in alone]
 
 
 def fix_on_every_rank(view, reports: list[TraceReport]) -> None:
