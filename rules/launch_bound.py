@@ -139,11 +139,12 @@ class LaunchBound(Rule):
             message += (f" Today the DataLoader wait hides most of this: it adds {saving:.1f}% of today's step to the "
                         f"DataLoader fix ({base:.1f}%), and becomes {after_fix:.1f}% of the step once the loader is fixed.")
             basis += f"; {saving:.1f}% of today's step on top of fixing the input pipeline ({after_fix:.1f}% of the step after that fix)"
-        else:
+        elif len(dl):
             basis += ", beyond fixing the input pipeline"
-        evidence.numbers["saving_after_loader_fix_pct"] = round(after_fix, 1)
+        if len(dl):  # without a DataLoader in the trace there is no loader fix to come first
+            evidence.numbers["saving_after_loader_fix_pct"] = round(after_fix, 1)
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice, after=after,
-                             fix=_fix(on))]
+                             fix=_fix(on, a.trains))]
 
     def positive(self) -> TraceBuilder:
         b = TraceBuilder(launch_us=12.0)
@@ -170,10 +171,10 @@ class LaunchBound(Rule):
 RULE = LaunchBound()
 
 
-def _fix(on) -> str:
-    """The Fix block with only the switches that are off."""
+def _fix(on, trains: bool) -> str:
+    """The Fix block with only the switches that are off (and no optimizer where the trace trains nothing)."""
     lines = switches.launch_fix_lines(on)
-    if "fused_optimizer" not in on:
+    if "fused_optimizer" not in on and trains:
         lines.append("opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)  # one kernel for the whole update")
     text = ("```python\n" + "\n".join(lines) + "\n```\n") if lines else ""
     text += "Larger batches (or fewer, larger layers) give each launch more work."
