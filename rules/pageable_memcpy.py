@@ -117,9 +117,11 @@ class PageableMemcpy(Rule):
         step_us = max(float(m.median_step_us), 1e-9)
         per_step = perstep.median(perstep.issued(m, calls.drop_duplicates("correlation")["ts"]))
         count = f", {perstep.a_median(m)}{perstep.count_text(per_step)} per step" if m.steps else ""  # else: all of them, above
-        message = (f"{len(pageable)} host↔device copies ({pageable['bytes'].sum() / 2**20:.1f} MiB, "
-                   f"{pageable['dur'].sum() / 1e3:.2f} ms of copy time{count}) go through "
-                   "pageable host memory, so each one blocks the CPU until the data is staged.")
+        one = len(pageable) == 1
+        message = (f"{perstep.count_of(len(pageable), 'host↔device copy', 'host↔device copies')} "
+                   f"({pageable['bytes'].sum() / 2**20:.1f} MiB, {pageable['dur'].sum() / 1e3:.2f} ms of copy time{count}) "
+                   f"go{'es' if one else ''} through pageable host memory, so "
+                   f"{'it blocks' if one else 'each one blocks'} the CPU until the data is staged.")
         if 100 * waiting_us / step_us >= self.thresholds["min_wait_share_pct"]:
             # a few µs of copying can hold the thread for milliseconds: say so, or the copy time hides it
             of = (f"{perstep.a_median(m)}{held_us / 1e3:.2f} ms of {perstep.each_step(m)} {step_us / 1e3:.1f} ms step" if m.steps else

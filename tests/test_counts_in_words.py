@@ -34,3 +34,21 @@ def test_one_step_is_not_a_range_and_has_no_median(tmp_path):
 
 def test_several_steps_show_their_range_and_median(tmp_path):
     assert _steps_line(tmp_path, 3).startswith("- **Steps:** 3 (ProfilerStep#0–#2), median ")
+
+
+def test_one_pageable_copy_is_one_copy(tmp_path):
+    from fixtures.builder import TraceBuilder
+    from gpuadvise.analyzer.read.loader import load_trace
+    from gpuadvise.analyzer.run.single import analyze_model
+    from gpuadvise.rules import find_rule
+
+    b = TraceBuilder()
+    with b.step():
+        with b.op("aten::copy_"):
+            b.copy("HtoD", src="Pageable", dst="Device", nbytes=64 << 20)
+        with b.op("aten::linear"):
+            b.kernel("ampere_sgemm_128x64_nn", 400)
+    report = analyze_model(load_trace(b.write(tmp_path / "one_copy.json"), cache=False),
+                           rules=[find_rule("pageable-memcpy")])
+    (f,) = report.findings
+    assert f.message.startswith("1 host↔device copy (") and "goes through pageable host memory, so it blocks" in f.message

@@ -31,6 +31,7 @@ import numpy as np
 from . import intervals as iv, waits
 from .collectives import RankCollectives, rank_collectives
 from .ranktime import thread_time
+from .perstep import count_of
 from gpuadvise.analyzer.model.kernels import is_comm
 from gpuadvise.analyzer.model.trace import name_mask
 
@@ -229,8 +230,9 @@ def build_view(stats: list[RankStats]) -> JobView | None:
         notes.append(f"{len(stats)} of the job's {world} ranks were traced"
                      + (": waits are for the last of the traced ranks to arrive" if matched is not None else ""))
     if matched is not None:
-        notes.append(f"{len(matched)} collectives lined up across the ranks (by {matched.by})"
-                     + (f"; {matched.unmatched} ran on some ranks only and were left out" if matched.unmatched else ""))
+        notes.append(f"{count_of(len(matched), 'collective')} lined up across the ranks (by {matched.by})"
+                     + (f"; {matched.unmatched} ran on some ranks only and {'was' if matched.unmatched == 1 else 'were'} "
+                        "left out" if matched.unmatched else ""))
     grid = _grid(stats, steps, matched)
     ids = [int(s.rank) for s in stats]
     return JobView(ranks=stats, steps=steps, grid=grid, stragglers=_stragglers(grid, stats, steps), world_size=world,
