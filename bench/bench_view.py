@@ -33,6 +33,11 @@ REPO = Path(__file__).resolve().parent.parent
 CHILD = r'''
 import json, resource, sys, time
 T0 = float(sys.argv[2])
+# as `gpuadvise view PATH` does (tui/cli.py): the analysis starts before the app (and Textual) is imported
+from gpuadvise.analyzer import run as analysis
+from gpuadvise.tui.ahead import start_analysis
+sources = analysis.resolve_inputs([sys.argv[1]])
+ahead = start_analysis([sys.argv[1]], sources)
 from gpuadvise.tui.app import GpuadviseApp
 
 marks = {}
@@ -62,7 +67,7 @@ class Timed(GpuadviseApp):
         super()._start(data)
         self.call_after_refresh(lambda: marks.setdefault("findings", time.time() - T0))
 
-app = Timed(paths=[sys.argv[1]], cursor_blink=False)
+app = Timed(paths=[sys.argv[1]], cursor_blink=False, sources=sources, ahead=ahead)
 app.run(headless=True, size=(160, 45))
 marks["max_ui_gap"] = max(gaps, default=0.0)
 marks["findings_count"] = len(app.data.findings) if app.data else 0

@@ -8,7 +8,6 @@ reports (tests, benchmarks), so its tests need neither torch nor a GPU.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from gpuadvise.analyzer.errors import EXIT_INPUT, EXIT_INTERNAL, InputError
 
+from .ahead import AnalysisAhead, Cancelled
 from .commands import ViewCommands
 from .screens.loading import LoadingScreen
 from .text import clean, short_source
@@ -58,65 +58,6 @@ def warm_highlighter() -> None:
 PROGRESS_EVERY_S = 0.2  # the bar moves 5 times a second: each repaint is CPU time the analysis waits for
 
 FIRST_SCREEN = "findings"  # the answer first; the overview is one key away
-
-
-class _Cancelled(Exception):
-    """The app closed while the load ran: the analysis stops at its next progress callback."""
-
-
-class AnalysisAhead:
-    """The analysis of the app's inputs in a thread of its own, started the moment the app is asked to run:
-    it imports the analyzer and reads while Textual starts and draws the loading screen (the reader's C
-    scanner and its forked second-core decoder need no interpreter lock), where a load worker started on
-    mount would begin only after them. The load worker relays its progress to the screen and takes its
-    reports. Closing the app stops it at its next progress callback."""
-
-    def __init__(self, paths: list[str], sources=None):
-        self.paths, self.sources = paths, sources
-        self.cancelled = threading.Event()
-        self.done = threading.Event()
-        self.latest: tuple | None = None  # the newest LoadProgress arguments
-        self.reading = threading.Event()  # set once the reader reports its first bytes
-        self.reports: list | None = None
-        self.error: BaseException | None = None
-        self._file = {"label": "", "i": 0, "n": 1}
-        self._last = -1.0
-        self._thread = threading.Thread(target=self._run, name="gpuadvise-analysis", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            from gpuadvise.analyzer import run as analysis
-
-            sources = self.sources if self.sources is not None else analysis.resolve_inputs(self.paths)
-            # the reader may fork its second-core decoder beside Textual's threads (read/forked.py says why)
-            with analysis.beside_threads():
-                self.reports = analysis.analyze(sources, jobs=1, progress=self._progress, bytes_progress=self._bytes)
-        except BaseException as exc:  # noqa: BLE001 - handed to the load worker, which reports it
-            self.error = exc
-        finally:
-            self.done.set()
-
-    def _progress(self, i, n, src) -> None:
-        """A step of the bar per file."""
-        if self.cancelled.is_set():
-            raise _Cancelled
-        label = f"{short_source(str(src.path))}{_size(src.path)} ({i + 1} of {n})"
-        self._file.update(label=label, i=i, n=n)
-        self._last = -1.0
-        self.latest = (f"Reading and analysing {label}", i, n, False)
-
-    def _bytes(self, done: int, total: int) -> None:
-        """Within a file, the bytes decoded (at most every 2 %), so that the bar moves with the parse."""
-        if self.cancelled.is_set():
-            raise _Cancelled
-        self.reading.set()
-        frac = done / total if total else 0.0
-        if frac - self._last >= 0.02 or done >= total:
-            self._last = frac
-            stage = "Analysing" if done >= total else "Reading"
-            f = self._file
-            self.latest = (f"{stage} {f['label']}", f["i"] + frac, f["n"], True)
 
 
 class LoadProgress(Message):
@@ -161,7 +102,7 @@ class GpuadviseApp(App[int]):
 
     def __init__(self, paths: list[str] | None = None, reports: list["TraceReport"] | None = None, *,
                  export_dir: str | os.PathLike | None = None, cursor_blink: bool = True, first_screen: str = FIRST_SCREEN,
-                 sources=None):
+                 sources=None, ahead: AnalysisAhead | None = None):
         super().__init__()
         if paths is None and reports is None:
             raise ValueError("give paths to load or ready reports")
@@ -177,7 +118,7 @@ class GpuadviseApp(App[int]):
         self.last_export: Path | None = None
         self.waiting_for_index: set = set()  # timeline screens shown before their index was built
         self.loading = False  # True while the load worker runs (the CLI must not wait on it at exit)
-        self._ahead: AnalysisAhead | None = None
+        self._ahead = ahead  # the analysis of `paths`, when the command started it before importing the app
 
     # -- start-up ----------------------------------------------------------------------------------
     def get_default_screen(self) -> LoadingScreen:
@@ -233,7 +174,7 @@ class GpuadviseApp(App[int]):
                     return
                 data.timeline(i)
                 self.post_message(TimelineIndexed(i))
-        except _Cancelled:
+        except Cancelled:
             return
         except InputError as exc:
             self.post_message(LoadFailed(f"gpuadvise: error: {exc}", EXIT_INPUT))
@@ -366,11 +307,3 @@ class GpuadviseApp(App[int]):
     def open_finding(self, i: int) -> None:
         self.switch_mode("findings")
         self.call_after_refresh(lambda: self.screen.select_finding(i) if self.current_mode == "findings" else None)
-
-
-def _size(path: Path) -> str:
-    try:
-        n = path.stat().st_size
-    except OSError:
-        return ""
-    return f", {n / 1e6:,.1f} MB" if n >= 1e5 else ""

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import os
 import sys
 
 from gpuadvise.analyzer.errors import EXIT_INPUT, EXIT_INTERNAL, EXIT_OK, InputError
+
+from .ahead import start_analysis
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,11 +37,20 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"gpuadvise: error: {exc}", file=sys.stderr)
         return EXIT_INPUT
-    try:
-        from .app import GpuadviseApp
-    except ImportError as exc:  # textual is an optional dependency
+    if importlib.util.find_spec("textual") is None:  # textual is an optional dependency
         from gpuadvise.analyzer.install import install_command
 
+        print(f"gpuadvise: error: `gpuadvise view` needs textual; {install_command('tui')}", file=sys.stderr)
+        return EXIT_INPUT
+    # the analysis starts before the app is imported: Textual's imports run while the reader scans
+    ahead = None if args.compare else start_analysis(args.paths, sources)
+    try:
+        from .app import GpuadviseApp
+    except ImportError as exc:  # textual is there but broken
+        from gpuadvise.analyzer.install import install_command
+
+        if ahead is not None:
+            ahead.cancelled.set()
         print(f"gpuadvise: error: `gpuadvise view` needs textual ({exc}); {install_command('tui')}", file=sys.stderr)
         return EXIT_INPUT
     if args.compare:
@@ -46,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
         app = CompareApp(paths=args.paths)
     else:
-        app = GpuadviseApp(paths=args.paths, sources=sources)
+        app = GpuadviseApp(paths=args.paths, sources=sources, ahead=ahead)
     # Our own loop: asyncio.run() would join the worker thread on the way out, so quitting while a
     # 1 GB trace loads would hang until the analysis finished.
     loop = asyncio.new_event_loop()
