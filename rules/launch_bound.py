@@ -101,7 +101,8 @@ class LaunchBound(Rule):
         if m.steps:
             la_k = la_win[la_win["correlation"].isin(set(k["correlation"]))]
             per_step = perstep.median(perstep.issued(m, la_k["launch_ts"]))
-            per_txt = f"A median {perstep.count_of(per_step, 'kernel')} per step"
+            per_txt = (f"{perstep.count_of(per_step, 'kernel')} in the step" if len(m.steps) == 1 else
+                       f"A median {perstep.count_of(per_step, 'kernel')} per step")
         else:
             per_step, per_txt = float(len(k)), f"{len(k)} kernels in the trace"
         top = (k.groupby("name", observed=True)["dur"].agg(["count", "mean"]).reset_index()

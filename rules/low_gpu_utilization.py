@@ -104,7 +104,8 @@ class LowGpuUtilization(Rule):
         causes = explain_idle(a.model, m)
         named = causes[causes["share_of_idle_pct"] >= 1.0]
         if len(named):
-            per = "median per step; share of that step's idle time" if m.steps else "in the trace; share of the idle time"
+            per = ("in the step; share of its idle time" if len(m.steps) == 1 else
+                   "median per step; share of that step's idle time" if m.steps else "in the trace; share of the idle time")
             message += (f" Meanwhile the CPU thread launching the GPU's work was in ({per}): "
                         + "; ".join(f"{r.what} {r.ms_per_step:.2f} ms ({r.share_of_idle_pct:.0f}%)"
                                     for r in named.head(4).itertuples()) + ".")

@@ -75,8 +75,8 @@ class ZeroGrad(Rule):
         gpu_ms = perstep.median(perstep.sums(m, kernels["gpu_ts"], kernels["gpu_us"])[runs]) / 1e3
         per = ("in the trace" if not m.steps else "per step" if every else
                f"per step that calls it ({int(runs.sum())} of {len(runs)})")
-        message = (f"`zero_grad` zeroes gradients in place: {'a median ' if m.steps else ''}{perstep.count_of(zeros_per_step, '`aten::zero_` op')} "
-                   f"{per} ({cpu_ms:.2f} ms of CPU time), launching {'a median ' if m.steps else ''}"
+        message = (f"`zero_grad` zeroes gradients in place: {perstep.a_median(m) if m.steps else ''}{perstep.count_of(zeros_per_step, '`aten::zero_` op')} "
+                   f"{per} ({cpu_ms:.2f} ms of CPU time), launching {perstep.a_median(m) if m.steps else ''}"
                    f"{perstep.count_of(kernels_per_step, 'fill kernel')} ({gpu_ms:.2f} ms of GPU time).")
         evidence = Evidence(
             steps=[s.number for s in m.steps],
