@@ -148,15 +148,7 @@ class LaunchBound(Rule):
                              fix=_fix(on, a.trains))]
 
     def positive(self) -> TraceBuilder:
-        b = TraceBuilder(launch_us=12.0)
-        for _ in range(4):
-            with b.step():
-                for _ in range(200):
-                    b.kernel("void at::native::vectorized_elementwise_kernel<4, add>", 3)
-                    b.idle(8)
-                b.sync()
-        b.finish()
-        return b
+        return tiny_kernels()
 
     def negative(self) -> TraceBuilder:
         b = TraceBuilder(launch_us=12.0)
@@ -170,6 +162,23 @@ class LaunchBound(Rule):
 
 
 RULE = LaunchBound()
+
+
+def tiny_kernels(steps: int = 4, optimizer: bool = False) -> TraceBuilder:
+    """Each step launches 200 kernels of 3 µs, 8 µs of Python apart (the positive fixture); with `optimizer`
+    each step ends in an optimizer step, as a training loop's does."""
+    b = TraceBuilder(launch_us=12.0)
+    for _ in range(steps):
+        with b.step():
+            for _ in range(200):
+                b.kernel("void at::native::vectorized_elementwise_kernel<4, add>", 3)
+                b.idle(8)
+            if optimizer:
+                with b.op("Optimizer.step#AdamW.step", cat="user_annotation"):
+                    b.kernel("void at::native::vectorized_elementwise_kernel<4, add>", 3)
+            b.sync()
+    b.finish()
+    return b
 
 
 def _fix(on, trains: bool) -> str:

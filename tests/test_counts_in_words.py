@@ -55,18 +55,11 @@ def test_one_pageable_copy_is_one_copy(tmp_path):
 
 
 def test_a_trace_of_one_step_quotes_that_steps_figures_not_medians(tmp_path):
-    from fixtures.builder import TraceBuilder
     from gpuadvise.analyzer.read.loader import load_trace
     from gpuadvise.analyzer.run.single import analyze_model
+    from gpuadvise.rules.launch_bound import tiny_kernels
 
-    b = TraceBuilder(launch_us=12.0)
-    with b.step():
-        for _ in range(200):
-            b.kernel("void at::native::vectorized_elementwise_kernel<4, add>", 3)
-            b.idle(8)
-        b.sync()
-    b.finish()
-    report = analyze_model(load_trace(b.write(tmp_path / "one_step.json"), cache=False))
+    report = analyze_model(load_trace(tiny_kernels(steps=1).write(tmp_path / "one_step.json"), cache=False))
     by_topic = {f.topic: f for f in report.findings}
     assert by_topic["launch-bound"].message.startswith("200 kernels in the step, ")
     assert "(in the step; share of its idle time)" in by_topic["low-gpu-utilization"].message

@@ -751,24 +751,11 @@ def test_launch_bound_behind_a_dataloader_is_a_share_of_todays_step(load_built):
     assert report.findings.index(dl) < report.findings.index(lb)
 
 
-def _tiny_kernels(train: bool) -> TraceBuilder:
-    b = TraceBuilder(launch_us=12.0)
-    for _ in range(4):
-        with b.step():
-            for _ in range(200):
-                b.kernel("void at::native::vectorized_elementwise_kernel<4, add>", 3)
-                b.idle(8)
-            if train:
-                with b.op("Optimizer.step#AdamW.step", cat="user_annotation"):
-                    b.kernel("void at::native::vectorized_elementwise_kernel<4, add>", 3)
-            b.sync()
-    b.finish()
-    return b
-
-
 def test_launch_bound_asks_for_a_fused_optimizer_only_where_the_trace_trains(load_built):
-    trains = next(f for f in analyze(_tiny_kernels(train=True), load_built).findings if f.topic == "launch-bound")
-    infers = next(f for f in analyze(_tiny_kernels(train=False), load_built).findings if f.topic == "launch-bound")
+    from gpuadvise.rules.launch_bound import tiny_kernels
+
+    trains = next(f for f in analyze(tiny_kernels(optimizer=True), load_built).findings if f.topic == "launch-bound")
+    infers = next(f for f in analyze(tiny_kernels(), load_built).findings if f.topic == "launch-bound")
     assert "fused=True" in trains.fix and "fused=True" not in infers.fix
     # no DataLoader in either: no loader fix for the saving to come after
     for f in (trains, infers):
