@@ -69,6 +69,11 @@ ADVICE = {
                    "embedding all-to-all of the next batch beside this one; MoE layers can split their dispatch "
                    "into chunks that overlap the experts' compute), and find out how much of this time is a wait "
                    "for another rank."),
+    "send_recv": ("Sends and receives with nothing beside them are a pipeline's bubble: more micro-batches per step, "
+                  "or an interleaved schedule (virtual pipeline stages), shrink it; find out how much of this time "
+                  "is a wait for another stage."),
+    "barrier": ("A barrier in the loop (`dist.barrier()`) holds every rank until the slowest arrives, every step: "
+                "take it out of the step, or run it only where ranks must agree (checkpoints, evaluation)."),
     "reduce_scatter": ("Reduce-scatter each layer's gradients while the previous layer's backward computes (FSDP's "
                        "backward prefetch, ZeRO's overlap_comm), and find out how much of this time is a wait for "
                        "another rank."),

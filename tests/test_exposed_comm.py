@@ -75,3 +75,18 @@ def test_a_gpu_jobs_collectives_on_gloo_are_left_to_cpu_backend_on_gpu(load_buil
     b = find_rule("cpu-backend-on-gpu").positive()
     report = analyze_model(load_built(b), getattr(b, "facts", None), rules=[RULE, find_rule("cpu-backend-on-gpu")])
     assert [f.topic for f in report.findings] == ["cpu-backend-on-gpu"]
+
+
+def test_the_advice_follows_the_collective_that_holds_the_rank_longest(load_built):
+    b = TraceBuilder(rank=0, world_size=2)
+    for _ in range(3):
+        with b.step():
+            with b.op("aten::linear"):
+                b.kernel("ampere_sgemm_128x64_nn", 5_000)
+            with b.op("nccl:send"):
+                b.comm(2_000, name="ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)")
+            b.sync()
+    b.finish()
+    (f,) = _findings(load_built, b)
+    assert [row["collective"] for row in f.evidence.items] == ["send/receive"]
+    assert "pipeline's bubble" in f.advice and "DDP" not in f.advice
