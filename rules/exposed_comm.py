@@ -111,7 +111,8 @@ class ExposedComm(Rule):
         share = 100.0 * exposed_us / step
         overlap = 100.0 * max(0.0, 1.0 - exposed_us / comm_us)
         t = self.thresholds
-        if share < t["min_exposed_share_pct"] or exposed_us < 1e3 * t["min_exposed_ms"] or overlap >= t["max_overlap_pct"]:
+        if (share < t["min_exposed_share_pct"] or exposed_us < 1e3 * t["min_exposed_ms"]
+                or overlap >= t["max_overlap_pct"]):
             return []
         statistic = "median step" if m.steps else "traced window"
         each = "per step" if m.steps else "in the traced window"

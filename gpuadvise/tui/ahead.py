@@ -1,7 +1,7 @@
 """The analysis behind `gpuadvise view`, in a thread of its own. No Textual here: the view's command
 imports the analyzer, starts the analysis, and only then imports the app, so that Textual's imports run
-while the reader's C scanner works without the interpreter lock (about 0.1-0.2 s sooner on screen for a
-1 GB trace, measured in turns against starting it from the app)."""
+while the reader's C scanner works without the interpreter lock (about 0.1 s sooner on screen for a 1 GB
+trace, measured in turns against starting it from the app: docs/reading-traces-fast.md)."""
 
 from __future__ import annotations
 
@@ -30,8 +30,9 @@ class AnalysisAhead:
     """The analysis of the app's inputs in a thread of its own, started by `gpuadvise view` before it imports
     Textual (`start_analysis`), else the moment the app is asked to run: it reads while Textual is imported,
     starts and draws the loading screen (the reader's C scanner and its forked second-core decoder need no
-    interpreter lock), where a load worker started on mount would begin only after them. The load worker relays its progress to the screen and takes its
-    reports. Closing the app stops it at its next progress callback."""
+    interpreter lock), where a load worker started on mount would begin only after them. The load worker
+    relays its progress to the screen and takes its reports. Closing the app stops it at its next progress
+    callback."""
 
     def __init__(self, paths: list[str], sources=None):
         self.paths, self.sources = paths, sources
