@@ -110,7 +110,7 @@ class CpuCreatedTensors(Rule):
         copies_per_step = perstep.median(perstep.by_index(m, hits["step"]))
         copy_ms = perstep.median(perstep.by_index(m, hits["step"], hits["dur"])) / 1e3
         per = "per step" if m.steps else "in the trace"
-        message = (f"{'A median ' if m.steps else ''}{perstep.count_of(copies_per_step, 'small host→device copy', 'small host→device copies')} {per} ({size}"
+        message = (f"{perstep.a_median(m).capitalize() if m.steps else ''}{perstep.count_of(copies_per_step, 'small host→device copy', 'small host→device copies')} {per} ({size}"
                    f"{copy_ms:.3f} ms of copy time) {'copies' if copies_per_step == 1 else 'copy'} tensors that were just created on the CPU "
                    f"({', '.join(f'{n} ×{c}' for n, c in by_op.head(3).items())}); each pageable copy makes the CPU wait "
                    "for the GPU work queued before it.")

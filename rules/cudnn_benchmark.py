@@ -107,7 +107,7 @@ class CudnnBenchmark(Rule):
         if len(generic):
             generic_ms = perstep.median(perstep.sums(m, generic["ts"], generic["dur"])) / 1e3
             generic_n = perstep.median(perstep.sums(m, generic["ts"]))
-            message += (f" A median {perstep.count_text(generic_n)} of them per step ({generic_ms:.2f} ms) are generic "
+            message += (f" {perstep.a_median(m).capitalize()}{perstep.count_text(generic_n)} of them per step ({generic_ms:.2f} ms) are generic "
                         "kernels without Tensor Cores, which the autotuner can replace.")
         by_name = conv.groupby("name", observed=True)["dur"].agg(["size", "sum"]).sort_values("sum", ascending=False)
         evidence = Evidence(

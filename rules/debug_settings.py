@@ -88,7 +88,8 @@ class DebugSettings(Rule):
                              "for its kernel (set after CUDA had started?): no cost in this run.")
             elif blocked["launches"]:
                 parts.append(f"{what}: {blocked['blocked']} of {blocked['launches']} kernel launches in the steps returned "
-                             f"only after their kernel finished; the CPU waited a median {blocked['wait_ms_per_step']:.2f} ms "
+                             f"only after their kernel finished; the CPU waited {perstep.a_median(a.metrics)}"
+                             f"{blocked['wait_ms_per_step']:.2f} ms "
                              "per step inside them.")
                 predicted.append((blocked["saving"], blocked["basis"]))
             else:
@@ -103,7 +104,8 @@ class DebugSettings(Rule):
             source = "recorded on in run.json" if anomaly else "seen in the trace"
             if checks["checks"]:
                 parts.append(f"Autograd anomaly detection ({source}): {checks['checks']} NaN checks after "
-                             f"{checks['backward_functions']} backward functions, a median {checks['ms_per_step']:.2f} ms per step"
+                             f"{checks['backward_functions']} backward functions, {perstep.a_median(a.metrics)}"
+                             f"{checks['ms_per_step']:.2f} ms per step"
                              + (f" with {checks['syncs']} device syncs." if checks["syncs"] else "."))
                 predicted.append((checks["saving"], checks["basis"]))
             else:
