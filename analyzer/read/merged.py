@@ -62,8 +62,7 @@ class RankSplit:
         return [p.rank for p in self.parts]
 
     def notes(self) -> list[str]:
-        ranks = self.ranks
-        out = [f"the file holds {len(ranks)} ranks of one job ({self.how}): each is analysed as its own trace, "
+        out = [f"the file holds {len(self.parts)} ranks of one job ({self.how}): each is analysed as its own trace, "
                "then the ranks as a job"]
         lost = {k: v for k, v in self.left_out.items() if v}
         if lost:
@@ -88,15 +87,13 @@ def process_ranks(model: TraceModel) -> tuple[dict[int, int], str] | None:
         m = RANK_NAME.search(name)
         if m:
             named[pid] = int(m.group(1))
-    if set(named.values()) and len(set(named[p] for p in cpu_pids if p in named)) >= 2 \
-            and all(p in named for p in cpu_pids):
+    if all(p in named for p in cpu_pids) and len({named[p] for p in cpu_pids}) >= 2:
         tracelens = any(re.fullmatch(r"RANK \d+ - (CPU|GPU)", model.meta.process_names[p]) for p in named)
         how = ("its processes are named RANK r - CPU / GPU, as TraceLens merges a job" if tracelens
                else "its processes are named for their ranks")
         return named, how
     # nothing names them: the processes that each launch GPU work, numbered in process-id order
-    rt = model.runtime
-    launching = sorted(p for p in cpu_pids if len(rt) and _launches(model, p))
+    launching = sorted(p for p in cpu_pids if _launches(model, p))
     if len(launching) < 2:
         return None
     return ({pid: r for r, pid in enumerate(launching)},

@@ -34,7 +34,6 @@ def analyze_paths(paths: list[str] | Sources, progress=None, rules=None, bytes_p
     """
     sources = paths if isinstance(paths, Sources) else resolve(paths)
     longrun.own_regime(sources)  # a window straddling a long run's change: its overhead from its own side
-    traces = sum(1 for s in sources if s.kind == "trace")
     try:
         codes = ranks.rule_codes(rules)
     except ValueError:  # rules that are not in the catalog cannot travel: run here
