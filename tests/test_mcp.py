@@ -263,7 +263,7 @@ def test_progress_on_a_big_trace(server, big_trace):
     values = [v for v, _, _ in seen]
     assert values == sorted(set(values)) and values[-1] == 1.0, seen  # strictly increasing, to the end
     assert all(total == 1.0 for _, total, _ in seen)
-    decoding = [m for v, _, m in seen if 0 < v < 1 and m.startswith("reading (")]
+    decoding = [m for v, _, m in seen if 0 < v < 1 and m.endswith(f"% of {big_trace} read")]
     assert len(decoding) >= 2, seen  # the reader's own callbacks, chunk by chunk
     assert seen[-1][2] == f"analysed {big_trace}"
 

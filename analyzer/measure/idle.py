@@ -57,22 +57,23 @@ def explain_idle(model: TraceModel, metrics: Metrics, top: int = 8) -> pd.DataFr
     causes = idle_causes(model, metrics)
     if causes is None:
         return pd.DataFrame(columns=COLUMNS)
-    per, idle = causes
-    out = pd.DataFrame([(w, k, float(us.sum()), perstep.median(us)) for (w, k), us in per.items()],
-                       columns=["what", "kind", "us", "median_us"])
-    return _ranked(out, perstep.median(idle)).head(top)[COLUMNS]
+    return cause_table(*causes, top=top)
 
 
-def explain_idle_in_step(model: TraceModel, metrics: Metrics, index: int, top: int = 8) -> pd.DataFrame:
-    """`explain_idle` for one step (`index`: its row in `per_step`): each cause's ms in that step and its
-    share of that step's idle time."""
-    causes = idle_causes(model, metrics)
-    if causes is None:
-        return pd.DataFrame(columns=COLUMNS)
-    per, idle = causes
-    out = pd.DataFrame([(w, k, float(us[index]), float(us[index])) for (w, k), us in per.items()],
+def cause_table(per: dict, idle: np.ndarray, index: int | None = None, top: int = 8) -> pd.DataFrame:
+    """`idle_causes`' figures as `explain_idle`'s table: over the median step, or (`index`: a row of
+    `per_step`) in that step, each cause's ms and its share of that step's idle time."""
+    def value(us: np.ndarray) -> float:
+        return perstep.median(us) if index is None else float(us[index])
+
+    out = pd.DataFrame([(w, k, float(us.sum() if index is None else us[index]), value(us)) for (w, k), us in per.items()],
                        columns=["what", "kind", "us", "median_us"])
-    return _ranked(out, float(idle[index])).head(top)[COLUMNS]
+    out = out[out["us"] > 0].sort_values(["median_us", "us"], ascending=False, ignore_index=True)
+    out["ms_per_step"] = (out["median_us"] / 1e3).round(3)
+    idle_us = value(idle)
+    share = 100 * out["median_us"] / idle_us if idle_us > 0 else 0.0 * out["median_us"]
+    out["share_of_idle_pct"] = np.minimum(share, 100.0).round(1)
+    return out.head(top)[COLUMNS]
 
 
 def idle_causes(model: TraceModel, metrics: Metrics) -> tuple[dict, np.ndarray] | None:
@@ -89,15 +90,6 @@ def idle_causes(model: TraceModel, metrics: Metrics) -> tuple[dict, np.ndarray] 
     for what, kind, us in rows:
         per[(what, kind)] = per.get((what, kind), 0.0) + us
     return per, iv.covered(*gaps, lo, hi)
-
-
-def _ranked(out: pd.DataFrame, idle_us: float) -> pd.DataFrame:
-    """Causes with time, largest first, in ms, with their share of `idle_us`."""
-    out = out[out["us"] > 0].sort_values(["median_us", "us"], ascending=False, ignore_index=True)
-    out["ms_per_step"] = (out["median_us"] / 1e3).round(3)
-    share = 100 * out["median_us"] / idle_us if idle_us > 0 else 0.0 * out["median_us"]
-    out["share_of_idle_pct"] = np.minimum(share, 100.0).round(1)
-    return out
 
 
 def _gaps_by_thread(metrics: Metrics, gaps) -> dict:

@@ -15,6 +15,7 @@ from pathlib import PurePosixPath
 
 from gpuadvise.analyzer.errors import InputError
 from gpuadvise.analyzer.measure import idle
+from gpuadvise.analyzer.measure.perstep import median as perstep_median
 from gpuadvise.analyzer.model import frames
 from gpuadvise.analyzer.model.report import TraceReport
 
@@ -75,10 +76,8 @@ def idle_causes(report: TraceReport, step: int | None = None, top: int = 12) -> 
     report's statistic) or, with `step`, in that step."""
     m = _timed(report)
     numbers = [int(s) for s in m.per_step["step"]]
-    if step is None:
-        table = idle.explain_idle(report.model, m, top=top)
-        idle_ms, statistic = _ms(m.per_step["idle_us"].median()) if len(m.per_step) else None, "median step"
-    else:
+    index = None
+    if step is not None:
         if step not in numbers:
             why = m.left_out.get(step)
             if why:
@@ -86,11 +85,17 @@ def idle_causes(report: TraceReport, step: int | None = None, top: int = 12) -> 
             shown = f"{numbers[0]}–{numbers[-1]}" if numbers and numbers[0] >= 0 else "none: the trace has no steps"
             raise InputError(None, f"no step {step} in {report.source} (its steps: {shown})")
         index = numbers.index(step)
-        table = idle.explain_idle_in_step(report.model, m, index, top=top)
-        idle_ms, statistic = _ms(m.per_step["idle_us"].iloc[index]), f"step {step}"
-    causes = [{"what": str(r["what"]), "kind": str(r["kind"]), "ms": float(r["ms_per_step"]),
-               "share_of_idle_pct": float(r["share_of_idle_pct"])} for r in table.to_dict("records")]
-    return {"statistic": statistic, "step": step, "gpu_idle_ms": idle_ms, "causes": causes}
+    out = {"statistic": "median step" if step is None else f"step {step}", "step": step, "gpu_idle_ms": None,
+           "causes": []}
+    found = idle.idle_causes(report.model, m)
+    if found is None:  # the GPU never idle inside the steps, or nothing launched on it
+        return out
+    per, idle_us = found
+    out["gpu_idle_ms"] = _ms(perstep_median(idle_us) if index is None else idle_us[index])
+    out["causes"] = [{"what": str(r["what"]), "kind": str(r["kind"]), "ms": float(r["ms_per_step"]),
+                      "share_of_idle_pct": float(r["share_of_idle_pct"])}
+                     for r in idle.cause_table(per, idle_us, index, top=top).to_dict("records")]
+    return out
 
 
 def _same_line(text: str, file: str, line: int) -> bool:

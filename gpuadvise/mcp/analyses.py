@@ -128,10 +128,9 @@ class Analyses:
             now.update(i=i, name=str(src.path))
             progress.update(base + span * i / n, f"reading {src.path}" + (f" ({i + 1} of {count})" if count > 1 else ""))
 
-        def each_chunk(done, total):
+        def each_chunk(done, total):  # before each chunk is decoded; the rules that follow report nothing
             frac = done / total if total else 1.0
-            stage = "analysing" if done >= total else f"reading ({100 * frac:.0f} %)"
-            progress.update(base + span * (now["i"] + READING * frac) / n, f"{stage} {now['name']}")
+            progress.update(base + span * (now["i"] + READING * frac) / n, f"{100 * frac:.0f} % of {now['name']} read")
 
         log.info("analysing %s", path)
         try:
