@@ -59,7 +59,7 @@ async def profile(script: Path, args: list[str], options: dict, report) -> dict:
     cmd = command(script, args, out, **options)
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     started = time.monotonic()
-    log.info("profiling %s", " ".join(cmd[3:]))
+    log.info("running gpuadvise %s", " ".join(cmd[3:]))
     process = await anyio.open_process(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                        cwd=os.getcwd(), start_new_session=True)
     try:
@@ -74,10 +74,11 @@ async def profile(script: Path, args: list[str], options: dict, report) -> dict:
         if pending:
             tail.append(pending.decode("utf-8", "replace"))
         code = await process.wait()
-    except BaseException:
+    except BaseException as exc:  # the call was cancelled (or the server is going): the run goes with it
         with anyio.CancelScope(shield=True):
             await _stop(process)
-        log.info("stopped profiling %s: the call was cancelled", script.name)
+        why = "the call was cancelled" if isinstance(exc, anyio.get_cancelled_exc_class()) else type(exc).__name__
+        log.info("stopped profiling %s: %s", script.name, why)
         raise
     return {"run_folder": str(out), "exit_code": code, "seconds": round(time.monotonic() - started, 1),
             "output_tail": list(tail)}

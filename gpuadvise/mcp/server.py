@@ -26,6 +26,7 @@ from pydantic import Field
 from gpuadvise.analyzer import run
 from gpuadvise.analyzer.errors import InputError
 from gpuadvise.analyzer.model.summary import summarize
+from gpuadvise.analyzer.report.json import finite
 from gpuadvise.cli import error_line
 from gpuadvise.version import __version__
 
@@ -53,7 +54,9 @@ Offset = Annotated[int, Field(description="the first row to return (0: the first
 
 
 def _answer(structured: dict, text: str) -> CallToolResult:
-    return CallToolResult(content=[TextContent(type="text", text=results.clip(text))], structured_content=structured)
+    """A result: the data as JSON holds it (NaN and infinities as null), and its text, cut to size."""
+    return CallToolResult(content=[TextContent(type="text", text=results.clip(text))],
+                          structured_content=finite(structured))
 
 
 def _failed(exc: BaseException) -> CallToolResult:
