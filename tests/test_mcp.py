@@ -175,6 +175,27 @@ def test_the_tables_of_a_run_folder(server):
     assert structured(server.call("source_line", path=path, file="exps.py", line=98))["findings"] == []
 
 
+def test_source_line_names_what_ran_at_a_line_of_the_users_code(server, tmp_path):
+    from gpuadvise.fixtures.builder import TraceBuilder
+
+    from _cli_support import GEMM
+
+    b = TraceBuilder()
+    for _ in range(6):  # each step reads a loss with .item() at train.py:42: a pageable copy and a sync
+        with b.step():
+            b.kernel(GEMM, 800)
+            with b.op("aten::item", stack="train.py(42): train_step;torch/nn/modules/module.py(1500): _call_impl"):
+                b.item()
+            b.kernel(GEMM, 300)
+    path = str(b.write(tmp_path / "stack.json"))
+    got = structured(server.call("source_line", path=path, file="train.py", line=42))
+    assert {c["call"]: c["count"] for c in got["blocking_calls"]} == {"cudaMemcpyAsync": 6, "cudaStreamSynchronize": 6}
+    assert all(c["op"] == "aten::_local_scalar_dense" for c in got["blocking_calls"])
+    assert "pageable-memcpy" in [f["topic"] for f in got["findings"]]
+    elsewhere = structured(server.call("source_line", path=path, file="train.py", line=43))
+    assert elsewhere["blocking_calls"] == [] and elsewhere["findings"] == []
+
+
 @needs_shared
 def test_compares_the_h100_loader_pair_with_the_gates_verdict(server, capsys):
     before, after = map(str, LOADER)

@@ -292,9 +292,8 @@ def analysis_result(reports, path: str, offset: int, limit: int) -> tuple[dict, 
     parts = {"findings": findings, "findings_page": paging, "summary": doc["summary"]}
     parts |= {k: doc[k] for k in ("job", "long_runs", "traces") if k in doc}
     structured = results.fit(parts, f"gpuadvise analyze {path} --format json")
-    if offset == 0:
-        text = formats.render(reports, "text", top=max(len(findings), 1))
-    else:
+    text = formats.render(reports, "text", top=max(len(findings), 1)) if offset == 0 else ""
+    if not text or len(text) > results.MAX_TEXT_CHARS:  # a later page, or many ranks' headers: the findings alone
         text = "\n".join(_finding_line(offset + i, f) for i, f in enumerate(findings, 1))
     return structured, text.rstrip("\n") + "\n" + results.paging_line(paging, "findings")
 
