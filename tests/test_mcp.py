@@ -7,7 +7,8 @@ the findings `gpuadvise analyze --format json` gives; compares the H100 loader p
 verdict both ways; answers a missing path, a truncated trace and a folder that is not a run with the
 CLI's own one-line error; reports progress from the analysis on a trace big enough to be decoded in
 several chunks, and stops that analysis when the call is cancelled; and profiles a script in its working
-folder. Tests that read ../shared skip without it.
+folder. Tests that read ../shared skip without it, those that talk to the server without the `mcp` extra;
+without it, `gpuadvise mcp` says in one line what to install.
 """
 
 from __future__ import annotations
@@ -22,12 +23,6 @@ from pathlib import Path
 import pytest
 
 from _cli_support import REPO, call_main, write_rule_positive
-
-mcp = pytest.importorskip("mcp", reason="the `mcp` extra is not installed")
-
-import anyio  # noqa: E402 - the SDK's own dependency
-from anyio.from_thread import start_blocking_portal  # noqa: E402
-from mcp import ClientSession, StdioServerParameters, stdio_client  # noqa: E402
 
 pytestmark = pytest.mark.slow  # starts the server (a Python), and one `gpuadvise profile`
 
@@ -62,13 +57,30 @@ class Client:
 
 @asynccontextmanager
 async def _connected(params, errlog):
+    from mcp import ClientSession, stdio_client
+
     async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         yield session
 
 
+def test_without_the_sdk_the_command_says_what_to_install(capsys, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mcp" else find_spec(name, *a))
+    rc, out, err = call_main(capsys, "mcp")
+    assert rc == 2 and out == ""
+    assert err.startswith("gpuadvise: error: `gpuadvise mcp` needs the MCP SDK; pip install ") and "[mcp]" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    pytest.importorskip("mcp", reason="the `mcp` extra is not installed")
+    from anyio.from_thread import start_blocking_portal
+    from mcp import StdioServerParameters
+
     folder = tmp_path_factory.mktemp("mcp-work")  # the server's working folder (profile's run folders go here)
     log = folder.parent / "server.log"
     env = {k: v for k, v in os.environ.items() if k != "GPUADVISE_DEBUG"}
@@ -260,6 +272,8 @@ def _log_says(log: Path, text: str, within_s: float = 30.0) -> bool:
 
 
 def test_a_cancelled_analysis_stops(server, big_trace):
+    import anyio
+
     async def cancel_on_first_progress():
         with anyio.CancelScope() as scope:
             async def progress(value, total, message):
