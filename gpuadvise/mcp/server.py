@@ -84,8 +84,7 @@ def _where(report) -> dict:
 
 def build() -> MCPServer:
     """The server with its tools and resources; `serve()` runs it over stdio."""
-    server = MCPServer("gpuadvise", title="gpuadvise", version=__version__, instructions=INSTRUCTIONS,
-                       website_url=None)
+    server = MCPServer("gpuadvise", title="gpuadvise", version=__version__, instructions=INSTRUCTIONS)
     analyses = Analyses()
 
     async def reports_of(path: str, ctx: Context):
