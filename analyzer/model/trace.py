@@ -71,6 +71,8 @@ class TraceMeta:
     world_size: int | None = None
     devices: list[Device] = field(default_factory=list)
     backend: str | None = None  # the job's distributed backend (distributedInfo): "nccl", "gloo", …
+    # the process groups this rank belongs to (distributedInfo's `pg_config`): {"name", "desc", "ranks", "backend"}
+    process_groups: list[dict] = field(default_factory=list)
     platform: str = "unknown"  # "cuda", "rocm" or "unknown"
     versions: dict[str, Any] = field(default_factory=dict)
     flags: dict[str, Any] = field(default_factory=dict)  # record_shapes, with_stack, profile_memory
@@ -92,7 +94,8 @@ class TraceModel:
     """One rank's trace. Frames (all may be empty):
 
     - `gpu`: kernels, memcpys and memsets (`kind` in {"kernel", "memcpy", "memset"}), with
-      `device`, `stream`, `correlation`, `external_id`, `bytes`.
+      `device`, `stream`, `correlation`, `external_id`, `bytes`, and `graph_node`: the CUDA-graph node
+      that launched it (CUPTI's `graph node id`; -1 for work launched directly).
     - `runtime`: CUDA/HIP runtime and driver calls (`pid`, `tid`, `correlation`, `external_id`).
     - `cpu`: CPU ops and user annotations (`is_annotation`), with `external_id`, `seq` (the autograd
       sequence number ops carry while grad mode is on, -1 without), `input_type`, `input_dims`
@@ -104,7 +107,8 @@ class TraceModel:
     - `comms`: every event that is a collective on any backend (model/collectives.py): its `role`
       ("kernel", "host" or "call"), where it ran (`pid`/`tid`: device/stream for kernels), and the
       metadata newer torch records (`collective`, `pg`, `group_size`, `in_nelems`, `out_nelems`,
-      `dtype`, `seq`).
+      `dtype`, `seq`; and, newer still, the group's description `pg_desc` and ranks `pg_ranks` as written,
+      and `comms_id`, the one id a collective has on every rank, as its text; "" where absent).
     """
 
     meta: TraceMeta

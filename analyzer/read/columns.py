@@ -296,6 +296,7 @@ class Builder:
         t.add("correlation", correlation, np.int64)
         t.add("external_id", rows.external(), np.int64)
         t.add("bytes", rows.num("nbytes"), np.float64)
+        t.add("graph_node", ids_of(rows.num("graph_node_id")), np.int64)
         if code == ev.KERNEL:
             self._comms(names, True, rows, ts, dur, device, stream, correlation)
 
@@ -323,6 +324,10 @@ class Builder:
         t.add("out_nelems", a.num("out_nelems"), np.float64)
         t.add("dtype", [types[_text(x)] for x in a.values("dtype")], np.int32)
         t.add("seq", ids_of(a.num("comm_seq")), np.int64)
+        for col in ("pg_desc", "pg_ranks"):
+            t.add(col, [types[_text(x)] for x in a.values(col)], np.int32)
+        # kept as its raw text: a 64-bit id written as a number may fit neither an int64 nor a double
+        t.add("comms_id", [types[_raw_text(x)] for x in a.raw("comms_id", list(range(len(a))))], np.int32)
 
     def _role(self, is_kernel: bool, code: int) -> int:
         key = (is_kernel, code)
@@ -432,7 +437,7 @@ class Builder:
         types = np.array([self.types[x] for x in other["types"]], dtype=np.int32)
         threads = np.array([-2 - self.thread_codes[x] for x in other["threads"]], dtype=np.int64)
         recode = {"name": names, "call_stack": stacks, "input_type": types, "input_dims": types, "collective": types,
-                  "pg": types, "dtype": types}
+                  "pg": types, "pg_desc": types, "pg_ranks": types, "comms_id": types, "dtype": types}
         for table, cols in other["tables"].items():
             t = self.tables[table]
             for col, values in cols.items():
@@ -463,7 +468,7 @@ class Builder:
         names = self.names.categories()
         specs = {
             "gpu": dict(name=np.int32, ts=np.float64, dur=np.float64, kind=np.int8, device=np.int64, stream=np.int64,
-                        correlation=np.int64, external_id=np.int64, bytes=np.float64),
+                        correlation=np.int64, external_id=np.int64, bytes=np.float64, graph_node=np.int64),
             "runtime": dict(name=np.int32, ts=np.float64, dur=np.float64, pid=np.int64, tid=np.int64,
                             correlation=np.int64, external_id=np.int64),
             "cpu": dict(name=np.int32, ts=np.float64, dur=np.float64, pid=np.int64, tid=np.int64, is_annotation=bool,
@@ -475,7 +480,8 @@ class Builder:
             "gpu_annotations": dict(name=np.int32, ts=np.float64, dur=np.float64, device=np.int64, stream=np.int64, correlation=np.int64),
             "comms": dict(name=np.int32, ts=np.float64, dur=np.float64, role=np.int8, pid=np.int64, tid=np.int64,
                           external_id=np.int64, correlation=np.int64, collective=np.int32, pg=np.int32,
-                          group_size=np.int64, in_nelems=np.float64, out_nelems=np.float64, dtype=np.int32, seq=np.int64),
+                          group_size=np.int64, in_nelems=np.float64, out_nelems=np.float64, dtype=np.int32, seq=np.int64,
+                          pg_desc=np.int32, pg_ranks=np.int32, comms_id=np.int32),
         }
         kinds = np.array(["kernel", "memcpy", "memset"], dtype=object)
         name_index = pd.Index(names)
@@ -499,7 +505,7 @@ class Builder:
                 cols["input_dims"] = _decode_codes(cols["input_dims"], self.types)
             if table == "comms":
                 cols["role"] = pd.Categorical.from_codes(cols["role"].astype(np.int64), categories=list(ROLES))
-                for col in ("collective", "pg", "dtype"):
+                for col in ("collective", "pg", "dtype", "pg_desc", "pg_ranks", "comms_id"):
                     cols[col] = _decode_codes(cols[col], self.types)
             df = pd.DataFrame(cols, copy=False)  # a block per column: no copy to consolidate, and faster row picks
             out[table] = df if df["ts"].is_monotonic_increasing else df.sort_values("ts", kind="stable", ignore_index=True)
@@ -512,6 +518,17 @@ def _raw_json(raw):
         return _ANY.decode(raw)
     except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError, TypeError):
         return None
+
+
+def _raw_text(raw: bytes) -> str:
+    """A raw JSON value as text: a string's contents, a number's digits, "" for null."""
+    raw = bytes(raw).strip()
+    if raw in (b"", b"null"):
+        return ""
+    if raw[:1] == b'"':
+        value = _raw_json(raw)
+        return value if isinstance(value, str) else ""
+    return raw.decode("utf-8", "replace")
 
 
 def _text(value) -> str:

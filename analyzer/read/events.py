@@ -44,6 +44,14 @@ class Args(msgspec.Struct, omit_defaults=True, gc=False):
     out_nelems: Num = msgspec.field(name="Out msg nelems", default=None)
     dtype: Any = None
     comm_seq: Num = msgspec.field(name="Seq", default=None)
+    # newer torch: the group's description and ranks, and one id for a collective on every rank ("Comms Id",
+    # a 64-bit hash kept as its text: as a JSON number it may not fit an int64 or a double)
+    pg_desc: Any = msgspec.field(name="Process Group Description", default=None)
+    pg_ranks: Any = msgspec.field(name="Process Group Ranks", default=None)
+    comms_id: msgspec.Raw = msgspec.field(name="Comms Id", default=msgspec.Raw(b"null"))
+    # kernels a CUDA graph launched: the graph and its node (CUPTI)
+    graph_id: Num = msgspec.field(name="graph id", default=None)
+    graph_node_id: Num = msgspec.field(name="graph node id", default=None)
     # metadata (ph M) payload
     name: Any = None
     labels: Any = None

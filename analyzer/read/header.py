@@ -35,6 +35,7 @@ def meta_from_header(h: ev.Header, path: Path) -> TraceMeta:
         meta.world_size = _int(h.distributedInfo.get("world_size"), None)
         backend = h.distributedInfo.get("backend")
         meta.backend = backend if isinstance(backend, str) and backend else None
+        meta.process_groups = process_groups(h.distributedInfo.get("pg_config"))
     for key in ("schemaVersion", "cupti_version", "cuda_runtime_version", "cuda_driver_version",
                 "hip_runtime_version", "roctracer_version"):
         value = getattr(h, key)
@@ -49,6 +50,32 @@ def meta_from_header(h: ev.Header, path: Path) -> TraceMeta:
     elif "cuda_runtime_version" in meta.versions or "cupti_version" in meta.versions:
         meta.platform = "cuda"
     return meta
+
+
+def process_groups(config) -> list[dict]:
+    """distributedInfo's `pg_config` (one entry per process group the rank is in) as
+    {"name", "desc", "ranks", "backend"}; entries without a name or ranks are left out."""
+    entries = config.values() if isinstance(config, dict) else config if isinstance(config, list) else []
+    out = []
+    for e in entries:
+        if not isinstance(e, dict):
+            continue
+        name, ranks = e.get("pg_name"), parse_ranks(e.get("ranks"))
+        if name is None or not ranks:
+            continue
+        out.append({"name": str(name), "desc": str(e.get("pg_desc") or ""), "ranks": ranks,
+                    "backend": str(e.get("backend_config") or "")})
+    return out
+
+
+def parse_ranks(value) -> list[int]:
+    """A group's ranks as the trace writes them: a list, or its text ("[0, 2]", "0,2"); [] when unreadable."""
+    if isinstance(value, str):
+        value = [p for p in value.strip().strip("[]").replace(",", " ").split() if p]
+    if not isinstance(value, (list, tuple)):
+        return []
+    out = [_int(v, None) for v in value]
+    return [] if any(v is None for v in out) else out
 
 
 def _int(value, default):

@@ -503,18 +503,23 @@ static const argdef ARGDEFS[] = {
     {"In msg nelems", "in_nelems", A_NUM},
     {"Out msg nelems", "out_nelems", A_NUM},
     {"Seq", "comm_seq", A_NUM},
+    {"graph id", "graph_id", A_NUM},
+    {"graph node id", "graph_node_id", A_NUM},
     {"Input type", "input_type", A_RAW},
     {"Input Dims", "input_dims", A_RAW},
     {"Call stack", "call_stack", A_ANY},
     {"Collective name", "collective_name", A_ANY},
     {"Process Group Name", "pg_name", A_ANY},
+    {"Process Group Description", "pg_desc", A_ANY},
+    {"Process Group Ranks", "pg_ranks", A_ANY},
+    {"Comms Id", "comms_id", A_RAW},
     {"dtype", "dtype", A_ANY},
     {"name", "meta_name", A_ANY},
     {"labels", "labels", A_ANY},
 };
 #define NARGS ((int)(sizeof(ARGDEFS) / sizeof(ARGDEFS[0])))
 #define NCOLS (C_ARGS0 + NARGS)
-#define MAX_ARG_KEYLEN 24
+#define MAX_ARG_KEYLEN 25
 
 static coldef COLDEFS[NCOLS]; /* filled at module init */
 /* args keys by length and first byte (low 5 bits): up to 4 candidates, -1 after the last */

@@ -138,8 +138,8 @@ class ScannedChunk:
 _INT32, _INT64, _F64 = np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.float64)
 # raw ids that must decode (msgspec would have decoded them as str or Any); `Input type`/`Input Dims` are
 # kept raw by msgspec too, and decoded later (leniently) for matmuls only
-_DECODED = ("ph", "cat", "name", "pid_raw", "tid_raw", "call_stack", "collective_name", "pg_name", "dtype",
-            "meta_name", "labels")
+_DECODED = ("ph", "cat", "name", "pid_raw", "tid_raw", "call_stack", "collective_name", "pg_name", "pg_desc",
+            "pg_ranks", "dtype", "meta_name", "labels")
 
 
 def scan_chunk(buf) -> "ScannedRows | None":
