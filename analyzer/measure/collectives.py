@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import intervals as iv
+from .commphases import place
 from .metrics import Metrics
 from .steps import launch_steps
 from gpuadvise.analyzer.model import collectives as coll
@@ -43,8 +44,16 @@ class RankCollectives:
     # the rank's own work while its collectives ran, as merged intervals (absolute µs)
     busy: tuple[np.ndarray, np.ndarray] = field(default_factory=lambda: (np.zeros(0), np.zeros(0)))
     base_us: float = 0.0  # the trace's clock at its rebased 0: start_us − base_us is the model's clock
-    issued_us: np.ndarray = field(default_factory=lambda: np.zeros(0))  # model clock: a kernel's launch, a span's start
+    issued_us: np.ndarray = field(default_factory=lambda: np.zeros(0))  # model clock: a kernel's launch, a span's call
     correlation: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # kernels' launches (-1)
+    # where it ran on this rank: "pg NAME" where the trace names its process group, else the CPU backend's
+    # thread ("thread 6323") or the GPU stream ("stream 0:20"), each of which runs one group's collectives
+    lane: list[str] = field(default_factory=list)
+    comms_id: list[str] = field(default_factory=list)  # the one id it has on every rank ("" when not recorded)
+    pg_desc: list[str] = field(default_factory=list)  # the group's description and ranks, as the trace writes them
+    pg_ranks: list[str] = field(default_factory=list)
+    phase: list[str] = field(default_factory=list)  # "forward", "backward", "optimizer", "" (measure/commphases.py)
+    scheme: list[str] = field(default_factory=list)  # "fsdp", "tp", "pp", "ep", "ddp", "dp", "optimizer", ""
 
     def __len__(self) -> int:
         return len(self.step)
@@ -53,12 +62,20 @@ class RankCollectives:
         """Per row: the time inside it the rank did nothing else (its wait and transfer not overlapped)."""
         return np.clip((self.end_us - self.start_us) - iv.covered(*self.busy, self.start_us, self.end_us), 0.0, None)
 
-    def keys(self) -> list[tuple]:
-        """How each row is matched across ranks: by process group and sequence number where the trace has
-        them, else by step, group, collective and order within the step."""
+    def keys(self, groups: list[str] | None = None) -> list[tuple]:
+        """How each row is matched across ranks: by its Comms Id where the trace has one, else by process
+        group and sequence number, else by step, group, collective and order within the step. `groups`:
+        each row's group as the job resolved it (measure/commgroups.py), for rows whose trace names none."""
         out = []
-        for s, k, g, q, o in zip(self.step.tolist(), self.kind, self.pg, self.seq.tolist(), self.order.tolist()):
-            out.append(("seq", g, k == "send_recv", q) if q >= 0 else ("step", s, g, k, o))
+        ids = self.comms_id or [""] * len(self)
+        for i, (s, k, g, q, o) in enumerate(zip(self.step.tolist(), self.kind, self.pg, self.seq.tolist(),
+                                                 self.order.tolist())):
+            if ids[i]:
+                out.append(("id", ids[i]))
+            elif q >= 0:
+                out.append(("seq", g, k == "send_recv", q))
+            else:
+                out.append(("step", s, groups[i] if groups is not None else g, k, o))
         return out
 
 
@@ -74,20 +91,30 @@ def rank_collectives(model: TraceModel, m: Metrics) -> RankCollectives | None:
     names = runs["name"].astype(str).tolist()
     kinds = [coll.kind(n, str(c)) for n, c in zip(names, runs["collective"].astype(str))]
     where = runs["role"].astype(str).tolist()
-    runs = runs.assign(ts=_from_the_call(comms, runs, kinds, where))  # a CPU backend's: from the c10d call
-    ts = runs["ts"].to_numpy(dtype=float)
-    # the iteration that issued it: a kernel by its launch call, a CPU backend's span by when it began
+    call_ts, call_tid, call_kind = _calls_of(comms, runs, kinds, where)
+    for i, k in enumerate(call_kind):
+        if k:
+            kinds[i] = k  # gloo runs a reduce-scatter as an all-reduce: the call says which it was
+    ts = np.where(np.isfinite(call_ts), np.minimum(call_ts, runs["ts"].to_numpy(dtype=float)),
+                  runs["ts"].to_numpy(dtype=float))  # a CPU backend's collective begins at its call
+    runs = runs.assign(ts=ts)
+    # the iteration that issued it: a kernel by its launch call, a CPU backend's span by its call
     issued_at = ts.copy()
+    issued_tid = np.where(call_tid >= 0, call_tid, runs["tid"].to_numpy(dtype=np.int64))
     if len(m.launches):
         launch = m.launches.drop_duplicates("correlation").set_index("correlation")
         corr = runs["correlation"].to_numpy()
         known = np.isin(corr, launch.index.to_numpy()) & (np.array(where) == coll.KERNEL)
         issued_at[known] = launch.loc[corr[known], "launch_ts"].to_numpy(dtype=float)
+        issued_tid[known] = launch.loc[corr[known], "tid"].to_numpy(dtype=np.int64)
         _named_by_call(comms, kinds, known, issued_at, launch.loc[corr[known], "tid"].to_numpy())
     k = launch_steps(m.steps, issued_at)
     numbers = np.array([s.number for s in m.steps], dtype=np.int64)
     step = np.where(k >= 0, numbers[np.clip(k, 0, None)] if len(numbers) else -1, -1)
-    pg = runs["pg"].astype(str).tolist()
+    meta = {c: runs[c].astype(str).tolist() for c in ("pg", "pg_desc", "pg_ranks", "comms_id")}
+    seq = runs["seq"].to_numpy(dtype=np.int64).copy()
+    _from_param_comms(comms, where, issued_at, issued_tid, meta, seq)
+    pg = meta["pg"]
     order = np.zeros(len(runs), dtype=np.int64)
     seen: dict = {}
     for i, key in enumerate(zip(step.tolist(), pg, kinds)):
@@ -95,36 +122,80 @@ def rank_collectives(model: TraceModel, m: Metrics) -> RankCollectives | None:
         seen[key] = order[i] + 1
     base = float(model.meta.base_ts_us)
     end = runs["end"].to_numpy(dtype=float)
+    lanes = [f"pg {g}" if g else (f"thread {t}" if w == coll.HOST else f"stream {p}:{t}")
+             for g, w, p, t in zip(pg, where, runs["pid"].tolist(), runs["tid"].tolist())]
+    phase, scheme = place(model, m, issued_at, issued_tid, kinds)
     return RankCollectives(
-        step=step, kind=kinds, pg=pg, seq=runs["seq"].to_numpy(dtype=np.int64), order=order,
+        step=step, kind=kinds, pg=pg, seq=seq, order=order,
         start_us=ts + base, end_us=end + base, nelems=runs["in_nelems"].to_numpy(dtype=float), where=where,
         busy=_own_work(model, m, runs, base), base_us=base, issued_us=issued_at,
         correlation=np.where(np.array(where) == coll.KERNEL, runs["correlation"].to_numpy(dtype=np.int64), -1),
+        lane=lanes, comms_id=meta["comms_id"], pg_desc=meta["pg_desc"], pg_ranks=meta["pg_ranks"],
+        phase=phase, scheme=scheme,
     )
 
 
-def _from_the_call(comms, runs, kinds: list[str], where: list[str]) -> np.ndarray:
-    """When each collective began for its rank. A kernel: its start on the GPU. A CPU backend's span: the
-    `c10d::` call that issued it, when that came first: the training thread is held in the call (gloo
-    may block there) as it is in the backend's span, and the rank arrived when it issued the collective.
-    The k-th span of a collective goes with the earliest call of that collective not yet paired and
-    issued before it (a backend runs its queue in order)."""
-    ts = runs["ts"].to_numpy(dtype=float).copy()
+def _calls_of(comms, runs, kinds: list[str], where: list[str]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """For each CPU backend's span, the `c10d::` call that issued it: its start, thread and collective
+    (NaN, -1, "" for kernels and spans no call is found for). The training thread is held in the call
+    (gloo may block there) as it is in the backend's span, and the rank arrived when it issued the
+    collective. Each span goes with the earliest call not yet paired that was issued before it and that it
+    can run (the same collective; gloo runs a reduce-scatter as an all-reduce): a backend runs its queue in
+    order."""
+    n = len(runs)
+    call_ts, call_tid, call_kind = np.full(n, np.nan), np.full(n, -1, dtype=np.int64), [""] * n
     host = [i for i, w in enumerate(where) if w == coll.HOST]
     calls = comms[(comms["role"] == coll.CALL).to_numpy() & name_mask(comms["name"], coll.C10D_CALL.match)]
     if not host or calls.empty:
-        return ts
-    pending: dict = {}
-    for t, name in sorted(zip(calls["ts"].to_numpy(dtype=float).tolist(), calls["name"].astype(str))):
-        pending.setdefault(coll.kind(name), []).append(t)
-    used = dict.fromkeys(pending, 0)
+        return call_ts, call_tid, call_kind
+    calls = calls.sort_values("ts", kind="stable")
+    c_ts = calls["ts"].to_numpy(dtype=float)
+    c_tid = calls["tid"].to_numpy(dtype=np.int64)
+    c_kind = [coll.kind(str(name)) for name in calls["name"]]
+    used = np.zeros(len(calls), dtype=bool)
+    first_free = 0
+    span_ts = runs["ts"].to_numpy(dtype=float)
     for i in host:
-        queue = pending.get(kinds[i], [])
-        j = used.get(kinds[i], 0)
-        if j < len(queue) and queue[j] <= ts[i]:
-            ts[i] = queue[j]
-            used[kinds[i]] = j + 1
-    return ts
+        while first_free < len(calls) and used[first_free]:
+            first_free += 1
+        j = first_free
+        while j < len(calls) and c_ts[j] <= span_ts[i]:
+            if not used[j] and coll.runs_as(kinds[i], c_kind[j]):
+                used[j] = True
+                call_ts[i], call_tid[i], call_kind[i] = c_ts[j], c_tid[j], c_kind[j]
+                break
+            j += 1
+    return call_ts, call_tid, call_kind
+
+
+def _from_param_comms(comms, where: list[str], issued_at: np.ndarray, issued_tid: np.ndarray, meta: dict,
+                      seq: np.ndarray) -> None:
+    """A kernel whose args do not name its group takes what the `record_param_comms` op around its launch
+    recorded (group, description, ranks, Comms Id, sequence number)."""
+    need = [i for i, w in enumerate(where) if w == coll.KERNEL and not (meta["pg"][i] and meta["comms_id"][i])]
+    if not need:
+        return
+    calls = comms[(comms["role"] == coll.CALL).to_numpy() & (comms["name"].astype(str) == coll.PARAM_COMMS).to_numpy()]
+    if calls.empty:
+        return
+    calls = calls.sort_values("ts", kind="stable")
+    c_meta = {c: calls[c].astype(str).tolist() for c in meta}
+    c_seq = calls["seq"].to_numpy(dtype=np.int64)
+    c_ts, c_end, c_tid = (calls[c].to_numpy() for c in ("ts", "end", "tid"))
+    by_tid = {t: np.flatnonzero(c_tid == t) for t in np.unique(c_tid).tolist()}
+    for i in need:
+        rows = by_tid.get(int(issued_tid[i]))
+        if rows is None:
+            continue
+        k = int(np.searchsorted(c_ts[rows], issued_at[i], side="right")) - 1  # the last one begun by the launch
+        if k < 0 or c_end[rows[k]] < issued_at[i]:
+            continue
+        j = int(rows[k])
+        for c in meta:
+            if not meta[c][i]:
+                meta[c][i] = c_meta[c][j]
+        if seq[i] < 0:
+            seq[i] = c_seq[j]
 
 
 def _named_by_call(comms, kinds: list[str], launched: np.ndarray, launch_ts: np.ndarray, tids: np.ndarray) -> None:
@@ -161,7 +232,7 @@ def own_work(model: TraceModel, runs=None) -> tuple[np.ndarray, np.ndarray]:
         backend_threads = set(host["tid"].tolist())
         cpu = model.cpu
         ops = cpu[~cpu["is_annotation"].to_numpy() & ~cpu["tid"].isin(backend_threads).to_numpy()]
-        ops = ops[name_mask(ops["name"], lambda n: coll.role(n, False) is None)]  # a c10d call is not work
+        ops = ops[~_holds_a_collective(ops)]
         parts_s.append(ops["ts"].to_numpy(dtype=float))
         parts_e.append(ops["end"].to_numpy(dtype=float))
     if not parts_s:
@@ -169,6 +240,25 @@ def own_work(model: TraceModel, runs=None) -> tuple[np.ndarray, np.ndarray]:
     s, e = iv.union(np.concatenate(parts_s), np.concatenate(parts_e))
     base = float(model.meta.base_ts_us)
     return s + base, e + base
+
+
+def _holds_a_collective(ops) -> np.ndarray:
+    """Per op: whether it is part of a collective (its call, a functional collective's op, a wait for one,
+    model/collectives.not_work) or holds one inside it on its thread (autograd's node whose hook issued
+    an FSDP reduce-scatter, a tensor-parallel op waiting for its all-reduce): the thread spends that op
+    in the collective, not in work of its own. Ops nest on a thread, so an op holds one when the first
+    collective op starting at or after it starts before it ends."""
+    out = name_mask(ops["name"], coll.not_work)
+    if not out.any():
+        return out
+    ts, end, tid = (ops[c].to_numpy() for c in ("ts", "end", "tid"))
+    for t in np.unique(tid[out]):
+        on = tid == t
+        starts = np.sort(ts[on & out])
+        k = np.searchsorted(starts, ts[on], side="left")
+        nxt = np.where(k < len(starts), starts[np.minimum(k, len(starts) - 1)], np.inf)
+        out[on] |= nxt < end[on]
+    return out
 
 
 def _own_work(model: TraceModel, m: Metrics, runs, base: float) -> tuple[np.ndarray, np.ndarray]:

@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import intervals as iv, waits
+from . import commgroups, grouptime, intervals as iv, waits
 from .collectives import RankCollectives, rank_collectives
 from .ranktime import thread_time
 from .perstep import count_of
+from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.kernels import is_comm
 from gpuadvise.analyzer.model.trace import name_mask
 
@@ -65,6 +66,10 @@ class RankStats:
     op_us: list[float] = field(default_factory=list)
     untraced_us: list[float] = field(default_factory=list)
     gap_before: list[str] = field(default_factory=list)
+    # the process groups this rank is in, as its trace header and run.json list them ({"name", "desc",
+    # "ranks", "source"}), and the device meshes run.json recorded (measure/commgroups.py, grouptime.py)
+    groups: list[dict] = field(default_factory=list)
+    meshes: list[dict] = field(default_factory=list)
 
     @property
     def overlap_pct(self) -> float | None:
@@ -72,8 +77,8 @@ class RankStats:
         return 100.0 * self.comm_overlap_us / self.comm_total_us if self.comm_total_us > 0 else None
 
 
-def rank_stats(report) -> RankStats | None:
-    """From one analysed trace (a TraceReport with its full model and metrics)."""
+def rank_stats(report, facts: dict | None = None) -> RankStats | None:
+    """From one analysed trace (a TraceReport with its full model and metrics) and its run.json `facts`."""
     model, m = report.model, report.metrics
     if model is None or m is None:
         return None
@@ -121,6 +126,8 @@ def rank_stats(report) -> RankStats | None:
         op_us=thread.op_us,
         untraced_us=thread.untraced_us,
         gap_before=thread.gap_before,
+        groups=commgroups.groups_of_rank(model.meta.process_groups, runfacts.process_groups(facts or {})),
+        meshes=runfacts.meshes(facts or {}),
     )
 
 
@@ -147,6 +154,9 @@ class JobView:
     notes: list[str] = field(default_factory=list)
     matched: waits.Matched | None = None  # the collectives lined up across ranks (None: none could be)
     collectives: list[dict] = field(default_factory=list)  # waits per collective and rank (waits.by_collective)
+    groups: list[dict] = field(default_factory=list)  # per process group and phase (grouptime.by_group)
+    mesh: dict | None = None  # the device mesh, where the groups or run.json say it (grouptime.mesh)
+    resolved: commgroups.Resolved | None = None  # each collective's process group
 
     @property
     def whole_trace(self) -> bool:
@@ -196,6 +206,8 @@ class JobView:
                  "slower_pct": round(s.slower_pct, 1), "job_step_ms": _ms(s.job_step_us),
                  "others_waited_ms": _ms(s.caused_us)} for s in self.stragglers],
             "collectives": self.collectives,
+            "groups": self.groups,
+            "mesh": self.mesh,
             "matched_collectives": len(self.matched) if self.matched is not None else 0,
             "notes": list(self.notes),
         }
@@ -225,7 +237,9 @@ def build_view(stats: list[RankStats]) -> JobView | None:
     elif any(len([n for n in s.steps if n >= 0]) != len(steps) for s in stats):
         notes.append(f"compared the {len(steps)} steps every rank recorded")
     world = max(sizes) if sizes else None
-    matched = waits.match([s.collectives for s in stats]) if steps else None
+    ids = [int(s.rank) for s in stats]
+    resolved = commgroups.resolve([s.collectives for s in stats], ids, [s.groups for s in stats])
+    matched = waits.match([s.collectives for s in stats], resolved) if steps else None
     if world and world > len(stats):
         notes.append(f"{len(stats)} of the job's {world} ranks were traced"
                      + (": waits are for the last of the traced ranks to arrive" if matched is not None else ""))
@@ -234,10 +248,13 @@ def build_view(stats: list[RankStats]) -> JobView | None:
                      + (f"; {matched.unmatched} ran on some ranks only and {'was' if matched.unmatched == 1 else 'were'} "
                         "left out" if matched.unmatched else ""))
     grid = _grid(stats, steps, matched)
-    ids = [int(s.rank) for s in stats]
+    groups = grouptime.by_group(matched, resolved, ids, steps) if matched is not None else []
+    if len(groups) > 1:
+        notes.extend(resolved.notes)
     return JobView(ranks=stats, steps=steps, grid=grid, stragglers=_stragglers(grid, stats, steps), world_size=world,
                    notes=notes, matched=matched,
-                   collectives=waits.by_collective(matched, ids, steps) if matched is not None else [])
+                   collectives=waits.by_collective(matched, ids, steps) if matched is not None else [],
+                   groups=groups, mesh=grouptime.mesh(resolved, [m for s in stats for m in s.meshes]), resolved=resolved)
 
 
 WHOLE_TRACE = -1  # the step number of a trace without ProfilerStep (its whole trace, measure/perstep.py)

@@ -24,32 +24,42 @@ import numpy as np
 from .job import JobView
 
 
-def job_saving_pct(view: JobView, saved_us: dict[int, float], dropped: set | None = None) -> float | None:
+def job_saving_pct(view: JobView, saved_us: dict[int, float], dropped: set | None = None,
+                   hidden: np.ndarray | None = None) -> float | None:
     """% of the job's step saved when rank r loses `saved_us[r]` µs of its own work per step (ranks not in
-    it: none) and the collectives whose keys are in `dropped` go away; None without steps every rank
-    recorded."""
+    it: none), the collectives whose keys are in `dropped` go away, and the lined-up collectives whose
+    indices are in `hidden` stop holding their ranks for their exposed transfer (it runs behind their
+    work); None without steps every rank recorded."""
     if not view.steps:
         return None
     before = after = 0.0
     for j, step in enumerate(view.steps):
-        base, fixed = _step(view, j, step, saved_us, dropped or set())
+        base, fixed = _step(view, j, step, saved_us, dropped or set(), hidden)
         before += base
         after += fixed
     return max(0.0, 100.0 * (1.0 - after / before)) if before > 0 else None
 
 
-def _step(view: JobView, j: int, step: int, saved_us: dict[int, float], dropped: set) -> tuple[float, float]:
-    """The job's step time (the longest rank's) as replayed, and with the fix."""
+def _step(view: JobView, j: int, step: int, saved_us: dict[int, float], dropped: set,
+          hidden: np.ndarray | None = None) -> tuple[float, float]:
+    """The job's step time (the longest rank's) as replayed, and with the fix. A collective of a group that
+    not every rank is in holds only its ranks: for the others it is not there."""
     g, m = view.grid, view.matched
     dur = g["dur_us"][:, j]
     saved = np.array([saved_us.get(int(r.rank), 0.0) for r in view.ranks])
     cols = np.flatnonzero(m.step == step) if m is not None else np.zeros(0, dtype=np.int64)
     if not len(cols):  # nothing to wait on: each rank's step shrinks on its own
         return float(dur.max()), float(np.maximum(dur - np.minimum(saved, dur), 0.0).max())
-    cols = cols[np.argsort(m.arrival[0, cols], kind="stable")]
+    on = np.ones((len(dur), len(cols)), dtype=bool) if m.member is None else m.member[:, cols]
+    first = m.arrival[0, cols] if m.member is None else np.nanmin(np.where(on, m.arrival[:, cols], np.nan), axis=0)
+    order = np.argsort(first, kind="stable")
+    cols, on = cols[order], on[:, order]
     start = np.array([r.start_us[r.steps.index(step)] + r.base_us for r in view.ranks]) - m.offsets_us
-    a, e = m.arrival[:, cols], m.arrival[:, cols] + m.dur[:, cols]
-    lost = m.exposed_wait[:, cols] + m.exposed_transfer[:, cols]  # time in a collective that is not work
+    # a rank outside a collective's group reaches it where it left its previous one: no gap, no hold
+    a = _carried(np.where(on, m.arrival[:, cols], np.nan), start)
+    e = np.where(on, a + m.dur[:, cols], -np.inf)
+    # time in a collective that is not work (carried past the collectives a rank is not in, to its next one)
+    lost = _carried(np.where(on, m.exposed_wait[:, cols] + m.exposed_transfer[:, cols], np.nan), np.zeros(len(start)))
     end = start + dur
     # per rank and collective: was it held until its earlier collectives ended (the latest of them ended
     # after its previous arrival, before this one), and how much of its own work lies before it
@@ -57,7 +67,7 @@ def _step(view: JobView, j: int, step: int, saved_us: dict[int, float], dropped:
     last_e = np.maximum.accumulate(e, axis=1)
     prev_e = np.concatenate([np.full((len(start), 1), -np.inf), last_e[:, :-1]], axis=1)
     prev_lost = np.concatenate([np.zeros((len(start), 1)), lost[:, :-1]], axis=1)
-    held = (a >= prev_e) & (prev_e > prev_a)
+    held = on & (a >= prev_e) & (prev_e > prev_a)
     work = np.where(held, a - prev_e, np.maximum(a - prev_a - prev_lost, 0.0))
     gap = np.where(held, a - prev_e, a - prev_a)  # from the end (held) or from the previous arrival
     tail_held = (end >= last_e[:, -1]) & (last_e[:, -1] > a[:, -1])
@@ -66,24 +76,42 @@ def _step(view: JobView, j: int, step: int, saved_us: dict[int, float], dropped:
     total = work.sum(axis=1) + tail_work
     share = np.where(total > 0, np.minimum(saved, total) / np.where(total > 0, total, 1.0), 0.0)
     cut, tail_cut = work * share[:, None], tail_work * share
-    stay = e - a.max(axis=0, keepdims=True)  # each rank's time in a collective after its last rank arrived
-    replay = (start, held, gap, stay, tail_held, tail)
+    last_arrival = np.max(np.where(on, a, -np.inf), axis=0, keepdims=True)
+    stay = np.where(on, e - last_arrival, -np.inf)  # each rank's time in a collective after its last rank arrived
+    replay = (start, held, gap, on, tail_held, tail)
     gone = np.array([m.keys[i] in dropped for i in cols], dtype=bool)
-    base = _replay(*replay, np.zeros_like(cut), np.zeros_like(tail_cut), np.zeros_like(gone))
-    fixed = _replay(*replay, cut, tail_cut, gone)
+    quicker = np.zeros_like(stay)
+    if hidden is not None and len(hidden):
+        hide = np.isin(cols, hidden)
+        quicker[:, hide] = np.where(on[:, hide], m.exposed_transfer[:, cols[hide]], 0.0)
+    base = _replay(*replay, stay, np.zeros_like(cut), np.zeros_like(tail_cut), np.zeros_like(gone))
+    fixed = _replay(*replay, stay - quicker, cut, tail_cut, gone)
     return float((base - start).max()), float((fixed - start).max())
 
 
-def _replay(start, held, gap, stay, tail_held, tail, cut, tail_cut, gone) -> np.ndarray:
+def _carried(arrival: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """Arrivals with a rank's missing ones (NaN: not in that collective's group) set to its previous
+    arrival, or its step's start before any."""
+    out = arrival.copy()
+    prev = start.copy()
+    for k in range(out.shape[1]):
+        missing = np.isnan(out[:, k])
+        out[missing, k] = prev[missing]
+        prev = out[:, k]
+    return out
+
+
+def _replay(start, held, gap, on, tail_held, tail, stay, cut, tail_cut, gone) -> np.ndarray:
     """Each rank's step end, collective by collective (module docstring): `ended` is the latest end of
-    the collectives so far (a dropped one ends nothing)."""
+    the collectives so far (a dropped one ends nothing); a collective waits for its own ranks only."""
     ranks, n = gap.shape
     arrive = start.copy()
     ended = np.full(ranks, -np.inf)
     for k in range(n):
         arrive = np.where(held[:, k], np.maximum(ended, arrive), arrive) + gap[:, k] - cut[:, k]
         if not gone[k]:
-            ended = np.maximum(ended, arrive.max() + stay[:, k])
+            last = np.max(np.where(on[:, k], arrive, -np.inf))
+            ended = np.maximum(ended, np.where(on[:, k], last + stay[:, k], -np.inf))
     return np.where(tail_held, np.maximum(ended, arrive), arrive) + tail - tail_cut
 
 

@@ -53,6 +53,11 @@ def ops_inside(model: TraceModel, spans: pd.DataFrame, names: set[str] | None = 
     return ops[keep]
 
 
+def inside(ts: np.ndarray, tid: np.ndarray, spans: pd.DataFrame) -> np.ndarray:
+    """Which instants (at `ts`, on thread `tid`) lie inside some of the spans on their thread."""
+    return _inside_any(ts, tid, spans) if len(spans) else np.zeros(len(ts), dtype=bool)
+
+
 def _inside_any(ts: np.ndarray, tid: np.ndarray, spans: pd.DataFrame, ends: np.ndarray | None = None) -> np.ndarray:
     """Which items [ts, ends] (or instants at ts when `ends` is None) lie inside some span on their thread.
 

@@ -22,8 +22,8 @@ Per collective and rank, on the aligned clock:
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -36,11 +36,13 @@ SLACK_US = 50.0  # how far a rank's clock reading of "the collective ended" may 
 
 @dataclass
 class Matched:
-    """The collectives every traced rank ran, arrays shaped (ranks, collectives) unless noted."""
+    """The collectives lined up across the traced ranks, arrays shaped (ranks, collectives) unless noted. A
+    collective of a process group that not every traced rank belongs to (a device mesh's) has its members
+    in `member`; the other ranks' entries are 0 (NaN for `start`) and never read."""
 
     step: np.ndarray  # (n,) ProfilerStep number of the iteration that issued it
     kind: list[str]  # (n,)
-    pg: list[str]  # (n,)
+    pg: list[str]  # (n,) its group as shown beside it (commgroups.Resolved.shown)
     arrival: np.ndarray  # aligned clock, µs
     dur: np.ndarray
     wait: np.ndarray
@@ -51,80 +53,140 @@ class Matched:
     offsets_us: np.ndarray  # (ranks,) each rank's clock minus the first rank's
     start: np.ndarray  # each rank's own clock: when it arrived (to measure time against its own work)
     busy: list  # per rank, its own work during its collectives (measure.collectives.RankCollectives.busy)
-    unmatched: int  # collectives not found once on every traced rank, or whose ends do not line up
-    keys: list  # (n,) each collective's key on the first rank (measure.collectives.RankCollectives.keys)
-    by: str  # how they were matched: "sequence number" or "order within the step"
+    unmatched: int  # collectives not found once on every traced rank of their group, or whose ends do not line up
+    keys: list  # (n,) each collective's key (measure.collectives.RankCollectives.keys)
+    by: str  # how they were matched: "Comms Id", "sequence number" or "order within the step"
+    member: np.ndarray | None = None  # (ranks, n) bool: the ranks it ran on (None: every rank)
+    group: list = field(default_factory=list)  # (n,) its group's id (commgroups.Group.id)
+    phase: list = field(default_factory=list)  # (n,) "forward", "backward", "optimizer", "" (measure/commphases.py)
+    scheme: list = field(default_factory=list)  # (n,) "fsdp", "tp", "pp", "ep", "ddp", "dp", "optimizer", ""
 
     def __len__(self) -> int:
         return len(self.step)
 
+    def on(self, r: int, cols: np.ndarray) -> np.ndarray:
+        """The columns among `cols` that rank (position) r ran."""
+        cols = np.asarray(cols, dtype=np.int64)
+        return cols if self.member is None else cols[self.member[r, cols]]
 
-def match(collectives: list) -> Matched | None:
-    """`collectives`: one measure.collectives.RankCollectives (or None) per rank, in rank order."""
+
+def match(collectives: list, groups=None) -> Matched | None:
+    """`collectives`: one measure.collectives.RankCollectives (or None) per rank, in rank order; `groups`:
+    their process groups (commgroups.Resolved; None: every collective is one of all the traced ranks)."""
     if len(collectives) < 2 or any(c is None or not len(c) for c in collectives):
         return None
-    keyed = []
-    for c in collectives:
-        keys = c.keys()
+    ranks = len(collectives)
+    keyed, group_of = [], {}
+    for r, c in enumerate(collectives):
+        rows = groups.rows[r] if groups is not None else None
+        keys = c.keys(rows)
         counts = Counter(keys)
         keyed.append({k: i for i, k in enumerate(keys) if counts[k] == 1})
-    common = set(keyed[0])
-    for k in keyed[1:]:
-        common &= set(k)
+        if rows is not None:
+            for k, i in keyed[-1].items():
+                group_of.setdefault(k, rows[i])
+    expected = {gid: set(groups.members(gid)) for gid in groups.groups} if groups is not None else {}
+    everyone = set(range(ranks))
+    present: dict = defaultdict(set)
+    for r, k in enumerate(keyed):
+        for key in k:
+            present[key].add(r)
+    common = [key for key, on in present.items()
+              if len(on) >= 2 and on == expected.get(group_of.get(key), everyone)]
     if not common:
         return None
-    first = collectives[0]
-    order = sorted(common, key=lambda k: keyed[0][k])  # the first rank's issue order
-    idx = np.array([[k[key] for key in order] for k in keyed], dtype=np.int64)  # (ranks, n)
-    start = np.stack([c.start_us[i] for c, i in zip(collectives, idx)])
-    end = np.stack([c.end_us[i] for c, i in zip(collectives, idx)])
-    kinds = [first.kind[i] for i in idx[0]]
-    offsets = _offsets(start, end, kinds)
+    first = {key: min(present[key]) for key in common}
+    order = sorted(common, key=lambda key: (0, keyed[0][key]) if 0 in present[key] else
+                   (1, float(collectives[first[key]].start_us[keyed[first[key]][key]])))
+    n = len(order)
+    idx = np.full((ranks, n), -1, dtype=np.int64)
+    for r, k in enumerate(keyed):
+        idx[r] = [k.get(key, -1) for key in order]
+    member = idx >= 0
+    start = np.full((ranks, n), np.nan)
+    end = np.full((ranks, n), np.nan)
+    for r, c in enumerate(collectives):
+        on = member[r]
+        start[r, on], end[r, on] = c.start_us[idx[r, on]], c.end_us[idx[r, on]]
+    owner = np.argmax(member, axis=0)  # each collective's first member: its kind, step and place
+    rows_of = idx[owner, np.arange(n)]
+    kinds = [collectives[o].kind[i] for o, i in zip(owner.tolist(), rows_of.tolist())]
+    offsets = _offsets(start, end, kinds, member)
     # a collective every rank finishes together cannot end on one rank before another arrived: a match that
     # does (clocks aligned) paired different collectives (ranks in different process groups)
     together = np.array([k in SYMMETRIC for k in kinds], dtype=bool)
-    early = (end - offsets[:, None]).min(axis=0) < (start - offsets[:, None]).max(axis=0) - SLACK_US
+    shifted_s, shifted_e = start - offsets[:, None], end - offsets[:, None]
+    early = np.nanmin(shifted_e, axis=0) < np.nanmax(shifted_s, axis=0) - SLACK_US
     keep = ~(together & early)
     if not keep.any():
         return None
-    idx, start, end = idx[:, keep], start[:, keep], end[:, keep]
+    idx, start, end, member, owner, rows_of = (x[:, keep] if x.ndim == 2 else x[keep]
+                                              for x in (idx, start, end, member, owner, rows_of))
     kinds = [k for k, ok in zip(kinds, keep.tolist()) if ok]
     order = [k for k, ok in zip(order, keep.tolist()) if ok]
     arrival = start - offsets[:, None]
-    dur = end - start
-    last_arrival = arrival.max(axis=0)
-    wait = np.clip(last_arrival[None, :] - arrival, 0.0, dur)
+    dur = np.where(member, end - start, 0.0)
+    last_arrival = np.nanmax(arrival, axis=0)
+    wait = np.where(member, np.clip(last_arrival[None, :] - np.nan_to_num(arrival), 0.0, dur), 0.0)
     transfer = dur - wait
-    busy_wait = np.stack([iv.covered(*c.busy, s, s + w) for c, s, w in zip(collectives, start, wait)])
-    busy_transfer = np.stack([iv.covered(*c.busy, s + w, e) for c, s, w, e in zip(collectives, start, wait, end)])
+    busy_wait, busy_transfer = np.zeros_like(dur), np.zeros_like(dur)
+    for r, c in enumerate(collectives):
+        on = member[r]
+        s, w, e = start[r, on], wait[r, on], end[r, on]
+        busy_wait[r, on] = iv.covered(*c.busy, s, s + w)
+        busy_transfer[r, on] = iv.covered(*c.busy, s + w, e)
     total = sum(len(c) for c in collectives)
+    everywhere = bool(member.all())
+
+    def of_owner(field_name: str, default: str = "") -> list:
+        out = []
+        for o, i in zip(owner.tolist(), rows_of.tolist()):
+            values = getattr(collectives[o], field_name)
+            out.append(values[i] if values else default)
+        return out
+
+    gids = [group_of.get(key, "") for key in order]
     return Matched(
-        step=first.step[idx[0]], kind=kinds, pg=[first.pg[i] for i in idx[0]],
+        step=np.array([collectives[o].step[i] for o, i in zip(owner.tolist(), rows_of.tolist())], dtype=np.int64),
+        kind=kinds, pg=[groups.shown(g, ranks) for g in gids] if groups is not None else of_owner("pg"),
         arrival=arrival, dur=dur, wait=wait, exposed_wait=np.clip(wait - busy_wait, 0.0, None),
         transfer=transfer, exposed_transfer=np.clip(transfer - busy_transfer, 0.0, None),
-        last=np.argmax(arrival, axis=0), offsets_us=offsets, start=start, busy=[c.busy for c in collectives],
-        unmatched=total - len(collectives) * len(order), keys=list(order),
-        by="sequence number" if order[0][0] == "seq" else "order within the step",
+        last=np.argmax(np.where(member, arrival, -np.inf), axis=0), offsets_us=offsets, start=start,
+        busy=[c.busy for c in collectives], unmatched=total - int(member.sum()), keys=list(order),
+        by={"id": "Comms Id", "seq": "sequence number"}.get(order[0][0], "order within the step"),
+        member=None if everywhere else member, group=gids, phase=of_owner("phase"), scheme=of_owner("scheme"),
     )
 
 
-def _offsets(start: np.ndarray, end: np.ndarray, kinds: list[str]) -> np.ndarray:
+def _offsets(start: np.ndarray, end: np.ndarray, kinds: list[str], member: np.ndarray) -> np.ndarray:
     """Each rank's clock minus the first rank's. Clocks are moved only when the trace proves them apart: a
     collective that ends together everywhere ends on each rank after every rank arrived, which bounds the
-    offset from both sides; 0 when it lies within the bounds (one host, or clocks in sync), else the
-    nearest bound. When the bounds contradict each other (some pairs are not one collective), the median
-    difference of the ends, where it exceeds the time the ranks spent in them."""
+    offset between two ranks that ran it from both sides; 0 when it lies within the bounds (one host, or
+    clocks in sync), else the nearest bound. When the bounds contradict each other (some pairs are not one
+    collective), the median difference of the ends, where it exceeds the time the ranks spent in them.
+    Ranks that share no collective with the first (a device mesh's) are reached through ranks that do."""
     together = np.array([k in SYMMETRIC for k in kinds], dtype=bool)
-    pick = together if together.any() else np.ones(len(kinds), dtype=bool)
-    s, e = start[:, pick], end[:, pick]
     out = np.zeros(len(start))
-    for r in range(1, len(start)):
-        lo, hi = float((s[r] - e[0]).max()), float((e[r] - s[0]).min())
-        if lo <= hi:
-            out[r] = min(max(0.0, lo), hi)
-        else:
-            diff = float(np.median(e[r] - e[0]))
-            out[r] = diff if abs(diff) > float(np.median(np.minimum(e[r] - s[r], e[0] - s[0]))) else 0.0
+    known, queue = {0}, [0]
+    while queue:
+        p = queue.pop(0)
+        for r in range(1, len(start)):
+            if r in known:
+                continue
+            both = member[p] & member[r]
+            if not both.any():
+                continue
+            pick = both & together if (both & together).any() else both
+            s_p, e_p, s_r, e_r = start[p, pick], end[p, pick], start[r, pick], end[r, pick]
+            lo, hi = float((s_r - e_p).max()), float((e_r - s_p).min())
+            if lo <= hi:
+                rel = min(max(0.0, lo), hi)
+            else:
+                diff = float(np.median(e_r - e_p))
+                rel = diff if abs(diff) > float(np.median(np.minimum(e_r - s_r, e_p - s_p))) else 0.0
+            out[r] = out[p] + rel
+            known.add(r)
+            queue.append(r)
     return out
 
 
@@ -139,21 +201,27 @@ def per_step(values: np.ndarray, steps_of: np.ndarray, steps: list[int]) -> np.n
     return out
 
 
-def exposed_per_step(m: Matched, steps: list[int], part: str = "wait", cols=None) -> np.ndarray:
-    """(ranks, steps): the time each step lost to its collectives' waits (`part` "wait") or transfers
-    ("transfer"): their union on the rank's own clock minus its own work, so collectives that run at
-    the same time (DDP's buckets on two gloo threads) count once. `cols`: only those collectives."""
+def exposed_per_step(m: Matched, steps: list[int], part: str = "wait", cols=None,
+                     less_own_work: bool = True) -> np.ndarray:
+    """(ranks, steps): the time each step lost to its collectives' waits (`part` "wait"), transfers
+    ("transfer") or whole time inside them ("inside"): their union on the rank's own clock minus its own
+    work, so collectives that run at the same time (DDP's buckets on two gloo threads) count once. `cols`:
+    only those collectives; `less_own_work` False: the whole union (overlapped or not)."""
     out = np.zeros((m.dur.shape[0], len(steps)))
-    cols = np.arange(len(m)) if cols is None else np.asarray(cols)
+    cols = np.arange(len(m)) if cols is None else np.asarray(cols, dtype=np.int64)
     for j, s in enumerate(steps):
         mine = cols[m.step[cols] == s]
         if not len(mine):
             continue
         for r in range(out.shape[0]):
-            lo = m.start[r, mine] if part == "wait" else m.start[r, mine] + m.wait[r, mine]
-            hi = m.start[r, mine] + (m.wait[r, mine] if part == "wait" else m.dur[r, mine])
+            ran = m.on(r, mine)
+            if not len(ran):
+                continue
+            lo = m.start[r, ran] + (m.wait[r, ran] if part == "transfer" else 0.0)
+            hi = m.start[r, ran] + (m.wait[r, ran] if part == "wait" else m.dur[r, ran])
             spans = iv.union(lo, hi)
-            out[r, j] = max(0.0, iv.total(*spans) - iv.total(*iv.intersect(spans, m.busy[r])))
+            mine_busy = iv.total(*iv.intersect(spans, m.busy[r])) if less_own_work else 0.0
+            out[r, j] = max(0.0, iv.total(*spans) - mine_busy)
     return out
 
 
@@ -166,7 +234,10 @@ def caused(m: Matched, steps: list[int]) -> np.ndarray:
         mine = np.flatnonzero(m.last == r)
         if len(mine) and ranks > 1:
             lost = exposed_per_step(m, steps, "wait", mine)
-            out[r] = np.median(np.delete(lost, r, axis=0), axis=0)
+            others = np.ones(ranks, dtype=bool) if m.member is None else m.member[:, mine].any(axis=1)
+            others[r] = False
+            if others.any():
+                out[r] = np.median(lost[others], axis=0)
     return out
 
 
@@ -186,7 +257,8 @@ def by_collective(m: Matched, rank_ids: list[int], steps: list[int]) -> list[dic
             "collective": kind, "group": pg, "per_step": round(len(cols) / nsteps, 1),
             "ranks": [{"rank": r, "wait_ms": _ms(np.median(wait[j])) if len(steps) else 0.0,
                        "transfer_ms": _ms(np.median(transfer[j])) if len(steps) else 0.0,
-                       "last_arrivals": last.get(j, 0)} for j, r in enumerate(rank_ids)],
+                       "last_arrivals": last.get(j, 0)} for j, r in enumerate(rank_ids)
+                      if m.member is None or m.member[j, cols_a].any()],
         })
     return rows
 

@@ -31,6 +31,11 @@ BACKEND_SPAN = re.compile(r"^(gloo|nccl|rccl|mpi|ucc|hccl|xccl):(\w+)$")
 # The CPU-side calls every backend goes through
 C10D_CALL = re.compile(r"^c10d::(\w+)$")
 PARAM_COMMS = "record_param_comms"
+# Functional collectives (DTensor, tensor parallel, compiled code): the op that issues a `c10d::` call and
+# returns a tensor to wait on, and the op that waits for it. Neither is the rank's own work: the first
+# only hands the collective to the backend, the second blocks until it is done.
+FUNCTIONAL = re.compile(r"^_?c10d_functional(_autograd)?::(\w+)$")
+WAITS = re.compile(r"^_?c10d_functional(_autograd)?::wait_tensor$|^c10d::wait")
 
 # The collective a name stands for, from its words: the kernel's (`AllReduce`, `ReduceScatter`,
 # `SendRecv`), the op's (`_allgather_base_`, `reduce_scatter_tensor_coalesced_`, `alltoall_base_`) or
@@ -79,6 +84,33 @@ def _words(name: str) -> str:
     # ncclDevKernel_AllReduce_Sum_f32_RING_LL(…), ncclKernel_SendRecv_…: the words after the prefix
     head = name.split("(", 1)[0]
     return re.sub(r"^(nccl|rccl)(Dev)?Kernel_?", "", head, flags=re.I)
+
+
+def runs_as(span_kind: str, call_kind: str) -> bool:
+    """Whether a CPU backend's span of `span_kind` can run a call of `call_kind`: the same collective, or
+    gloo's reduce-scatter, which it runs as an all-reduce (`gloo:all_reduce` for `c10d::_reduce_scatter_base_`)."""
+    return span_kind == call_kind or (span_kind == "all_reduce" and call_kind == "reduce_scatter") or span_kind == "other"
+
+
+def not_work(name: str) -> bool:
+    """A CPU op that is part of a collective, not the rank's own work: the call that issues it, a
+    functional collective's op, or a wait for one."""
+    return role(name, False) is not None or bool(FUNCTIONAL.match(name)) or bool(WAITS.match(name))
+
+
+def parse_ranks(value) -> list[int]:
+    """A group's ranks as the trace writes them: a list, or its text ("[0, 2]", "0,2"); [] when unreadable."""
+    if isinstance(value, str):
+        value = [p for p in value.strip().strip("[]").replace(",", " ").split() if p]
+    if not isinstance(value, (list, tuple)):
+        return []
+    out = []
+    for v in value:
+        try:
+            out.append(int(v))
+        except (TypeError, ValueError):
+            return []
+    return out
 
 
 # Collectives whose ranks all finish together: the transfer ends only when every rank has sent and

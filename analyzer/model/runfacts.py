@@ -516,6 +516,24 @@ def fsdp(facts: dict) -> dict:
             "prefetch": {k: v for k, v in _dict(d.get("prefetch")).items() if _int(v) is not None}} if d else {}
 
 
+def process_groups(facts: dict) -> list[dict]:
+    """The process groups the rank was in as its window ended (run.json `distributed.process_groups`):
+    {"name", "desc", "ranks", "backend"} each; [] when not recorded."""
+    out = []
+    for g in _entries(distributed(facts), "process_groups"):
+        ranks = g.get("ranks")
+        if _str(g.get("name")) is not None and isinstance(ranks, list) and all(_int(r) is not None for r in ranks):
+            out.append({"name": str(g["name"]), "desc": str(g.get("desc") or ""), "ranks": [int(r) for r in ranks],
+                        "backend": str(g.get("backend") or "")})
+    return out
+
+
+def meshes(facts: dict) -> list[dict]:
+    """The device meshes `init_device_mesh` built (run.json `distributed.meshes`): `shape`, `dim_names`,
+    `mesh` (the ranks' layout, nested lists), `created_at`; [] when none."""
+    return [m for m in _entries(distributed(facts), "meshes") if isinstance(m.get("shape"), list)]
+
+
 def zero_stage(facts: dict) -> int | None:
     """DeepSpeed's ZeRO stage when the script called deepspeed.initialize with one."""
     return _int(_dict(distributed(facts).get("deepspeed")).get("zero_stage"))

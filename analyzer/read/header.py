@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import events as ev
+from gpuadvise.analyzer.model.collectives import parse_ranks
 from gpuadvise.analyzer.model.trace import Device, TraceMeta
 
 def meta_from_header(h: ev.Header, path: Path) -> TraceMeta:
@@ -66,16 +67,6 @@ def process_groups(config) -> list[dict]:
         out.append({"name": str(name), "desc": str(e.get("pg_desc") or ""), "ranks": ranks,
                     "backend": str(e.get("backend_config") or "")})
     return out
-
-
-def parse_ranks(value) -> list[int]:
-    """A group's ranks as the trace writes them: a list, or its text ("[0, 2]", "0,2"); [] when unreadable."""
-    if isinstance(value, str):
-        value = [p for p in value.strip().strip("[]").replace(",", " ").split() if p]
-    if not isinstance(value, (list, tuple)):
-        return []
-    out = [_int(v, None) for v in value]
-    return [] if any(v is None for v in out) else out
 
 
 def _int(value, default):

@@ -44,14 +44,16 @@ def analyze_paths(paths: list[str] | Sources, progress=None, rules=None, bytes_p
     elif workers > 1:
         results = ranks.map_local(sources, codes, workers, progress=rank_progress, cache=cache)
     else:
-        results = []
+        results, facts_of = [], []
         for i, src in enumerate(sources):
             if progress:
                 progress(i, len(sources), src)
-            results.extend(analyze_source(src, rules=rules, progress=bytes_progress, cache=cache))
+            got = analyze_source(src, rules=rules, progress=bytes_progress, cache=cache)
+            results.extend(got)
+            facts_of.extend([src.facts] * len(got))
         if _traces(results) >= 2:
-            for r in results:
-                r.rank_stats = rank_stats(r)
+            for r, facts in zip(results, facts_of):
+                r.rank_stats = rank_stats(r, facts)
     reports = [r if isinstance(r, TraceReport) else _failed(r) for r in results]
     if _traces(reports) >= 2:  # a file that holds several ranks counts as those ranks
         reports.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0))  # stable: rank order

@@ -62,7 +62,7 @@ def map_one(src: Source, shown: str | None = None, codes: tuple | None = None, c
                 report.source = shown
                 for f in report.findings:
                     f.trace = shown
-            report.rank_stats = rank_stats(report)
+            report.rank_stats = rank_stats(report, src.facts)
         reports = [report.compact() for report in reports]
         del rules
         _release_memory()

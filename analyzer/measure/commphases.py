@@ -1,0 +1,119 @@
+"""Where in the training step each collective was issued, and which kind of parallelism issued it.
+
+A job that trains a large model runs several kinds of collective in every step, each for its own reason:
+FSDP gathers each layer's parameters before its forward and again before its backward, and
+reduce-scatters its gradients after; tensor parallelism all-reduces (or all-gathers and reduce-scatters)
+activations inside forward and backward; pipeline stages send and receive; expert parallelism exchanges
+tokens all-to-all; DDP all-reduces gradients during backward; an optimizer may all-reduce a norm.
+
+Each collective is placed by where its rank *issued* it (the launch of its kernel, the `c10d::` call of a
+CPU backend's span), on the thread that issued it:
+
+- phase: "forward", "backward" or "optimizer" inside a step, "" outside every step. Inside an
+  `Optimizer.step#` annotation it is the optimizer's; inside an FSDP annotation the annotation says
+  (FSDP2's `FSDP::pre_forward`, `FSDP::pre_backward`, `FSDP::backward_prefetch`,
+  `FSDP::post_backward_reduce`, FSDP1's `FullyShardedDataParallel.…`: a name with "backward" in it is
+  backward, else one with "forward" is forward); else from the step's first autograd op
+  (`autograd::engine::evaluate_function: …`) until its optimizer step is backward, and before it forward.
+- scheme: "fsdp" inside an FSDP annotation; "tp" inside a functional collective's op (`_c10d_functional::…`,
+  what DTensor's tensor and sequence parallelism issue); "pp" for sends and receives; "ep" for all-to-all;
+  "optimizer" in the optimizer step; "ddp" for an all-reduce in backward of a job whose forward DDP
+  annotates (`DistributedDataParallel.forward`), "dp" for one without; else "".
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from .metrics import Metrics
+from .spans import inside
+from .steps import launch_steps
+from gpuadvise.analyzer.model import collectives as coll
+from gpuadvise.analyzer.model.trace import TraceModel, name_mask
+
+FSDP = re.compile(r"^(FSDP::|FullyShardedDataParallel\.)")
+BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function:")
+OPTIMIZER = re.compile(r"^Optimizer\.step#")
+DDP_FORWARD = re.compile(r"^DistributedDataParallel\.forward$")
+
+PHASES = ("forward", "backward", "optimizer")
+SCHEMES = {"fsdp": "FSDP", "tp": "tensor parallel", "pp": "pipeline", "ep": "expert parallel", "ddp": "DDP",
+           "dp": "data parallel", "optimizer": "optimizer", "": ""}
+
+
+def place(model: TraceModel, m: Metrics, issued_us: np.ndarray, issued_tid: np.ndarray,
+          kinds: list[str]) -> tuple[list[str], list[str]]:
+    """Per collective (issued at `issued_us`, model clock, on thread `issued_tid`): its phase and scheme."""
+    n = len(kinds)
+    if not n:
+        return [], []
+    cpu = model.cpu
+    spans = {k: cpu[name_mask(cpu["name"], p.match)] for k, p in (("fsdp", FSDP), ("backward", BACKWARD_OP),
+                                                                  ("optimizer", OPTIMIZER))}
+    spans["tp"] = cpu[name_mask(cpu["name"], coll.FUNCTIONAL.match)]
+    fsdp_bw = spans["fsdp"][[("backward" in str(x).lower()) for x in spans["fsdp"]["name"]]]
+    fsdp_fw = spans["fsdp"][[("forward" in str(x).lower()) for x in spans["fsdp"]["name"]]]
+    t, tid = np.asarray(issued_us, dtype=float), np.asarray(issued_tid)
+    in_fsdp = inside(t, tid, spans["fsdp"])
+    in_tp = inside(t, tid, spans["tp"])
+    in_opt = inside(t, tid, spans["optimizer"])
+    phase = np.full(n, "", dtype=object)
+    step = launch_steps(m.steps, t)
+    ours = step >= 0
+    if not m.steps:  # one whole-trace step
+        ours[:] = True
+    phase[ours] = "forward"
+    # backward: from the step's first autograd op (on any thread) to its optimizer step
+    bw = spans["backward"]
+    if len(bw):
+        bw_start = _first_per_step(m, bw["ts"].to_numpy(dtype=float))
+        opt_start = _first_per_step(m, spans["optimizer"]["ts"].to_numpy(dtype=float))
+        k = np.clip(step, 0, None)
+        first = bw_start[k] if len(bw_start) else np.full(n, np.inf)
+        stop = opt_start[k] if len(opt_start) else np.full(n, np.inf)
+        phase[ours & (t >= first) & (t < stop)] = "backward"
+    phase[inside(t, tid, fsdp_fw)] = "forward"
+    phase[inside(t, tid, fsdp_bw)] = "backward"
+    phase[in_opt] = "optimizer"
+    ddp = bool(name_mask(cpu["name"], DDP_FORWARD.match).any()) if len(cpu) else False
+    scheme = []
+    for i, kind in enumerate(kinds):
+        if in_fsdp[i]:
+            scheme.append("fsdp")
+        elif in_tp[i]:
+            scheme.append("tp")
+        elif kind == "send_recv":
+            scheme.append("pp")
+        elif kind == "all_to_all":
+            scheme.append("ep")
+        elif phase[i] == "optimizer":
+            scheme.append("optimizer")
+        elif kind == "all_reduce" and phase[i] == "backward":
+            scheme.append("ddp" if ddp else "dp")
+        else:
+            scheme.append("")
+    return phase.tolist(), scheme
+
+
+def _first_per_step(m: Metrics, ts: np.ndarray) -> np.ndarray:
+    """Per step (one for a trace without steps): the earliest of `ts` in it, inf where none."""
+    count = max(len(m.steps), 1)
+    out = np.full(count, np.inf)
+    if not len(ts):
+        return out
+    k = launch_steps(m.steps, ts) if m.steps else np.zeros(len(ts), dtype=np.int64)
+    for j in range(count):
+        mine = ts[k == j]
+        if len(mine):
+            out[j] = float(mine.min())
+    return out
+
+
+def label(scheme: str, kind: str, phase: str) -> str:
+    """A collective's place in words: "FSDP all-gather in forward", "tensor parallel all-reduce in backward"."""
+    words = kind.replace("_", "-") if kind != "send_recv" else "send/receive"
+    who = SCHEMES.get(scheme, scheme)
+    where = f" in {phase}" if phase else " outside the steps"
+    return f"{who + ' ' if who and who != 'optimizer' else ''}{words}{where}"
