@@ -40,7 +40,9 @@ per-GPU batches, or ZeRO/FSDP sharding strategies that fit the interconnect.
 Fires for the ranks whose comm/compute overlap is below 50 % (TraceLens flags below 70 %) when the
 exposed transfer (the exposed communication every rank has in a step) is at least 5 % of the job's
 step time (TraceLens' exposed-communication threshold) and at least 0.1 ms per step. The saving is an
-upper bound: the step time if the exposed transfer were hidden completely.
+upper bound: the step time if the exposed transfer were hidden completely. A job whose collectives run
+on several kinds of process group (a device mesh), or on FSDP's, tensor, pipeline or expert parallelism's
+alone, is left to `group-comm`, which tells it by group and phase.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.fixtures.builder import RankFolder, job_folder
 
 from .base import JobRule
+from .group_comm import told_by_group
 
 
 class CommOverlap(JobRule):
@@ -61,7 +64,7 @@ class CommOverlap(JobRule):
 
     def check(self, a):
         job = a.job
-        if not job.steps:
+        if not job.steps or told_by_group(job):  # a mesh's groups, or FSDP's/TP's one: group-comm says it in their terms
             return []
         g = job.grid
         job_step = g["dur_us"].max(axis=0)

@@ -52,6 +52,7 @@ class RankCollectives:
     comms_id: list[str] = field(default_factory=list)  # the one id it has on every rank ("" when not recorded)
     pg_desc: list[str] = field(default_factory=list)  # the group's description and ranks, as the trace writes them
     pg_ranks: list[str] = field(default_factory=list)
+    group_size: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # its group's size (-1)
     phase: list[str] = field(default_factory=list)  # "forward", "backward", "optimizer", "" (measure/commphases.py)
     scheme: list[str] = field(default_factory=list)  # "fsdp", "tp", "pp", "ep", "ddp", "dp", "optimizer", ""
 
@@ -131,7 +132,7 @@ def rank_collectives(model: TraceModel, m: Metrics) -> RankCollectives | None:
         busy=_own_work(model, m, runs, base), base_us=base, issued_us=issued_at,
         correlation=np.where(np.array(where) == coll.KERNEL, runs["correlation"].to_numpy(dtype=np.int64), -1),
         lane=lanes, comms_id=meta["comms_id"], pg_desc=meta["pg_desc"], pg_ranks=meta["pg_ranks"],
-        phase=phase, scheme=scheme,
+        group_size=runs["group_size"].to_numpy(dtype=np.int64), phase=phase, scheme=scheme,
     )
 
 

@@ -105,11 +105,18 @@ def resolve(collectives: list, rank_ids: list[int], known: list[list[dict]] | No
                                             source="trace" if pg not in named else named[pg]["source"])
     # 2. the rest, by class
     classes = _classes(collectives)
-    inferred = False
-    for cls, where in classes.items():
+    inferred = ambiguous = False
+    options = {cls: _partition(collectives, where, rank_ids, named) for cls, where in classes.items()}
+    taken: list = []
+    # classes whose timing names one split first; a class that fits several equally takes one no other
+    # class took (each process group has threads and streams of its own)
+    for cls in sorted(options, key=lambda c: len(options[c])):
+        where, choices = classes[cls], options[cls]
+        partition, how = next(((p, h) for p, h in choices if p not in taken), choices[0])
+        taken.append(partition)
+        inferred |= how in ("inferred", "timed")
+        ambiguous |= len(choices) > 1
         ranks_in = sorted(where)
-        partition, how = _partition(collectives, where, rank_ids, named)
-        inferred |= how == "inferred"
         for block in partition:
             traced_ranks = [rank_ids[i] for i in block]
             group = _group_of(traced_ranks, named, set(rank_ids), how)
@@ -128,8 +135,11 @@ def resolve(collectives: list, rank_ids: list[int], known: list[list[dict]] | No
         if not g.ranks:
             g.ranks = list(g.traced)
     if inferred:
-        out.notes.append("the process groups of collectives the traces do not name (a CPU backend's, or an older "
-                         "torch's) were inferred from which ranks' collectives end together")
+        out.notes.append("the process group of each collective the traces do not name (a CPU backend's, or an older "
+                         "torch's) was inferred from which ranks' collectives end together")
+    if ambiguous:
+        out.notes.append("the collectives' timing fits more than one of the listed process groups for some of the "
+                         "collectives the traces do not name: their groups are a guess")
     return out
 
 
@@ -204,12 +214,14 @@ def _pair_fit(collectives: list, where: dict, a: int, b: int) -> tuple[float, fl
     return float(misfit.mean()), float(np.median(ratio)), len(common)
 
 
-def _partition(collectives: list, where: dict, rank_ids: list[int], named: dict) -> tuple[list[list[int]], str]:
-    """The ranks (positions) of one class split into groups, and how: "run.json"/"trace" (a listed split),
-    "inferred" (from the timing alone), "one" (every rank of the class, nothing says otherwise)."""
+def _partition(collectives: list, where: dict, rank_ids: list[int], named: dict) -> list[tuple[list[list[int]], str]]:
+    """The ranks (positions) of one class split into groups, and how: "run.json"/"trace" (the one split the
+    listed groups give), "timed" (one of several listed splits, chosen by the timing), "inferred" (from the
+    timing alone), "one" (every rank of the class, nothing says otherwise). More
+    than one when listed splits fit equally well (ranks in lockstep: the timing cannot tell them apart)."""
     members = sorted(where)
     if len(members) < 2:
-        return [members], "one"
+        return [([members], "one")]
     cache: dict = {}
 
     def fit(a, b):
@@ -230,7 +242,8 @@ def _partition(collectives: list, where: dict, rank_ids: list[int], named: dict)
         return True, float(np.mean(ratios)) if ratios else np.inf
 
     whole = [members]
-    candidates = _listed_splits(members, rank_ids, named)
+    size = _group_size(collectives, where)
+    candidates = _listed_splits(members, rank_ids, named, size)
     if candidates:
         scored = []
         for split, source in candidates:
@@ -238,24 +251,41 @@ def _partition(collectives: list, where: dict, rank_ids: list[int], named: dict)
             if ok:
                 scored.append((len(split), ratio, split, source))
         if scored:
-            _, _, split, source = min(scored, key=lambda s: (s[0], s[1]))
-            return split, source
+            scored.sort(key=lambda s: (s[0], s[1]))
+            blocks, ratio = scored[0][0], scored[0][1]
+            how = lambda source: "timed" if len(candidates) > 1 else source  # noqa: E731 - chosen among listed ones
+            return [(split, how(source)) for n, r, split, source in scored
+                    if n == blocks and r <= max(1.1 * ratio, ratio + 0.05)]
     ok, _ = fits(whole)
-    if ok:
-        return whole, "one"
-    split = _joined(members, fit)
+    if ok and (size is None or len(members) <= size):
+        return [(whole, "one")]
+    split = _joined(members, fit, size)
     if split and all(len(b) >= 2 for b in split) and len(split) > 1:
-        return split, "inferred"
-    return whole, "one"
+        return [(split, "inferred")]
+    return [(whole, "one")]
 
 
-def _listed_splits(members: list[int], rank_ids: list[int], named: dict) -> list[tuple[list[list[int]], str]]:
+def _group_size(collectives: list, where: dict) -> int | None:
+    """The size of the group a class runs on, where its collectives record it ("Group size"): the most
+    common one; None when none does."""
+    sizes = Counter()
+    for i, rows in where.items():
+        c = collectives[i]
+        if len(c.group_size):
+            sizes.update(int(x) for x in c.group_size[rows] if x > 0)
+    return sizes.most_common(1)[0][0] if sizes else None
+
+
+def _listed_splits(members: list[int], rank_ids: list[int], named: dict,
+                   size: int | None = None) -> list[tuple[list[list[int]], str]]:
     """The splits of `members` (positions) the listed groups give: per description (a mesh dimension's
-    groups share one), the groups restricted to these ranks, when they cover them with two or more each."""
+    groups share one), the groups restricted to these ranks, when they cover them with two or more each
+    (and, where the collectives record their group's size, groups of that size only)."""
     pos = {r: i for i, r in enumerate(rank_ids)}
     by_desc: dict = defaultdict(list)
     for name, g in named.items():
-        by_desc[g["desc"] or f"group {name}"].append(g)
+        if size is None or len(g["ranks"]) == size:
+            by_desc[g["desc"] or f"group {name}"].append(g)
     out = []
     mine = set(members)
     for desc, groups in by_desc.items():
@@ -270,8 +300,9 @@ def _listed_splits(members: list[int], rank_ids: list[int], named: dict) -> list
     return out
 
 
-def _joined(members: list[int], fit) -> list[list[int]]:
-    """Ranks joined pair by pair, the closest ends first, while every pair of each group fits."""
+def _joined(members: list[int], fit, size: int | None = None) -> list[list[int]]:
+    """Ranks joined pair by pair, the closest ends first, while every pair of each group fits (and the group
+    stays within the size its collectives record)."""
     pairs = []
     for x in range(len(members)):
         for y in range(x + 1, len(members)):
@@ -283,7 +314,8 @@ def _joined(members: list[int], fit) -> list[list[int]]:
         ba, bb = block[a], block[b]
         if ba is bb:
             continue
-        if all(any(p[1:] in ((u, v), (v, u)) for p in pairs) for u in ba for v in bb):
+        if (size is None or len(ba) + len(bb) <= size) and \
+                all(any(p[1:] in ((u, v), (v, u)) for p in pairs) for u in ba for v in bb):
             merged = sorted(ba + bb)
             for m in merged:
                 block[m] = merged
@@ -303,7 +335,7 @@ def _group_of(traced: list[int], named: dict, all_traced: set, how: str) -> Grou
         _, name, g = min(fitting, key=lambda x: (x[0], x[1]))
         return Group(f"pg {name}", list(g["ranks"]), [], name=name, desc=g["desc"], source=g["source"])
     return Group(f"ranks {','.join(map(str, sorted(traced)))}", sorted(traced), [],
-                 source="inferred" if how == "inferred" else "unnamed")
+                 source="inferred" if how in ("inferred", "timed") else "unnamed")
 
 
 def groups_of_rank(meta_groups: list[dict], facts_groups: list[dict]) -> list[dict]:

@@ -168,6 +168,23 @@ class JobView:
         return "the trace" if step == WHOLE_TRACE else f"#{step}"
 
     @property
+    def shows_groups(self) -> bool:
+        """The job's communication is worth showing by group and phase: two or more kinds of process group
+        (a device mesh), or one whose collectives come from two or more phases (FSDP's)."""
+        return len(self.groups) >= 2 or any(len(g["phases"]) >= 2 for g in self.groups)
+
+    def mesh_words(self) -> str:
+        """The mesh in words: "dp × tp = 2 × 2: dp [0, 2] [1, 3]; tp [0, 1] [2, 3]" ("" without one)."""
+        m = self.mesh
+        if not m:
+            return ""
+        dims = " × ".join(m["dims"])
+        shape = " × ".join(str(x) for x in m["shape"])
+        groups = "; ".join(f"{d} " + " ".join(str(g) for g in m["groups"].get(d, [])) for d in m["dims"]
+                           if m["groups"].get(d))
+        return f"{dims} = {shape}" + (f": {groups}" if groups else "")
+
+    @property
     def rank_ids(self) -> list[int]:
         return [int(r.rank) for r in self.ranks]
 
@@ -332,9 +349,10 @@ def _round(v, nd: int = 1):
 class JobAnalysis:
     """What a job-level rule sees (`requires = ("ranks",)`): the job view, and each rank's own findings."""
 
-    def __init__(self, view: JobView, rank_findings: dict | None = None):
+    def __init__(self, view: JobView, rank_findings: dict | None = None, facts: dict | None = None):
         self.job = view
         self.rank_findings = rank_findings or {}  # rank → its per-rank findings
+        self.facts = facts or {}  # the first rank's run.json (read through runfacts): how the job was set up
 
     def has(self, need: str) -> bool:
         return need == "ranks" and self.job is not None and len(self.job.ranks) >= 2

@@ -94,14 +94,38 @@ def _job_section(job) -> list[str]:
                 f"{s.others_median_us / 1e3:.2f} | {s.slower_pct:.1f} % |" for s in v.stragglers]
         out.append("")
     if v.collectives:
-        ids = [r["rank"] for r in v.collectives[0]["ranks"]]
+        ids = v.rank_ids
         out += ["**Waits per collective** (ms per step: wait / transfer)", "",
                 "| Collective | Group | Per step | " + " | ".join(f"Rank {r}" for r in ids[:16]) + " |",
                 "|---|---|---:|" + "---:|" * len(ids[:16])]
         for c in v.collectives:
-            cells = " | ".join(f"{x['wait_ms']:.2f} / {x['transfer_ms']:.2f}" for x in c["ranks"][:16])
+            by_rank = {x["rank"]: x for x in c["ranks"]}
+            cells = " | ".join(f"{by_rank[r]['wait_ms']:.2f} / {by_rank[r]['transfer_ms']:.2f}" if r in by_rank else "–"
+                               for r in ids[:16])
             out.append(f"| {c['collective']} | {c['group'] or '–'} | {c['per_step']:g} | {cells} |")
         out.append("")
+    return out + _group_section(v)
+
+
+def _group_section(v) -> list[str]:
+    """The job's communication by process group and phase, and the mesh where the trace or run.json says it."""
+    if not v.shows_groups:
+        return []
+    out = ["**Communication by process group and phase** (ms per step, the median over the group's ranks)", ""]
+    if v.mesh:
+        out += [f"Device mesh {md(v.mesh_words())}" + (" (run.json)." if v.mesh.get("source") == "run.json" else "."), ""]
+    out += ["| Process group | Phase | Per step | Inside | Exposed | Wait | Transfer |", "|---|---|---:|---:|---:|---:|---:|"]
+    for g in v.groups:
+        who = f"{md(g['family'])}{' (' + g['role'] + ')' if g['role'] else ''}: " + " ".join(str(x["ranks"]) for x in g["groups"])
+        out.append(f"| {who} | all | {g['per_step']:g} | {g['inside_ms']:.2f} | {g['exposed_ms']:.2f} | "
+                   f"{g['wait_ms']:.2f} | {g['transfer_ms']:.2f} |")
+        for p in g["phases"]:
+            where = f"{p['collective'].replace('_', '-')} in {p['phase']}" if p["phase"] else \
+                f"{p['collective'].replace('_', '-')} outside the steps"
+            out.append(f"| | {where} | {p['per_step']:g} | {p['inside_ms']:.2f} | {p['exposed_ms']:.2f} | "
+                       f"{p['wait_ms']:.2f} | {p['transfer_ms']:.2f} |")
+    out += ["", "Inside: the time a rank spends inside the group's collectives; exposed: the part with nothing of its "
+                "own beside it, split into its wait for the group's last rank and the transfer.", ""]
     return out
 
 

@@ -3,6 +3,9 @@ recorded while the script runs and written to run.json's `distributed` (docs/job
 
 - `world_size`, `rank`, `local_rank`, `local_world_size`, `node`, `backend`: the launcher's environment
   and `torch.distributed` once the process group exists (read at the window's end and at each write);
+- `process_groups`: each process group this rank is in (the default one, `new_group`'s, a device mesh's):
+  `name`, `desc`, `ranks` (global), `backend`; `meshes`: each `init_device_mesh` call: `created_at`,
+  `device_type`, `shape`, `dim_names`, `mesh` (the ranks' layout, nested lists);
 - `ddp`: each DistributedDataParallel the user's code built (file:line) with `find_unused_parameters`,
   `static_graph`, `bucket_cap_mb`, `gradient_as_bucket_view`, `broadcast_buffers`, `comm_hooks`,
   `no_sync_calls`; from DDP's own logging data (`_get_ddp_logging_data`): `unused_parameter_bytes`,
@@ -38,6 +41,7 @@ _FSDP: list[dict] = []
 _FULLY_SHARD: list[dict] = []
 _PREFETCH = {"forward": 0, "backward": 0}
 _DEEPSPEED: list[dict] = []
+_MESHES: list[dict] = []
 _STEP = {"backward": 0, "synced": 0}
 _PER_STEP: deque = deque(maxlen=500)  # (backward passes, synced ones) per optimizer step
 _PROCESS: dict = {}
@@ -90,12 +94,14 @@ def summary(torch) -> dict | None:
         out["fsdp"] = fsdp
     if _DEEPSPEED:
         out["deepspeed"] = _DEEPSPEED[-1]
+    if _MESHES:
+        out["meshes"] = _MESHES[:MAX_ENTRIES]
     return out or None
 
 
 def reset() -> None:
     """Forget everything recorded (a new capture block in the same process)."""
-    for store in (_DDP, _FSDP, _FULLY_SHARD, _DEEPSPEED, _PER_STEP):
+    for store in (_DDP, _FSDP, _FULLY_SHARD, _DEEPSPEED, _PER_STEP, _MESHES):
         store.clear()
     _PROCESS.clear()
     _STEP.update(backward=0, synced=0)
@@ -122,6 +128,27 @@ def _read_process(torch) -> None:
         _PROCESS["world_size"] = dist.get_world_size()
         _PROCESS["rank"] = dist.get_rank()
         _PROCESS["backend"] = str(dist.get_backend())
+        groups = _safe(_process_groups)(dist)
+        if groups:
+            _PROCESS["process_groups"] = groups
+
+
+def _process_groups(dist) -> list[dict]:
+    """Every process group this rank is in, from torch.distributed's own registry of them."""
+    c10d = dist.distributed_c10d
+    world = getattr(c10d, "_world", None)
+    ranks_of = getattr(world, "pg_group_ranks", None) or {}
+    names = getattr(world, "pg_names", None) or {}
+    backends = getattr(world, "pg_map", None) or {}
+    out = []
+    for pg, ranks in list(ranks_of.items())[:MAX_ENTRIES]:
+        name = names.get(pg) or getattr(pg, "group_name", None)
+        if name is None:
+            continue
+        backend = backends.get(pg, (None,))[0]
+        out.append({"name": str(name), "desc": str(getattr(pg, "group_desc", "") or ""),
+                    "ranks": sorted(int(r) for r in ranks), "backend": str(backend) if backend is not None else ""})
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -266,6 +293,38 @@ def _record_fully_shard(module: str, k: dict, where: str) -> None:
         "reduce_dtype": str(getattr(mp, "reduce_dtype", None)) if mp is not None else None,
         "offload": _name(k.get("offload_policy")),
     })
+
+
+# ----------------------------------------------------------------------------------------------------
+# Device meshes (init_device_mesh)
+
+
+def patch_device_mesh(module) -> None:
+    original = getattr(module, "init_device_mesh", None)
+    if original is None or getattr(original, "_gpuadvise", False):
+        return
+
+    @functools.wraps(original)
+    def init_device_mesh(*a, **k):
+        mesh = original(*a, **k)
+        _safe(_record_mesh)(mesh, a, k, general.caller())
+        return mesh
+
+    init_device_mesh._gpuadvise = True
+    module.init_device_mesh = init_device_mesh
+    parent = sys.modules.get("torch.distributed")
+    if parent is not None and getattr(parent, "init_device_mesh", None) is original:
+        parent.init_device_mesh = init_device_mesh
+
+
+def _record_mesh(mesh, a, k, where: str) -> None:
+    layout = getattr(mesh, "mesh", None)
+    shape = list(getattr(layout, "shape", ()) or ())
+    names = getattr(mesh, "mesh_dim_names", None)
+    if len(_MESHES) < MAX_ENTRIES:
+        _MESHES.append({"created_at": where, "device_type": str(getattr(mesh, "device_type", "")),
+                        "shape": [int(x) for x in shape], "dim_names": list(names) if names else None,
+                        "mesh": layout.tolist() if layout is not None else None})
 
 
 # ----------------------------------------------------------------------------------------------------

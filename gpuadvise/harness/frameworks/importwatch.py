@@ -38,6 +38,12 @@ def _fsdp(module) -> None:
     distfacts.patch_fsdp(module)
 
 
+def _device_mesh(module) -> None:
+    from ..facts import distributed as distfacts
+
+    distfacts.patch_device_mesh(module)
+
+
 def _deepspeed(module) -> None:
     from ..facts import distributed as distfacts
 
@@ -51,6 +57,8 @@ WATCHED = {
     "accelerate.accelerator": _accelerate,
     # FSDP's and DeepSpeed's settings (facts/distributed.py): importing FSDP ourselves would cost every script a second
     "torch.distributed.fsdp": _fsdp,
+    # the device mesh a script builds (facts/distributed.py): its shape, dimensions and ranks
+    "torch.distributed.device_mesh": _device_mesh,
     "deepspeed": _deepspeed,
 }
 ERRORS: list[str] = []  # attach failures (run.json `capture.framework_errors`); the script runs on
