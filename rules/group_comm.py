@@ -97,12 +97,16 @@ class GroupComm(JobRule):
             return []
         phase = top["phases"][0]
         ranks = " ".join(str(x["ranks"]) for x in top["groups"][:6]) + (" …" if len(top["groups"]) > 6 else "")
-        role = f" ({top['role']})" if top["role"] else ""
         others = [(s, g) for s, _, g in scored if g is not top]
-        rest = "; ".join(f"{g['family']}{' (' + g['role'] + ')' if g['role'] else ''} {g['exposed_ms']:.2f} ms exposed, "
-                         f"~{s:.1f} % from hiding its transfer" for s, g in others[:3])
-        message = (f"The {top['family']} group{'s' if len(top['groups']) > 1 else ''}{role}, ranks {ranks}, hold"
-                   f"{'' if len(top['groups']) > 1 else 's'} the job's step: their collectives leave a rank with nothing "
+        rest = "; ".join(f"{g['shown']} {g['exposed_ms']:.2f} ms exposed, ~{s:.1f} % from hiding its transfer"
+                         for s, g in others[:3])
+        several = len(top["groups"]) > 1
+        if top["desc"]:
+            name = f"{top['family']} group{'s' if several else ''}" + (f" ({top['role']})" if top["role"] else "")
+        else:
+            name = top["family"] if several else top["family"].replace("groups", "group", 1)
+        message = (f"The {name}, ranks {ranks}, hold{'' if several else 's'} the job's step: "
+                   f"{'their' if several else 'its'} collectives leave a rank with nothing "
                    f"else to do for {top['exposed_ms']:.2f} ms per step (median over the group's ranks), "
                    f"{top['transfer_ms']:.2f} ms of it transfer and {top['wait_ms']:.2f} ms waiting for the group's "
                    f"other ranks; most of it in {phase['label']} ({phase['exposed_ms']:.2f} ms, {phase['per_step']:g} per "
@@ -119,9 +123,9 @@ class GroupComm(JobRule):
                      "job_step_ms": round(job_step / 1e3, 3), "statistic": "median step"},
         )
         advice = _advice(top, phase, a.facts, job.mesh)
-        basis = (f"upper bound: the {len(job.ranks)} traced ranks replayed side by side with the {top['family']} "
-                 "groups' exposed transfer hidden behind compute on every rank, each collective ending when its "
-                 "group's last rank arrives")
+        basis = (f"upper bound: the {len(job.ranks)} traced ranks replayed side by side with the exposed transfer of "
+                 f"{top['shown']} hidden behind compute on every rank, each collective ending when its group's last "
+                 "rank arrives")
         f = self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice)
         f.impact.upper_bound = True
         return [f]

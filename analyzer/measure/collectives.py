@@ -21,6 +21,7 @@ import numpy as np
 
 from . import intervals as iv
 from .commphases import place
+from .cudagraphs import captured
 from .metrics import Metrics
 from .steps import launch_steps
 from gpuadvise.analyzer.model import collectives as coll
@@ -125,7 +126,10 @@ def rank_collectives(model: TraceModel, m: Metrics) -> RankCollectives | None:
     end = runs["end"].to_numpy(dtype=float)
     lanes = [f"pg {g}" if g else (f"thread {t}" if w == coll.HOST else f"stream {p}:{t}")
              for g, w, p, t in zip(pg, where, runs["pid"].tolist(), runs["tid"].tolist())]
-    phase, scheme = place(model, m, issued_at, issued_tid, kinds)
+    place_at, place_tid, unplaced = _captured_at(model, runs, where, issued_at, issued_tid)
+    phase, scheme = place(model, m, place_at, place_tid, kinds, step_at=issued_at)
+    for i in np.flatnonzero(unplaced).tolist():
+        phase[i] = "graph"  # a graph captured before the trace ran it: which phase is not in the trace
     return RankCollectives(
         step=step, kind=kinds, pg=pg, seq=seq, order=order,
         start_us=ts + base, end_us=end + base, nelems=runs["in_nelems"].to_numpy(dtype=float), where=where,
@@ -134,6 +138,33 @@ def rank_collectives(model: TraceModel, m: Metrics) -> RankCollectives | None:
         lane=lanes, comms_id=meta["comms_id"], pg_desc=meta["pg_desc"], pg_ranks=meta["pg_ranks"],
         group_size=runs["group_size"].to_numpy(dtype=np.int64), phase=phase, scheme=scheme,
     )
+
+
+def _captured_at(model: TraceModel, runs, where: list[str], issued_at: np.ndarray,
+                 issued_tid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where each collective's phase is read: where it was issued, or for a kernel a CUDA graph ran, where
+    the launch captured into the graph was made (measure/cudagraphs.py); and which ran from a graph whose
+    capture the trace does not hold."""
+    at, tid = issued_at.copy(), issued_tid.copy()
+    unplaced = np.zeros(len(runs), dtype=bool)
+    gpu = model.gpu
+    if "graph_node" not in gpu or not (gpu["graph_node"].to_numpy() >= 0).any():
+        return at, tid, unplaced
+    calls = captured(model).calls
+    graphed = gpu[gpu["graph_node"].to_numpy() >= 0]
+    by_op = {(int(c), float(t)): None for c, t in zip(graphed["correlation"], graphed["ts"])}
+    mapped = gpu.loc[calls.index]
+    by_op.update({(int(c), float(t)): (float(ct), int(ctid)) for c, t, ct, ctid in
+                  zip(mapped["correlation"], mapped["ts"], calls["ts"], calls["tid"])})
+    for i, (c, t, w) in enumerate(zip(runs["correlation"].tolist(), runs["ts"].tolist(), where)):
+        key = (int(c), float(t))
+        if w != coll.KERNEL or key not in by_op:
+            continue
+        if by_op[key] is None:
+            unplaced[i] = True
+        else:
+            at[i], tid[i] = by_op[key]
+    return at, tid, unplaced
 
 
 def _calls_of(comms, runs, kinds: list[str], where: list[str]) -> tuple[np.ndarray, np.ndarray, list[str]]:

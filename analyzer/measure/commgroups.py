@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from itertools import combinations
 
 import numpy as np
 
@@ -138,8 +139,8 @@ def resolve(collectives: list, rank_ids: list[int], known: list[list[dict]] | No
         out.notes.append("the process group of each collective the traces do not name (a CPU backend's, or an older "
                          "torch's) was inferred from which ranks' collectives end together")
     if ambiguous:
-        out.notes.append("the collectives' timing fits more than one of the listed process groups for some of the "
-                         "collectives the traces do not name: their groups are a guess")
+        out.notes.append("for some of the collectives the traces do not name a group for, the timing fits more than "
+                         "one split of the ranks into groups (ranks in lockstep): their groups are a guess")
     return out
 
 
@@ -261,8 +262,35 @@ def _partition(collectives: list, where: dict, rank_ids: list[int], named: dict)
         return [(whole, "one")]
     split = _joined(members, fit, size)
     if split and all(len(b) >= 2 for b in split) and len(split) > 1:
-        return [(split, "inferred")]
+        others = [s for s in _splits(members, fit, len(split[0])) if s != split] if \
+            len({len(b) for b in split}) == 1 else []
+        return [(split, "inferred")] + [(s, "inferred") for s in others[:1]]
     return [(whole, "one")]
+
+
+def _splits(members: list[int], fit, size: int, limit: int = 2) -> list[list[list[int]]]:
+    """Up to `limit` splits of `members` into groups of `size` whose every pair fits (two: the timing
+    cannot tell them apart)."""
+    def ok(a, b) -> bool:
+        misfits, ratio, n = fit(a, b)
+        return n > 0 and misfits <= MAX_MISFITS and ratio <= MAX_END_RATIO
+
+    out: list = []
+
+    def grow(left: list[int], blocks: list[list[int]]) -> None:
+        if len(out) >= limit:
+            return
+        if not left:
+            out.append(sorted(sorted(b) for b in blocks))
+            return
+        head, rest = left[0], left[1:]
+        for partners in combinations([x for x in rest if ok(head, x)], size - 1):
+            if all(ok(x, y) for x, y in combinations(partners, 2)):
+                grow([x for x in rest if x not in partners], blocks + [[head, *partners]])
+
+    if size >= 2 and len(members) % size == 0:
+        grow(list(members), [])
+    return out
 
 
 def _group_size(collectives: list, where: dict) -> int | None:

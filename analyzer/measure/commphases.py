@@ -9,12 +9,15 @@ tokens all-to-all; DDP all-reduces gradients during backward; an optimizer may a
 Each collective is placed by where its rank *issued* it (the launch of its kernel, the `c10d::` call of a
 CPU backend's span), on the thread that issued it:
 
-- phase: "forward", "backward" or "optimizer" inside a step, "" outside every step. Inside an
+- phase: "forward", "backward" or "optimizer" inside a step, "" outside every step ("graph" for a kernel
+  of a CUDA graph captured before the trace began: its phase is not in the trace). Inside an
   `Optimizer.step#` annotation it is the optimizer's; inside an FSDP annotation the annotation says
   (FSDP2's `FSDP::pre_forward`, `FSDP::pre_backward`, `FSDP::backward_prefetch`,
   `FSDP::post_backward_reduce`, FSDP1's `FullyShardedDataParallel.…`: a name with "backward" in it is
-  backward, else one with "forward" is forward); else from the step's first autograd op
-  (`autograd::engine::evaluate_function: …`) until its optimizer step is backward, and before it forward.
+  backward, else one with "forward" is forward); else inside an autograd op
+  (`autograd::engine::evaluate_function: …`), or from the step's first one until its optimizer step, is
+  backward, and before it forward. A kernel a CUDA graph ran is placed where its launch was captured into
+  the graph (measure/cudagraphs.py), in the step that replayed the graph.
 - scheme: "fsdp" inside an FSDP annotation; "tp" inside a functional collective's op (`_c10d_functional::…`,
   what DTensor's tensor and sequence parallelism issue); "pp" for sends and receives; "ep" for all-to-all;
   "optimizer" in the optimizer step; "ddp" for an all-reduce in backward of a job whose forward DDP
@@ -44,8 +47,10 @@ SCHEMES = {"fsdp": "FSDP", "tp": "tensor parallel", "pp": "pipeline", "ep": "exp
 
 
 def place(model: TraceModel, m: Metrics, issued_us: np.ndarray, issued_tid: np.ndarray,
-          kinds: list[str]) -> tuple[list[str], list[str]]:
-    """Per collective (issued at `issued_us`, model clock, on thread `issued_tid`): its phase and scheme."""
+          kinds: list[str], step_at: np.ndarray | None = None) -> tuple[list[str], list[str]]:
+    """Per collective (issued at `issued_us`, model clock, on thread `issued_tid`): its phase and scheme.
+    `step_at`: when its step issued it, where that is not `issued_us` (a CUDA graph's kernel: issued by the
+    graph's replay, placed where its launch was captured)."""
     n = len(kinds)
     if not n:
         return [], []
@@ -60,7 +65,7 @@ def place(model: TraceModel, m: Metrics, issued_us: np.ndarray, issued_tid: np.n
     in_tp = inside(t, tid, spans["tp"])
     in_opt = inside(t, tid, spans["optimizer"])
     phase = np.full(n, "", dtype=object)
-    step = launch_steps(m.steps, t)
+    step = launch_steps(m.steps, t if step_at is None else np.asarray(step_at, dtype=float))
     ours = step >= 0
     if not m.steps:  # one whole-trace step
         ours[:] = True
@@ -74,6 +79,7 @@ def place(model: TraceModel, m: Metrics, issued_us: np.ndarray, issued_tid: np.n
         first = bw_start[k] if len(bw_start) else np.full(n, np.inf)
         stop = opt_start[k] if len(opt_start) else np.full(n, np.inf)
         phase[ours & (t >= first) & (t < stop)] = "backward"
+        phase[ours & inside(t, tid, bw)] = "backward"
     phase[inside(t, tid, fsdp_fw)] = "forward"
     phase[inside(t, tid, fsdp_bw)] = "backward"
     phase[in_opt] = "optimizer"
@@ -113,7 +119,11 @@ def _first_per_step(m: Metrics, ts: np.ndarray) -> np.ndarray:
 
 def label(scheme: str, kind: str, phase: str) -> str:
     """A collective's place in words: "FSDP all-gather in forward", "tensor parallel all-reduce in backward"."""
-    words = kind.replace("_", "-") if kind != "send_recv" else "send/receive"
     who = SCHEMES.get(scheme, scheme)
-    where = f" in {phase}" if phase else " outside the steps"
-    return f"{who + ' ' if who and who != 'optimizer' else ''}{words}{where}"
+    return f"{who + ' ' if who and who != 'optimizer' else ''}{where(kind, phase)}"
+
+
+def where(kind: str, phase: str) -> str:
+    """A collective and its phase in words: "all-gather in forward", "all-reduce outside the steps"."""
+    words = kind.replace("_", "-") if kind != "send_recv" else "send/receive"
+    return words + (" in a CUDA graph" if phase == "graph" else f" in {phase}" if phase else " outside the steps")

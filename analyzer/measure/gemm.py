@@ -11,6 +11,8 @@ import json
 import numpy as np
 import pandas as pd
 
+from .cudagraphs import captured
+
 from gpuadvise.analyzer.model.trace import TraceModel, names_in
 
 GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear"}
@@ -88,8 +90,13 @@ def gemm_ops(model: TraceModel) -> pd.DataFrame:
 
 
 def kernels_by_op(model: TraceModel) -> pd.DataFrame:
-    """Kernels with the External id of the op whose runtime call launched them (`op_external_id`)."""
+    """Kernels with the External id of the op whose runtime call launched them (`op_external_id`); a kernel
+    a CUDA graph ran, the op captured into the graph where the trace holds the capture (measure/cudagraphs.py)."""
     k = model.kernels
     rt = model.runtime[["correlation", "external_id"]].drop_duplicates("correlation")
     rt = rt[rt["correlation"] >= 0].rename(columns={"external_id": "op_external_id"})
+    graphed = captured(model).calls
+    if len(graphed):  # such a kernel's launch is its captured one
+        k = k.assign(correlation=k["correlation"].where(~k.index.isin(graphed.index),
+                                                         graphed["correlation"].reindex(k.index)).astype(np.int64))
     return k.merge(rt, on="correlation", how="inner")

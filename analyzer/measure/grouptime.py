@@ -21,7 +21,7 @@ import numpy as np
 
 from . import waits
 from .commgroups import Resolved, scheme_of
-from .commphases import SCHEMES, label
+from .commphases import SCHEMES, label, where
 
 
 def by_group(m: waits.Matched, resolved: Resolved, rank_ids: list[int], steps: list[int]) -> list[dict]:
@@ -38,7 +38,8 @@ def by_group(m: waits.Matched, resolved: Resolved, rank_ids: list[int], steps: l
         g = resolved.groups.get(gid) if resolved is not None else None
         scheme = scheme_of([m.scheme[k] for k in cols] if m.scheme else [])
         desc = g.desc if g is not None and g.desc not in ("", "undefined") else ""
-        families[desc or f"{SCHEMES.get(scheme, scheme) or 'group'} of {len(g.ranks) if g else 0}"].append((gid, g, cols))
+        role = SCHEMES.get(scheme, scheme)
+        families[desc or (f"{role} groups" if role else f"groups of {len(g.ranks) if g else 0} ranks")].append((gid, g, cols))
     out = []
     for family, members_of in families.items():
         cols = np.array(sorted(k for _, _, c in members_of for k in c), dtype=np.int64)
@@ -47,6 +48,7 @@ def by_group(m: waits.Matched, resolved: Resolved, rank_ids: list[int], steps: l
         for k in cols.tolist():
             phases[(m.scheme[k] if m.scheme else "", m.kind[k], m.phase[k] if m.phase else "")].append(k)
         rows = [{"scheme": scheme, "collective": kind, "phase": phase, "label": label(scheme, kind, phase),
+                 "where": where(kind, phase),
                  **_figures(m, np.array(pcols, dtype=np.int64), _members(m, pcols, len(rank_ids)), rank_ids, steps)}
                 for (scheme, kind, phase), pcols in phases.items()]
         rows.sort(key=lambda r: -r["exposed_ms"])
@@ -59,8 +61,9 @@ def by_group(m: waits.Matched, resolved: Resolved, rank_ids: list[int], steps: l
                            "source": g.source if g else "unnamed",
                            "exposed_ms": _figures(m, np.array(gcols, dtype=np.int64), gmembers, rank_ids, steps)["exposed_ms"]})
         first = members_of[0][1]
-        out.append({"family": family, "desc": first.desc if first else "", "dim": first.dim if first else "",
-                    "scheme": scheme, "role": SCHEMES.get(scheme, scheme), "groups": groups,
+        desc, role = (first.desc if first else ""), SCHEMES.get(scheme, scheme)
+        out.append({"family": family, "shown": f"{family} ({role})" if desc and role else family, "desc": desc,
+                    "dim": first.dim if first else "", "scheme": scheme, "role": role, "groups": groups,
                     **_figures(m, cols, members, rank_ids, steps), "phases": rows})
     out.sort(key=lambda g: -g["exposed_ms"])
     return out

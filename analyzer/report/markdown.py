@@ -116,13 +116,11 @@ def _group_section(v) -> list[str]:
         out += [f"Device mesh {md(v.mesh_words())}" + (" (run.json)." if v.mesh.get("source") == "run.json" else "."), ""]
     out += ["| Process group | Phase | Per step | Inside | Exposed | Wait | Transfer |", "|---|---|---:|---:|---:|---:|---:|"]
     for g in v.groups:
-        who = f"{md(g['family'])}{' (' + g['role'] + ')' if g['role'] else ''}: " + " ".join(str(x["ranks"]) for x in g["groups"])
+        who = f"{md(g['shown'])} " + " ".join(str(x["ranks"]) for x in g["groups"])
         out.append(f"| {who} | all | {g['per_step']:g} | {g['inside_ms']:.2f} | {g['exposed_ms']:.2f} | "
                    f"{g['wait_ms']:.2f} | {g['transfer_ms']:.2f} |")
         for p in g["phases"]:
-            where = f"{p['collective'].replace('_', '-')} in {p['phase']}" if p["phase"] else \
-                f"{p['collective'].replace('_', '-')} outside the steps"
-            out.append(f"| | {where} | {p['per_step']:g} | {p['inside_ms']:.2f} | {p['exposed_ms']:.2f} | "
+            out.append(f"| | {p['where']} | {p['per_step']:g} | {p['inside_ms']:.2f} | {p['exposed_ms']:.2f} | "
                        f"{p['wait_ms']:.2f} | {p['transfer_ms']:.2f} |")
     out += ["", "Inside: the time a rank spends inside the group's collectives; exposed: the part with nothing of its "
                 "own beside it, split into its wait for the group's last rank and the transfer.", ""]

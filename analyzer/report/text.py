@@ -155,12 +155,11 @@ def _group_lines(v) -> list[str]:
     out.append(f"  {'by process group and phase, ms per step (rank median)':<58}{'count':>6}{'inside':>9}{'exposed':>9}"
                f"{'wait':>8}{'transfer':>9}")
     for g in v.groups[:6]:
-        who = f"{g['family']}: {g['role'] + ', ' if g['role'] else ''}" + " ".join(str(x["ranks"]) for x in g["groups"][:4])
+        who = f"{g['shown']} " + " ".join(str(x["ranks"]) for x in g["groups"][:4])
         out.append(f"  {_cut(who, 56):<58}{g['per_step']:>6g}{g['inside_ms']:>9.2f}{g['exposed_ms']:>9.2f}"
                    f"{g['wait_ms']:>8.2f}{g['transfer_ms']:>9.2f}")
         for p in g["phases"][:6]:
-            where = f"in {p['phase']}" if p["phase"] else "outside the steps"
-            out.append(f"    {_cut(p['collective'].replace('_', '-') + ' ' + where, 54):<56}{p['per_step']:>6g}"
+            out.append(f"    {_cut(p['where'], 54):<56}{p['per_step']:>6g}"
                        f"{p['inside_ms']:>9.2f}{p['exposed_ms']:>9.2f}{p['wait_ms']:>8.2f}{p['transfer_ms']:>9.2f}")
     return out
 

@@ -8,6 +8,7 @@ import traceback
 from contextlib import contextmanager
 from functools import partial
 
+from gpuadvise.analyzer.measure.cudagraphs import captured
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.measure.memory import summarize
 from gpuadvise.analyzer.measure.metrics import compute
@@ -63,6 +64,9 @@ def _analyze_model(model, facts, source, rank, rules, snapshot) -> TraceReport:
         notes.append("no ProfilerStep annotations: the whole trace is treated as one step")
     if analysis.compiled is not None:  # how much of each step ran compiled
         notes.append(analysis.compiled.describe())
+    graphs = captured(model).note()  # kernels CUDA graphs ran: attributed to the ops captured into them, or not
+    if graphs:
+        notes.append(graphs)
     rank = model.meta.rank if model.meta.rank is not None else rank
     # the summary figures are one more task beside the rules (the first, the longest: rulequeue.py)
     findings, (figures,) = run_rules(analysis, rules, source, rank, notes,

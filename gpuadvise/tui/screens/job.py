@@ -1,5 +1,6 @@
 """Job: the ranks of a multi-rank run side by side (step, work, wait, the wait each caused), the rank the
-job waited for in each step, and the waits per collective; enter on a rank opens its findings."""
+job waited for in each step, the communication by process group and phase with the mesh (a device mesh's
+groups, FSDP's phases), and the waits per collective; enter on a rank opens its findings."""
 
 from __future__ import annotations
 
@@ -33,6 +34,15 @@ RANK_COLUMNS = [
     Column("findings", "Findings", 9),
     Column("trace", "Trace", 0, align="left"),
 ]
+GROUP_COLUMNS = [
+    Column("group", "Process group", 28, align="left"),
+    Column("phase", "Phase", 28, align="left"),
+    Column("per_step", "Per step", 9),
+    Column("inside_ms", "Inside ms", 10, fmt=_ms),
+    Column("exposed_ms", "Exposed ms", 11, fmt=_ms),
+    Column("wait_ms", "Wait ms", 9, fmt=_ms),
+    Column("transfer_ms", "Transfer ms", 0, fmt=_ms),
+]
 COLLECTIVE_COLUMNS = [
     Column("collective", "Collective", 15, align="left"),
     Column("group", "Group", 8, align="left"),
@@ -50,8 +60,11 @@ class JobScreen(ViewScreen):
 **Job** — the ranks of a multi-rank run side by side. Every collective is lined up across the ranks
 (clocks aligned by the collectives); a rank's *wait* is the time it spent inside collectives waiting for
 the last rank to arrive with nothing else to do, its *work* the step without that wait, and *others
-waited* the wait it caused by arriving last. Below: the rank the job waited for in each step, and the
-waits per collective and rank (median per step).
+waited* the wait it caused by arriving last. Below: the rank the job waited for in each step; on a device
+mesh (or with FSDP's phases) the communication by process group and phase: each kind of group (a mesh
+dimension's), its ranks, and per phase the time inside its collectives, the part with nothing else to do
+(*exposed*), split into the wait for the group's last rank and the transfer (ms per step, the median over
+the group's ranks); and the waits per collective and rank (median per step).
 
 | key | does |
 |---|---|
@@ -64,6 +77,7 @@ waits per collective and rank (median per step).
     JobScreen .caption { padding: 0 1; color: $text-muted; margin-top: 1; }
     JobScreen #ranks { min-height: 5; }
     JobScreen #collectives { min-height: 5; }
+    JobScreen #groups { min-height: 5; }
     """
 
     def compose_body(self) -> ComposeResult:
@@ -79,6 +93,10 @@ waits per collective and rank (median per step).
             yield Static("Ranks — enter: that rank's findings", classes="caption")
             yield TableView(RANK_COLUMNS, self._ranks(v), title="ranks", filter_keys=(), sort="rank",
                             descending=False, id="ranks")
+            if v.shows_groups:
+                yield Static("Communication by process group and phase (ms per step, the median over the group's "
+                             "ranks)", classes="caption")
+                yield TableView(GROUP_COLUMNS, _groups(v), title="groups", filter_keys=(), sort=None, id="groups")
             if v.collectives:
                 yield Static("Waits per collective (median per step)", classes="caption")
                 yield TableView(COLLECTIVE_COLUMNS, _collectives(v), title="collectives", filter_keys=(),
@@ -92,6 +110,9 @@ waits per collective and rank (median per step).
         t.append("Job ", style="bold")
         t.append(f"{len(v.ranks)}{world} ranks, " + ("each rank's trace compared as one step (no ProfilerStep)"
                                                       if v.whole_trace else f"{len(v.steps)} steps compared"))
+        if v.mesh:
+            t.append("\nMesh ", style="bold")
+            t.append(v.mesh_words())
         if v.stragglers:
             t.append("\nWaited for ", style="bold")
             at = (lambda s: "") if v.whole_trace else (lambda s: f"#{s.step}: ")  # one step: the whole trace
@@ -132,6 +153,18 @@ waits per collective and rank (median per step).
         screen = self.app.screen
         if hasattr(screen, "show_rank"):
             screen.show_rank(rank)
+
+
+def _groups(v) -> pd.DataFrame:
+    """A row per kind of process group (its ranks, all its phases), then one per phase."""
+    rows = []
+    for g in v.groups:
+        who = f"{g['shown']} " + " ".join(str(x["ranks"]) for x in g["groups"])
+        rows.append({"group": who, "phase": "all", **{k: g[k] for k in ("per_step", "inside_ms", "exposed_ms",
+                                                                        "wait_ms", "transfer_ms")}})
+        rows += [{"group": "", "phase": p["where"], **{k: p[k] for k in ("per_step", "inside_ms", "exposed_ms", "wait_ms",
+                                                                         "transfer_ms")}} for p in g["phases"]]
+    return pd.DataFrame(rows).reindex(columns=[c.key for c in GROUP_COLUMNS])
 
 
 def _collectives(v) -> pd.DataFrame:
