@@ -612,6 +612,33 @@ def test_job_screen_shows_the_ranks_and_opens_a_ranks_findings(tmp_path):
     run(go())
 
 
+def test_job_screen_shows_the_mesh_and_the_communication_by_group_and_phase(tmp_path):
+    """A 2 × 2 mesh (FSDP2 over dp, tensor parallel over tp): the job screen says the mesh and has a row per
+    kind of process group with its ranks, then one per phase."""
+    from gpuadvise.fixtures.meshjob import mesh_job
+
+    folder = mesh_job(dp=2, tp=2, slow={3: 1.5}).write(tmp_path / "mesh")
+    reports = analyze_paths([str(folder)], jobs=1)
+
+    async def go():
+        app = make_app(reports, tmp_path)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            await pilot.press("7")
+            await pilot.pause()
+            screen = app.screen
+            assert isinstance(screen, JobScreen)
+            assert "dp × tp = 2 × 2: dp [0, 2] [1, 3]; tp [0, 1] [2, 3]" in str(screen.query_one("#job-facts").render())
+            rows = screen.query_one("#groups", TableView).frame
+            heads = rows[rows["phase"] == "all"]["group"].tolist()
+            assert sorted(heads) == ["mesh_dp (FSDP) [0, 2] [1, 3]", "mesh_tp (tensor parallel) [0, 1] [2, 3]"]
+            assert set(rows["phase"]) == {"all", "all-gather in forward", "all-gather in backward",
+                                          "reduce-scatter in backward", "all-reduce in forward", "all-reduce in backward"}
+            assert (rows["exposed_ms"] >= 0).all() and (rows["inside_ms"] >= rows["exposed_ms"] - 1e-6).all()
+
+    run(go())
+
+
 def test_progress_follows_the_bytes_when_the_engine_reports_them(tmp_path, monkeypatch):
     """The decode's `progress(done, total)` callback of the analysis moves the bar."""
     import gpuadvise.analyzer.run.engine as engine
