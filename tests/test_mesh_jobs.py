@@ -20,6 +20,7 @@ import json
 import numpy as np
 import pytest
 
+from gpuadvise.analyzer.measure.collectives import rank_collectives
 from gpuadvise.analyzer.measure.cudagraphs import captured
 from gpuadvise.analyzer.measure.gemm import kernels_by_op
 from gpuadvise.analyzer.measure.jobmodel import job_saving_pct
@@ -136,8 +137,7 @@ def test_comms_id_lines_collectives_up_where_their_order_does_not(tmp_path):
         if not with_id:
             for r in (0, 1):
                 path = folder / f"rank{r}.trace.json.gz"
-                text = gzip.decompress(path.read_bytes()).decode()
-                trace = json.loads(text)
+                trace = json.loads(gzip.decompress(path.read_bytes()))
                 for e in trace["traceEvents"]:
                     e.get("args", {}).pop("Comms Id", None)
                 path.write_bytes(gzip.compress(json.dumps(trace).encode()))
@@ -167,8 +167,6 @@ def test_a_cuda_graphs_kernels_go_to_the_ops_captured_into_it(tmp_path):
     assert set(names.loc[kernels_by_op(model)["op_external_id"]]) == {"aten::mm", "record_param_comms"}
     report = analyze_paths([str(path)], jobs=1)[0]
     assert any(n.startswith("9 GPU ops ran from CUDA graphs: each is attributed to the op captured") for n in report.notes)
-    rows = report.rank_stats.collectives if report.rank_stats is not None else None
-    from gpuadvise.analyzer.measure.collectives import rank_collectives
     rows = rank_collectives(report.model, report.metrics)
     assert rows.phase == ["backward"] * 3 and rows.step.tolist() == [0, 1, 2]  # captured in backward, replayed per step
 
@@ -179,7 +177,6 @@ def test_a_graph_captured_before_the_trace_keeps_its_replay(tmp_path):
     assert captured(model).unmapped == 9
     names = model.cpu.set_index("external_id")["name"].astype(str)
     assert set(names.loc[kernels_by_op(model)["op_external_id"]]) == {"CUDAGraph::replay"}
-    from gpuadvise.analyzer.measure.collectives import rank_collectives
     report = analyze_paths([str(path)], jobs=1)[0]
     assert rank_collectives(report.model, report.metrics).phase == ["graph"] * 3
     assert any("captured before the trace began" in n for n in report.notes)

@@ -56,11 +56,6 @@ class Group:
         """The mesh dimension it spans ("dp" for `mesh_dp`), "" when its description does not say."""
         return self.desc[len("mesh_"):] if self.desc.startswith("mesh_") else ""
 
-    def label(self) -> str:
-        """The group in words: "mesh_dp [0, 2]", "ranks [0, 1]"."""
-        who = self.desc if self.desc and self.desc != "undefined" else (f"group {self.name}" if self.name else "ranks")
-        return f"{who} {self.ranks}"
-
 
 @dataclass
 class Resolved:
@@ -117,7 +112,6 @@ def resolve(collectives: list, rank_ids: list[int], known: list[list[dict]] | No
         taken.append(partition)
         inferred |= how in ("inferred", "timed")
         ambiguous |= len(choices) > 1
-        ranks_in = sorted(where)
         for block in partition:
             traced_ranks = [rank_ids[i] for i in block]
             group = _group_of(traced_ranks, named, set(rank_ids), how)
@@ -125,12 +119,6 @@ def resolve(collectives: list, rank_ids: list[int], known: list[list[dict]] | No
             for i in block:
                 for j in where[i]:
                     out.rows[i][j] = group.id
-        for i in ranks_in:
-            if not any(i in b for b in partition):  # a rank left alone: its own group, nothing to line up with
-                gid = f"ranks {rank_ids[i]}"
-                out.groups.setdefault(gid, Group(gid, [rank_ids[i]], [], source="inferred"))
-                for j in where[i]:
-                    out.rows[i][j] = gid
     for gid, g in out.groups.items():
         g.traced = [rank_ids[i] for i in out.members(gid)]
         if not g.ranks:

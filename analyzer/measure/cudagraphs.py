@@ -49,9 +49,9 @@ class Captured:
         if self.unmapped == self.graph_ops:
             return (f"{self.graph_ops} GPU ops ran from CUDA graphs captured before the trace began: they are "
                     "attributed to the op that replayed the graph, not to the ops captured into it")
-        return (f"{self.graph_ops} GPU ops ran from CUDA graphs; {self.graph_ops - self.unmapped} are attributed to the "
-                f"op captured into their graph, {self.unmapped} (graphs captured before the trace began) to the op "
-                "that replayed it")
+        return (f"{self.graph_ops} GPU ops ran from CUDA graphs; {self.graph_ops - self.unmapped} are attributed to "
+                f"the op captured into their graph, {self.unmapped} (graphs captured before the trace began) to the "
+                "op that replayed it")
 
 
 def captured(model: TraceModel) -> Captured:

@@ -39,7 +39,8 @@ def by_group(m: waits.Matched, resolved: Resolved, rank_ids: list[int], steps: l
         scheme = scheme_of([m.scheme[k] for k in cols] if m.scheme else [])
         desc = g.desc if g is not None and g.desc not in ("", "undefined") else ""
         role = SCHEMES.get(scheme, scheme)
-        families[desc or (f"{role} groups" if role else f"groups of {len(g.ranks) if g else 0} ranks")].append((gid, g, cols))
+        family = desc or (f"{role} groups" if role else f"groups of {len(g.ranks) if g else 0} ranks")
+        families[family].append((gid, g, cols))
     out = []
     for family, members_of in families.items():
         cols = np.array(sorted(k for _, _, c in members_of for k in c), dtype=np.int64)
@@ -56,10 +57,10 @@ def by_group(m: waits.Matched, resolved: Resolved, rank_ids: list[int], steps: l
         groups = []
         for gid, g, gcols in sorted(members_of, key=lambda x: (x[1].ranks if x[1] else [], x[0])):
             gmembers = _members(m, gcols, len(rank_ids))
+            exposed = _figures(m, np.array(gcols, dtype=np.int64), gmembers, rank_ids, steps)["exposed_ms"]
             groups.append({"group": gid, "name": g.name if g else "", "ranks": list(g.ranks) if g else
                            [rank_ids[i] for i in gmembers], "traced": [rank_ids[i] for i in gmembers],
-                           "source": g.source if g else "unnamed",
-                           "exposed_ms": _figures(m, np.array(gcols, dtype=np.int64), gmembers, rank_ids, steps)["exposed_ms"]})
+                           "source": g.source if g else "unnamed", "exposed_ms": exposed})
         first = members_of[0][1]
         desc, role = (first.desc if first else ""), SCHEMES.get(scheme, scheme)
         out.append({"family": family, "shown": f"{family} ({role})" if desc and role else family, "desc": desc,
@@ -97,7 +98,8 @@ def mesh(resolved: Resolved | None, facts_meshes: list[dict]) -> dict | None:
     for fm in facts_meshes or []:
         shape, names = fm.get("shape"), fm.get("dim_names")
         if isinstance(shape, list) and shape:
-            dims = names if isinstance(names, list) and len(names) == len(shape) else [f"dim{i}" for i in range(len(shape))]
+            named = isinstance(names, list) and len(names) == len(shape)
+            dims = names if named else [f"dim{i}" for i in range(len(shape))]
             return {"shape": shape, "dims": dims, "groups": _layout_groups(fm.get("mesh"), dims), "source": "run.json"}
     if resolved is None:
         return None
@@ -107,8 +109,8 @@ def mesh(resolved: Resolved | None, facts_meshes: list[dict]) -> dict | None:
             dims[g.dim].append(sorted(g.ranks))
     if not dims:
         return None
-    return {"shape": [len(v[0]) for v in dims.values()], "dims": list(dims), "groups": {d: sorted(v) for d, v in dims.items()},
-            "source": "trace"}
+    return {"shape": [len(v[0]) for v in dims.values()], "dims": list(dims),
+            "groups": {d: sorted(v) for d, v in dims.items()}, "source": "trace"}
 
 
 def _layout_groups(layout, dims: list[str]) -> dict:

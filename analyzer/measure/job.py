@@ -271,7 +271,8 @@ def build_view(stats: list[RankStats]) -> JobView | None:
     return JobView(ranks=stats, steps=steps, grid=grid, stragglers=_stragglers(grid, stats, steps), world_size=world,
                    notes=notes, matched=matched,
                    collectives=waits.by_collective(matched, ids, steps) if matched is not None else [],
-                   groups=groups, mesh=grouptime.mesh(resolved, [m for s in stats for m in s.meshes]), resolved=resolved)
+                   groups=groups, mesh=grouptime.mesh(resolved, [mesh for s in stats for mesh in s.meshes]),
+                   resolved=resolved)
 
 
 WHOLE_TRACE = -1  # the step number of a trace without ProfilerStep (its whole trace, measure/perstep.py)

@@ -89,7 +89,8 @@ def _words(name: str) -> str:
 def runs_as(span_kind: str, call_kind: str) -> bool:
     """Whether a CPU backend's span of `span_kind` can run a call of `call_kind`: the same collective, or
     gloo's reduce-scatter, which it runs as an all-reduce (`gloo:all_reduce` for `c10d::_reduce_scatter_base_`)."""
-    return span_kind == call_kind or (span_kind == "all_reduce" and call_kind == "reduce_scatter") or span_kind == "other"
+    return (span_kind == call_kind or span_kind == "other"
+            or (span_kind == "all_reduce" and call_kind == "reduce_scatter"))
 
 
 def not_work(name: str) -> bool:
