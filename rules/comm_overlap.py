@@ -41,8 +41,9 @@ Fires for the ranks whose comm/compute overlap is below 50 % (TraceLens flags be
 exposed transfer (the exposed communication every rank has in a step) is at least 5 % of the job's
 step time (TraceLens' exposed-communication threshold) and at least 0.1 ms per step. The saving is an
 upper bound: the step time if the exposed transfer were hidden completely. A job whose collectives run
-on several kinds of process group (a device mesh), or on FSDP's, tensor, pipeline or expert parallelism's
-alone, is left to `group-comm`, which tells it by group and phase.
+on several kinds of process group (a device mesh), or on one whose most exposed collectives are FSDP's,
+tensor or pipeline parallelism's or an all-to-all, is left to `group-comm`, which tells it by group and
+phase.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 ## What it detects
 A job whose collectives run on several kinds of process group (a device mesh: FSDP over one dimension,
-tensor parallelism over another, pipeline stages, expert parallelism), or on one whose parallelism the
-trace shows (FSDP's, tensor parallel's, a pipeline's, experts'). Each collective is lined up across its
-own group's ranks and placed in the phase that issued it ("FSDP all-gather in forward", "tensor parallel
+tensor parallelism over another, pipeline stages, expert parallelism), or on one whose most exposed
+collectives the trace shows come from FSDP, tensor or pipeline parallelism or an all-to-all (an expert
+layer's dispatch, sharded embeddings' lookups). Each collective is lined up across its own group's ranks and placed in the phase that issued it ("FSDP all-gather in forward", "tensor parallel
 all-reduce in backward"), and each kind of group gets the time its ranks spend inside its collectives
 with nothing else to do, split into the wait for the group's last rank and the transfer (see the job
 section of the report). The group whose exposed transfer, hidden behind compute on every rank, would
@@ -33,13 +33,14 @@ for i, block in enumerate(blocks):
 # dimension inside a node (the mesh's last dimension)
 torch._inductor.config._micro_pipeline_tp = True
 ```
-Pipeline: more micro-batches per step, or an interleaved schedule (`ScheduleInterleaved1F1B`). Expert
-parallel: a lower capacity factor, and the token dispatch split into chunks that overlap the experts'
-compute.
+Pipeline: more micro-batches per step, or an interleaved schedule (`ScheduleInterleaved1F1B`).
+All-to-all (expert parallel, sharded embeddings): the dispatch split into chunks that overlap the experts'
+compute, or the next batch's embedding exchange pipelined beside this one; a lower capacity factor.
 
 ## Thresholds
-Fires when the job's collectives run on two or more kinds of process group, or on one of FSDP, tensor,
-pipeline or expert parallelism, and the group that holds the step leaves every one of its ranks an
+Fires when the job's collectives run on two or more kinds of process group, or on one whose most exposed
+collectives are FSDP's, tensor or pipeline parallelism's or an all-to-all, and the group that holds the
+step leaves every one of its ranks an
 exposed transfer of at least 5 % of the job's step time and 0.1 ms per step (comm-overlap's thresholds;
 comm-overlap leaves such jobs to this rule). The saving is an upper bound: the job's step with that
 group's exposed transfer hidden on every rank, by the job replay.
@@ -58,14 +59,15 @@ from gpuadvise.fixtures.meshjob import mesh_job
 
 from .base import JobRule
 
-PARALLEL = ("fsdp", "tp", "pp", "ep")  # the schemes this rule advises on where a job has one kind of group
+PARALLEL = ("fsdp", "tp", "pp", "a2a")  # the schemes this rule advises on where a job has one kind of group
 
 
 def told_by_group(job) -> bool:
     """Whether the job's communication is this rule's to tell: two or more kinds of process group, or one
-    whose parallelism the trace shows."""
+    whose most exposed collectives come from FSDP, tensor or pipeline parallelism, or an all-to-all."""
     groups = job.groups
-    return len(groups) >= 2 or (len(groups) == 1 and groups[0]["scheme"] in PARALLEL)
+    return len(groups) >= 2 or (len(groups) == 1 and bool(groups[0]["phases"])
+                                and groups[0]["phases"][0]["scheme"] in PARALLEL)
 
 
 class GroupComm(JobRule):
@@ -103,8 +105,10 @@ class GroupComm(JobRule):
         several = len(top["groups"]) > 1
         if top["desc"]:
             name = f"{top['family']} group{'s' if several else ''}" + (f" ({top['role']})" if top["role"] else "")
-        else:
+        elif top["role"]:
             name = top["family"] if several else top["family"].replace("groups", "group", 1)
+        else:
+            name = "process groups" if several else "process group"
         message = (f"The {name}, ranks {ranks}, hold{'' if several else 's'} the job's step: "
                    f"{'their' if several else 'its'} collectives leave a rank with nothing "
                    f"else to do for {top['exposed_ms']:.2f} ms per step (median over the group's ranks), "
@@ -140,8 +144,9 @@ class GroupComm(JobRule):
 
 
 def _advice(group: dict, phase: dict, facts: dict, mesh: dict | None) -> str:
-    """What to change, in the terms of the group's parallelism, leaving out what run.json shows set."""
-    scheme, kind = group["scheme"], phase["collective"]
+    """What to change, in the terms of the parallelism behind the group's most exposed collectives, leaving
+    out what run.json shows set."""
+    scheme, kind = phase["scheme"] or group["scheme"], phase["collective"]
     if scheme == "fsdp":
         shards = runfacts.fsdp(facts).get("fully_shard", [])
         prefetch = runfacts.fsdp(facts).get("prefetch", {})
@@ -168,9 +173,11 @@ def _advice(group: dict, phase: dict, facts: dict, mesh: dict | None) -> str:
     if scheme == "pp":
         return ("Pipeline: the sends and receives with nothing beside them are the pipeline's bubble: more micro-batches "
                 "per step, or an interleaved schedule (`ScheduleInterleaved1F1B`, virtual stages).")
-    if scheme == "ep":
-        return ("Expert parallel: lower the capacity factor (fewer tokens exchanged), and split the all-to-all dispatch "
-                "and combine into chunks that overlap the experts' compute.")
+    if scheme == "a2a":
+        return ("All-to-all (an expert layer's token dispatch and combine, or sharded embeddings' lookups): overlap it "
+                "with compute (split an MoE layer's dispatch into chunks that overlap the experts, or pipeline the next "
+                "batch's embedding exchange beside this one, as TorchRec's TrainPipelineSparseDist does), lower an MoE "
+                "layer's capacity factor, and keep the group inside a node.")
     who = SCHEMES.get(scheme, scheme) or "this group"
     return (f"{who[0].upper() + who[1:]}: start its collectives while compute still runs (DDP buckets, no syncs inside "
             "backward) and check how much of its time is a wait for the group's slowest rank.")

@@ -55,7 +55,7 @@ class RankCollectives:
     pg_ranks: list[str] = field(default_factory=list)
     group_size: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # its group's size (-1)
     phase: list[str] = field(default_factory=list)  # "forward", "backward", "optimizer", "" (measure/commphases.py)
-    scheme: list[str] = field(default_factory=list)  # "fsdp", "tp", "pp", "ep", "ddp", "dp", "optimizer", ""
+    scheme: list[str] = field(default_factory=list)  # "fsdp", "tp", "pp", "a2a", "ddp", "dp", "optimizer", ""
 
     def __len__(self) -> int:
         return len(self.step)

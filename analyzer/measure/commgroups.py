@@ -363,6 +363,7 @@ def groups_of_rank(meta_groups: list[dict], facts_groups: list[dict]) -> list[di
 
 
 def scheme_of(schemes: list[str]) -> str:
-    """The scheme that issued most of a group's collectives ("fsdp", "tp", …; "" when none says)."""
-    counts = Counter(s for s in schemes if s)
-    return counts.most_common(1)[0][0] if counts else ""
+    """The scheme that issued a group's collectives ("fsdp", "tp", …): "" when none says, or when they
+    came from two or more (DDP's all-reduces beside an embedding all-to-all on one group)."""
+    found = {s for s in schemes if s}
+    return found.pop() if len(found) == 1 else ""

@@ -4,7 +4,8 @@ A job that trains a large model runs several kinds of collective in every step, 
 FSDP gathers each layer's parameters before its forward and again before its backward, and
 reduce-scatters its gradients after; tensor parallelism all-reduces (or all-gathers and reduce-scatters)
 activations inside forward and backward; pipeline stages send and receive; expert parallelism exchanges
-tokens all-to-all; DDP all-reduces gradients during backward; an optimizer may all-reduce a norm.
+tokens all-to-all (as sharded embeddings exchange their lookups); DDP all-reduces gradients during
+backward; an optimizer may all-reduce a norm.
 
 Each collective is placed by where its rank *issued* it (the launch of its kernel, the `c10d::` call of a
 CPU backend's span), on the thread that issued it:
@@ -19,7 +20,8 @@ CPU backend's span), on the thread that issued it:
   backward, and before it forward. A kernel a CUDA graph ran is placed where its launch was captured into
   the graph (measure/cudagraphs.py), in the step that replayed the graph.
 - scheme: "fsdp" inside an FSDP annotation; "tp" inside a functional collective's op (`_c10d_functional::…`,
-  what DTensor's tensor and sequence parallelism issue); "pp" for sends and receives; "ep" for all-to-all;
+  what DTensor's tensor and sequence parallelism issue); "pp" for sends and receives; "a2a" for all-to-all
+  (an expert layer's dispatch and combine, sharded embeddings' lookups: the trace does not say which);
   "optimizer" in the optimizer step; "ddp" for an all-reduce in backward of a job whose forward DDP
   annotates (`DistributedDataParallel.forward`), "dp" for one without; else "".
 """
@@ -42,7 +44,7 @@ OPTIMIZER = re.compile(r"^Optimizer\.step#")
 DDP_FORWARD = re.compile(r"^DistributedDataParallel\.forward$")
 
 PHASES = ("forward", "backward", "optimizer")
-SCHEMES = {"fsdp": "FSDP", "tp": "tensor parallel", "pp": "pipeline", "ep": "expert parallel", "ddp": "DDP",
+SCHEMES = {"fsdp": "FSDP", "tp": "tensor parallel", "pp": "pipeline", "a2a": "all-to-all", "ddp": "DDP",
            "dp": "data parallel", "optimizer": "optimizer", "": ""}
 
 
@@ -93,7 +95,7 @@ def place(model: TraceModel, m: Metrics, issued_us: np.ndarray, issued_tid: np.n
         elif kind == "send_recv":
             scheme.append("pp")
         elif kind == "all_to_all":
-            scheme.append("ep")
+            scheme.append("a2a")
         elif phase[i] == "optimizer":
             scheme.append("optimizer")
         elif kind == "all_reduce" and phase[i] == "backward":
@@ -119,8 +121,8 @@ def _first_per_step(m: Metrics, ts: np.ndarray) -> np.ndarray:
 
 def label(scheme: str, kind: str, phase: str) -> str:
     """A collective's place in words: "FSDP all-gather in forward", "tensor parallel all-reduce in backward"."""
-    who = SCHEMES.get(scheme, scheme)
-    return f"{who + ' ' if who and who != 'optimizer' else ''}{where(kind, phase)}"
+    who = SCHEMES.get(scheme, scheme) if scheme not in ("optimizer", "a2a") else ""
+    return f"{who + ' ' if who else ''}{where(kind, phase)}"
 
 
 def where(kind: str, phase: str) -> str:

@@ -59,7 +59,7 @@ class Matched:
     member: np.ndarray | None = None  # (ranks, n) bool: the ranks it ran on (None: every rank)
     group: list = field(default_factory=list)  # (n,) its group's id (commgroups.Group.id)
     phase: list = field(default_factory=list)  # (n,) "forward", "backward", "optimizer", "" (measure/commphases.py)
-    scheme: list = field(default_factory=list)  # (n,) "fsdp", "tp", "pp", "ep", "ddp", "dp", "optimizer", ""
+    scheme: list = field(default_factory=list)  # (n,) "fsdp", "tp", "pp", "a2a", "ddp", "dp", "optimizer", ""
 
     def __len__(self) -> int:
         return len(self.step)
