@@ -39,10 +39,10 @@ compute, or the next batch's embedding exchange pipelined beside this one; a low
 
 ## Thresholds
 Fires when the job's collectives run on two or more kinds of process group, or on one whose most exposed
-collectives are FSDP's, tensor or pipeline parallelism's or an all-to-all, and the group that holds the
-step leaves every one of its ranks an
-exposed transfer of at least 5 % of the job's step time and 0.1 ms per step (comm-overlap's thresholds;
-comm-overlap leaves such jobs to this rule). The saving is an upper bound: the job's step with that
+collectives are FSDP's, tensor or pipeline parallelism's or an all-to-all, and a kind of group leaves
+every one of its ranks an exposed transfer of at least 5 % of the job's step time and 0.1 ms per step
+(comm-overlap's thresholds; comm-overlap leaves such jobs to this rule); of the groups that do, the one
+whose hidden transfer saves most holds the step. The saving is an upper bound: the job's step with that
 group's exposed transfer hidden on every rank, by the job replay.
 """
 
@@ -92,11 +92,13 @@ class GroupComm(JobRule):
             saving = job_saving_pct(job, {}, hidden=cols) or 0.0
             every = min((r["transfer_ms"] for r in g["per_rank"]), default=0.0)  # the exposed transfer every rank has
             scored.append((saving, every, g))
-        saving, every, top = max(scored, key=lambda s: (s[0], s[1]))
-        share = 100.0 * every * 1e3 / job_step
         t = self.thresholds
-        if share < t["min_exposed_share_pct"] or every < t["min_exposed_ms"]:
+        big = [s for s in scored if 100.0 * s[1] * 1e3 / job_step >= t["min_exposed_share_pct"]
+               and s[1] >= t["min_exposed_ms"]]
+        if not big:
             return []
+        saving, every, top = max(big, key=lambda s: (s[0], s[1]))
+        share = 100.0 * every * 1e3 / job_step
         phase = top["phases"][0]
         ranks = " ".join(str(x["ranks"]) for x in top["groups"][:6]) + (" …" if len(top["groups"]) > 6 else "")
         others = [(s, g) for s, _, g in scored if g is not top]

@@ -17,12 +17,14 @@ Where a collective's group comes from, best first:
   on every rank of an SPMD job). A class's ranks are then split into the groups that fit its timing: a
   collective every rank of a group finishes together ends on each of them only after all of them arrived,
   so two ranks whose instances of the class overlap that way every time ran one collective, and two ranks
-  where one ends before the other arrives ran two. The splits tried are the groups the traces and
-  run.json list (a mesh dimension's groups share a description, `mesh_dp`), the coarsest that fits
-  chosen; without a list, ranks are joined pair by pair (the closest ends first) while every pair of a
-  group fits, and a split is kept only when all of its groups have two ranks or more and the whole job
-  does not fit as one group. The inference assumes the ranks' clocks agree (one host, or synchronised
-  hosts), and says when it was made.
+  where one ends before the other arrives ran two (beyond 5 % of the collectives: clock jitter); and one
+  collective ends close together on its ranks (|Δ end| at most twice the shorter one's time in it). The
+  splits tried are the groups the traces and run.json list (a mesh dimension's groups share a
+  description, `mesh_dp`): the coarsest whose pairs all end close together, else (a noisy run) the one
+  whose pairs end closest. Without a list, the whole class is one group when its pairs all end close
+  together; else ranks are joined pair by pair (the closest ends first) while no pair of a group breaks
+  the rule, and a split is kept only when all of its groups have two ranks or more. The inference
+  assumes the ranks' clocks agree (one host, or synchronised hosts), and says when it was made.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from gpuadvise.analyzer.model.collectives import SYMMETRIC, parse_ranks
 
 SLACK_US = 50.0  # how far one rank's "ended" may precede another's "arrived" on clocks that agree
 MAX_MISFITS = 0.05  # the share of a pair's collectives that may break that (clock jitter)
-MAX_END_RATIO = 2.0  # without a list of groups: |Δ end| at most this many times the shorter collective
+MAX_END_RATIO = 2.0  # ends "close together": |Δ end| at most this many times the shorter collective
 
 
 @dataclass
@@ -219,16 +221,16 @@ def _partition(collectives: list, where: dict, rank_ids: list[int], named: dict)
             cache[key] = _pair_fit(collectives, where, *key)
         return cache[key]
 
-    def fits(partition) -> tuple[bool, float]:
+    def fits(partition) -> tuple[bool, float, float]:
+        """Whether no pair of a group breaks the ends rule, and the mean and worst |Δ end| ratio."""
         ratios = []
         for block in partition:
-            for x in range(len(block)):
-                for y in range(x + 1, len(block)):
-                    misfits, ratio, n = fit(block[x], block[y])
-                    if n == 0 or misfits > MAX_MISFITS:
-                        return False, np.inf
-                    ratios.append(ratio)
-        return True, float(np.mean(ratios)) if ratios else np.inf
+            for x, y in combinations(block, 2):
+                misfits, ratio, n = fit(x, y)
+                if n == 0 or misfits > MAX_MISFITS:
+                    return False, np.inf, np.inf
+                ratios.append(ratio)
+        return True, float(np.mean(ratios)) if ratios else np.inf, max(ratios, default=np.inf)
 
     whole = [members]
     size = _group_size(collectives, where)
@@ -236,17 +238,19 @@ def _partition(collectives: list, where: dict, rank_ids: list[int], named: dict)
     if candidates:
         scored = []
         for split, source in candidates:
-            ok, ratio = fits(split)
+            ok, mean, worst = fits(split)
             if ok:
-                scored.append((len(split), ratio, split, source))
-        if scored:
-            scored.sort(key=lambda s: (s[0], s[1]))
-            blocks, ratio = scored[0][0], scored[0][1]
+                scored.append((len(split), mean, worst, split, source))
+        # the coarsest split whose every pair ends close together; else (a noisy run) the closest ends
+        close = [s for s in scored if s[2] <= MAX_END_RATIO]
+        pool = sorted(close, key=lambda s: (s[0], s[1])) if close else sorted(scored, key=lambda s: (s[1], s[0]))
+        if pool:
+            blocks, ratio = pool[0][0], pool[0][1]
             how = lambda source: "timed" if len(candidates) > 1 else source  # noqa: E731 - chosen among listed ones
-            return [(split, how(source)) for n, r, split, source in scored
+            return [(split, how(source)) for n, r, _, split, source in pool
                     if n == blocks and r <= max(1.1 * ratio, ratio + 0.05)]
-    ok, _ = fits(whole)
-    if ok and (size is None or len(members) <= size):
+    ok, _, worst = fits(whole)
+    if ok and worst <= MAX_END_RATIO and (size is None or len(members) <= size):
         return [(whole, "one")]
     split = _joined(members, fit, size)
     if split and all(len(b) >= 2 for b in split) and len(split) > 1:
@@ -257,11 +261,11 @@ def _partition(collectives: list, where: dict, rank_ids: list[int], named: dict)
 
 
 def _splits(members: list[int], fit, size: int, limit: int = 2) -> list[list[list[int]]]:
-    """Up to `limit` splits of `members` into groups of `size` whose every pair fits (two: the timing
-    cannot tell them apart)."""
+    """Up to `limit` splits of `members` into groups of `size` where no pair breaks the ends rule (two: the
+    timing cannot tell them apart)."""
     def ok(a, b) -> bool:
-        misfits, ratio, n = fit(a, b)
-        return n > 0 and misfits <= MAX_MISFITS and ratio <= MAX_END_RATIO
+        misfits, _, n = fit(a, b)
+        return n > 0 and misfits <= MAX_MISFITS
 
     out: list = []
 
@@ -317,14 +321,13 @@ def _listed_splits(members: list[int], rank_ids: list[int], named: dict,
 
 
 def _joined(members: list[int], fit, size: int | None = None) -> list[list[int]]:
-    """Ranks joined pair by pair, the closest ends first, while every pair of each group fits (and the group
-    stays within the size its collectives record)."""
+    """Ranks joined pair by pair, the closest ends first, while no pair of a group breaks the ends rule (and
+    the group stays within the size its collectives record)."""
     pairs = []
-    for x in range(len(members)):
-        for y in range(x + 1, len(members)):
-            misfits, ratio, n = fit(members[x], members[y])
-            if n and misfits <= MAX_MISFITS and ratio <= MAX_END_RATIO:
-                pairs.append((ratio, members[x], members[y]))
+    for x, y in combinations(members, 2):
+        misfits, ratio, n = fit(x, y)
+        if n and misfits <= MAX_MISFITS:
+            pairs.append((ratio, x, y))
     block = {m: [m] for m in members}
     for _, a, b in sorted(pairs):
         ba, bb = block[a], block[b]

@@ -19,7 +19,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=5)
-p.add_argument("--width", type=int, default=64)
+p.add_argument("--width", type=int, default=256)
 p.add_argument("--trace-dir", default="")
 args = p.parse_args()
 
