@@ -16,7 +16,7 @@ NUMERIC = ("correlation", "external_id", "external_id_legacy", "stream", "device
            "total_allocated", "total_reserved", "device_type", "device_id", "addr", "python_id", "python_parent_id",
            "sequence_number", "group_size", "in_nelems", "out_nelems", "comm_seq")
 ANY = ("call_stack", "collective_name", "pg_name", "dtype", "meta_name", "labels")
-RAW = ("input_type", "input_dims")
+RAW = ("input_type", "input_dims", "input_concrete")
 _ARG_ATTR = {"meta_name": "name"}
 
 

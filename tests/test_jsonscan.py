@@ -43,7 +43,7 @@ NUM_ARGS = {
     "sequence_number": "Sequence number", "group_size": "Group size", "in_nelems": "In msg nelems",
     "out_nelems": "Out msg nelems", "comm_seq": "Seq",
 }
-RAW_ARGS = {"input_type": "Input type", "input_dims": "Input Dims"}  # msgspec.Raw fields
+RAW_ARGS = {"input_type": "Input type", "input_dims": "Input Dims", "input_concrete": "Concrete Inputs"}  # msgspec.Raw fields
 ANY_ARGS = {  # Any fields; the struct attribute of meta_name is `name`
     "call_stack": "Call stack", "collective_name": "Collective name", "pg_name": "Process Group Name",
     "dtype": "dtype", "meta_name": "name", "labels": "labels",
@@ -230,7 +230,7 @@ def test_a_typical_event_lands_in_every_column():
         b'"args":{"correlation":12,"External id":3,"external id":4,"stream":7,"device":0,"bytes":1e3,'
         b'"Bytes":-5,"Total Allocated":1.5,"Total Reserved":2.25,"Device Type":1,"Device Id":0,"Addr":140000000000,'
         b'"Python id":9,"Python parent id":8,"Sequence number":77,"Group size":8,"In msg nelems":1024,'
-        b'"Out msg nelems":2048,"Seq":5,"Input type":["float", "int"],"Input Dims":[[1,2],[]],'
+        b'"Out msg nelems":2048,"Seq":5,"Input type":["float", "int"],"Input Dims":[[1,2],[]],"Concrete Inputs":["", "1"],'
         b'"Call stack":"a;b","Collective name":"allreduce","Process Group Name":"0","dtype":"Float",'
         b'"name":"thread 1","labels":["x"],"other":{"deep":[1,2,{"x":null}]}}}'
     )
@@ -241,6 +241,7 @@ def test_a_typical_event_lands_in_every_column():
     assert col(got, "pid") == 0 and col(got, "pid_raw") == -1  # -1: an integer
     assert col(got, "ts") == 1661938466265032.5 and col(got, "nbytes") == 1000.0
     assert col(got, "input_dims") == b"[[1,2],[]]" and col(got, "input_type") == b'["float", "int"]'
+    assert col(got, "input_concrete") == b'["", "1"]'
 
 
 def test_raw_texts_are_shared_and_in_first_seen_order():

@@ -49,11 +49,11 @@ def ops_inside(model: TraceModel, spans: pd.DataFrame, names: set[str] | None = 
     ops = cpu[~cpu["is_annotation"]]
     if names is not None:
         ops = ops[names_in(ops["name"], names)]
-    keep = _inside_any(ops["ts"].to_numpy(), ops["tid"].to_numpy(), spans, ends=ops["end"].to_numpy())
+    keep = inside_any(ops["ts"].to_numpy(), ops["tid"].to_numpy(), spans, ends=ops["end"].to_numpy())
     return ops[keep]
 
 
-def _inside_any(ts: np.ndarray, tid: np.ndarray, spans: pd.DataFrame, ends: np.ndarray | None = None) -> np.ndarray:
+def inside_any(ts: np.ndarray, tid: np.ndarray, spans: pd.DataFrame, ends: np.ndarray | None = None) -> np.ndarray:
     """Which items [ts, ends] (or instants at ts when `ends` is None) lie inside some span on their thread.
 
     Per thread, spans sorted by start with a running maximum of their ends: an item is inside a span iff
@@ -79,4 +79,4 @@ def gpu_ops_launched_in(model: TraceModel, launches: pd.DataFrame, spans: pd.Dat
     """GPU ops whose launch call was made inside the spans (on the span's thread)."""
     if launches.empty or spans.empty:
         return launches.iloc[0:0]
-    return launches[_inside_any(launches["launch_ts"].to_numpy(), launches["tid"].to_numpy(), spans)]
+    return launches[inside_any(launches["launch_ts"].to_numpy(), launches["tid"].to_numpy(), spans)]

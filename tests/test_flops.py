@@ -1,0 +1,113 @@
+"""The FLOP formulas (analyzer/measure/flops.py) against hand counts and PyTorch's own schemas, and the count
+of a recorded trace against torch.utils.flop_counter.FlopCounterMode on the same step."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gpuadvise.analyzer.measure import flops
+from gpuadvise.analyzer.model.flopops import SIGNATURES
+
+torch = pytest.importorskip("torch")
+
+
+def _schema_args(name: str) -> list[str]:
+    packet = getattr(torch.ops.aten, name.split("::")[1])
+    overload = packet.default if "default" in packet.overloads() else getattr(packet, packet.overloads()[0])
+    return [a.name for a in overload._schema.arguments]
+
+
+@pytest.mark.parametrize("name", [n for n in SIGNATURES if n.startswith("aten::") and n != "aten::einsum"])
+def test_each_signature_points_at_the_argument_its_formula_reads(name):
+    sig = SIGNATURES[name]
+    try:
+        args = _schema_args(name)
+    except (AttributeError, RuntimeError):
+        pytest.skip(f"{name} is not in this torch build")
+    at = {"stride": ("stride",), "padding": ("padding",), "dilation": ("dilation",), "groups": ("groups",),
+          "output_padding": ("output_padding",), "output_mask": ("output_mask",)}
+    if sig.family == "conv":
+        want = ["grad_output", "input", "weight"] if sig.backward else [("input", "self"), "weight"]
+        for i, expected in zip(sig.tensors, want):
+            assert args[i] in ((expected,) if isinstance(expected, str) else expected)
+        for field, names in at.items():
+            index = getattr(sig, field)
+            if index is not None:
+                assert args[index] in names, (field, args)
+        if not isinstance(sig.transposed, bool):
+            assert args[sig.transposed] == "transposed"
+    elif sig.family == "attention":
+        first = sig.grad_out + 1 if sig.backward else 0
+        assert args[first:first + 3] == ["query", "key", "value"]
+        if sig.backward:
+            assert args[sig.grad_out].startswith("grad_out")
+        assert args[sig.causal] == ("custom_mask_type" if sig.mask_type else "is_causal")
+    else:
+        operands = [args[i] for i in sig.tensors]
+        assert operands[0] in ("self", "mat1", "batch1", "input") and operands[1] in ("mat2", "batch2", "other", "weight")
+
+
+def test_conv_counts_by_hand():
+    # 3×3 stride 2 pad 1 on 16×16: 8×8 outputs; 2 images · 64 positions · 8 out · 3 in · 9 taps · 2
+    assert flops.conv_flops([2, 3, 16, 16], [8, 3, 3, 3], stride=[2, 2], padding=[1, 1], dilation=[1, 1]) == 2 * 2 * 64 * 8 * 3 * 9
+    # dilation 2, no padding: 16 - 2·2 = 12 outputs a side
+    assert flops.conv_flops([1, 4, 16, 16], [4, 4, 3, 3], stride=1, padding=0, dilation=2) == 2 * 144 * 4 * 4 * 9
+    # transposed: every input position meets the whole kernel
+    assert flops.conv_flops([2, 8, 8, 8], [8, 4, 2, 2], transposed=True) == 2 * 2 * 64 * 8 * 4 * 4
+    # a depthwise conv's weight is [C, 1, k, k]: one input channel per output channel
+    depthwise = flops.conv_flops([1, 32, 10, 10], [32, 1, 3, 3], stride=1, padding=1)
+    assert depthwise == 2 * 100 * 32 * 9
+    # its backward costs the forward once per gradient, groups or not (FlopCounterMode counts 32× here)
+    assert flops.conv_backward_flops([1, 32, 10, 10], [1, 32, 10, 10], [32, 1, 3, 3], False, 32, (True, True, False)) == 2 * depthwise
+    assert flops.conv_backward_flops([1, 32, 10, 10], [1, 32, 10, 10], [32, 1, 3, 3], False, 32, (False, True, False)) == depthwise
+
+
+def test_conv_op_reads_padding_same_and_the_output_mask():
+    same = flops.op_flops("aten::conv2d", [[1, 4, 9, 9], [6, 4, 3, 3], [6], [], [], [], []],
+                          ["", "", "", "[1, 1]", "same", "[1, 1]", "1"])
+    assert same.flops == 2 * 81 * 6 * 4 * 9
+    backward = flops.op_flops("aten::convolution_backward",
+                              [[2, 8, 8, 8], [2, 3, 16, 16], [8, 3, 3, 3], [], [], [], [], [], [], [], []],
+                              ["", "", "", "[8]", "[2, 2]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1", "[False, True, True]"])
+    assert backward.flops == 2 * 2 * 64 * 8 * 3 * 9  # the weight's gradient only: the input needs none
+
+
+def test_causal_attention_counts_the_unmasked_scores():
+    # square: 1 + 2 + … + S of S² scores
+    assert flops.causal_fraction(16, 16) == pytest.approx(16 * 17 / 2 / 256)
+    # top left, more keys than queries: query i sees i + 1 keys
+    assert flops.causal_fraction(4, 8) == pytest.approx((1 + 2 + 3 + 4) / 32)
+    # bottom right (flash-attn): the last query sees all 8
+    assert flops.causal_fraction(4, 8, bottom_right=True) == pytest.approx((5 + 6 + 7 + 8) / 32)
+    q = [2, 4, 128, 64]
+    whole = 2 * 2 * 4 * 128 * 128 * (64 + 64)
+    count = flops.attention_flops(q, q, q, causal=True)
+    assert count.whole == whole and count.flops == pytest.approx(whole * 129 / 256) and count.causal is True
+    back = flops.attention_backward_flops(q, q, q, causal=False)
+    assert back.flops == back.whole == 2 * 2 * 4 * 128 * 128 * (3 * 64 + 2 * 64)
+
+
+def test_attention_ops_read_their_layout_and_mask():
+    bshd = [[2, 128, 8, 64], [2, 256, 2, 64], [2, 256, 2, 32]]  # grouped-query: 8 query heads, 2 kv heads
+    fwd = flops.op_flops("aten::_flash_attention_forward", bshd + [[]] * 8,
+                         ["", "", "", "", "", "128", "256", "0.", "True", "False", ""])
+    assert fwd.whole == 2 * 2 * 8 * 128 * 256 * (64 + 32)
+    assert fwd.flops == pytest.approx(fwd.whole * flops.causal_fraction(128, 256))
+    eff = flops.op_flops("aten::_efficient_attention_forward", bshd + [[]] * 11,
+                         ["", "", "", "", "", "", "", "", "0.", "2", "True", "", "", ""])
+    assert eff.causal and eff.flops == pytest.approx(eff.whole * flops.causal_fraction(128, 256, bottom_right=True))
+    # no Concrete Inputs (an older trace): whole, and the causal flag unknown
+    old = flops.op_flops("aten::_scaled_dot_product_cudnn_attention", [[1, 2, 64, 32]] * 3 + [[]] * 6, None)
+    assert old.causal is None and old.flops == old.whole
+    # a nested (packed, variable-length) call: not counted
+    assert math.isnan(flops.op_flops("aten::_flash_attention_forward", [[300, 8, 64]] * 3, []).flops)
+
+
+def test_matmul_broadcasts_like_torch():
+    assert flops.matmul_flops("aten::matmul", [[5, 3, 4], [4, 6]]) == 2 * 15 * 4 * 6
+    assert flops.matmul_flops("aten::matmul", [[3, 4], [2, 5, 4, 6]]) == 2 * 10 * 3 * 4 * 6
+    assert flops.matmul_flops("aten::matmul", [[4], [4, 6]]) == 2 * 4 * 6
+    assert flops.matmul_flops("aten::linear", [[8, 16, 32], [64, 32], [64]]) == 2 * 128 * 32 * 64
+    assert math.isnan(flops.matmul_flops("aten::matmul", [[2, 3, 4], [5, 4, 6]]))  # batches that do not broadcast
