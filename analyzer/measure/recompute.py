@@ -31,6 +31,7 @@ The interface:
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 
@@ -39,7 +40,7 @@ import pandas as pd
 
 from . import intervals as iv
 from . import perstep
-from .spans import gpu_ops_launched_in, ops_inside
+from .spans import TOUCH_US, gpu_ops_launched_in, ops_inside, outermost
 from gpuadvise.analyzer.model.trace import TraceModel, distinct_names, name_mask
 
 NODE = "autograd::engine::evaluate_function: "
@@ -81,9 +82,17 @@ class Recompute:
     kernels: pd.DataFrame | None = None  # the GPU ops they launched (`metrics.launches` rows), when asked for
 
     @property
+    def group_spans(self) -> pd.DataFrame:
+        """Per group (`np.unique(groups)` order): `ts`, `end` (its first recomputed op's start, its last
+        one's end: the Python between them included) and `tid`."""
+        g = self.ops.groupby(self.groups)
+        return pd.DataFrame({"ts": g["ts"].min(), "end": g["end"].max(), "tid": g["tid"].first()})
+
+    @property
     def spans(self) -> tuple[np.ndarray, np.ndarray]:
-        """The union of the recomputed ops' CPU spans (µs)."""
-        return iv.union(self.ops["ts"].to_numpy(dtype=float), self.ops["end"].to_numpy(dtype=float))
+        """The union of the groups' CPU spans (µs)."""
+        g = self.group_spans
+        return iv.union(g["ts"].to_numpy(dtype=float), g["end"].to_numpy(dtype=float))
 
     @property
     def segments(self) -> int:
@@ -114,7 +123,7 @@ def find(model: TraceModel, launches: pd.DataFrame | None = None) -> Recompute |
     autograd = name_mask(names, _AUTOGRAD.search)
     aten = name_mask(names, lambda n: n.startswith("aten::"))
     ts, end, tid = (cpu[c].to_numpy() for c in ("ts", "end", "tid"))
-    outer = _outermost(ts, end, tid, aten & real)
+    outer = outermost(ts, end, tid, aten & real)
     nodes = cpu[node]
     in_node = cpu.index.isin(ops_inside(model, nodes).index)
     forward_names = set(distinct_names(names[real & ~autograd & outer & ~in_node]))
@@ -166,27 +175,15 @@ def find(model: TraceModel, launches: pd.DataFrame | None = None) -> Recompute |
 
 
 def per_step(rc: Recompute, m) -> dict[str, np.ndarray]:
-    """Per step (in `metrics.per_step` order): `cpu_us`, the time the training thread spent in the
-    recompute; `gpu_us`, the summed GPU time of the ops it launched (`rc.kernels`; zero without them);
-    `ops`, the outermost recomputed ops it issued. Placed by the iteration that issued them
-    (`perstep.issued`)."""
-    o = rc.ops
-    cpu_us = perstep.issued(m, o["ts"], o["dur"])
+    """Per step (in `metrics.per_step` order): `cpu_us`, the time its thread spent in the recompute (each
+    group from its first op's start to its last op's end); `gpu_us`, the summed GPU time of the ops it
+    launched (`rc.kernels`; zero without them); `ops`, the outermost recomputed ops it issued. Placed by
+    the iteration that issued them (`perstep.issued`)."""
+    o, g = rc.ops, rc.group_spans
+    cpu_us = perstep.issued(m, g["ts"], g["end"] - g["ts"])
     gpu = rc.kernels
     gpu_us = perstep.issued(m, gpu["launch_ts"], gpu["gpu_us"]) if gpu is not None and len(gpu) else np.zeros(len(cpu_us))
     return {"cpu_us": cpu_us, "gpu_us": gpu_us, "ops": perstep.issued(m, o["ts"])}
-
-
-def _outermost(ts, end, tid, aten: np.ndarray) -> np.ndarray:
-    """Per row: no aten op on its thread contains it (an op nested in another aten op is its callee)."""
-    out = np.ones(len(ts), dtype=bool)
-    for t in np.unique(tid):
-        rows = np.flatnonzero(tid == t)
-        order = rows[np.lexsort((-end[rows], ts[rows]))]  # by start, the longer (outer) first on a tie
-        reach = np.where(aten[order], end[order], -np.inf)
-        before = np.concatenate([[-np.inf], np.maximum.accumulate(reach)[:-1]])
-        out[order] = ts[order] >= before
-    return out
 
 
 def _outermost_span(ts, end, tid, spans: pd.DataFrame) -> np.ndarray:
@@ -198,7 +195,7 @@ def _outermost_span(ts, end, tid, spans: pd.DataFrame) -> np.ndarray:
         mine = np.flatnonzero(s_tid == t)
         order = mine[np.lexsort((-s_end[mine], s_ts[mine]))]
         reach = np.maximum.accumulate(s_end[order])
-        top = np.concatenate([[True], s_ts[order][1:] >= reach[:-1]])  # not inside an earlier span
+        top = np.concatenate([[True], s_ts[order][1:] >= reach[:-1] - TOUCH_US])  # not inside an earlier span
         tops = order[top]
         k = np.searchsorted(s_ts[tops], ts[on], side="right") - 1
         out[on] = np.where(k >= 0, tops[np.clip(k, 0, None)], -1)
@@ -220,3 +217,85 @@ def _inner_rows(ts, end, tid, real, outer_rows: np.ndarray) -> np.ndarray:
         ok = (k >= 0) & (end[rows] <= o_end[kk]) & (rows != outer_rows[order][kk])
         pairs.append(np.stack([rows[ok], order[kk[ok]]], axis=1))
     return np.concatenate(pairs) if pairs else np.zeros((0, 2), dtype=np.int64)
+
+
+_WIDTH = {"c10::BFloat16": 2, "BFloat16": 2, "c10::Half": 2, "Half": 2, "float": 4, "Float": 4, "double": 8,
+          "Double": 8, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1}
+
+
+def saved_bytes(model: TraceModel, rc: Recompute, device_types=None) -> tuple[np.ndarray, str] | tuple[None, str]:
+    """Per recompute group (`np.unique(rc.groups)` order): the bytes its recompute kept for the backward,
+    and how that was found:
+
+    - "memory events": the `[memory]` events (`profile_memory=True`) inside the group's recomputed ops,
+      allocations less frees, on `device_types` (c10 device types; every one when None): the
+      activations the recompute made and did not free, which the forward would have kept without it;
+    - "shapes": without those events, the inputs the recomputed matmuls, convolutions and attention ops
+      save for their backward (their first input; q, k, v and the output for attention), from the
+      recorded shapes and dtypes: a lower bound, norms and activation functions save more;
+    - (None, "") when neither is in the trace."""
+    groups, at = np.unique(rc.groups, return_inverse=True)
+    o_ts, o_end = rc.ops["ts"].to_numpy(dtype=float), rc.ops["end"].to_numpy(dtype=float)
+    mem = model.memory
+    if device_types is not None and len(mem):
+        mem = mem[np.isin(mem["device_type"].to_numpy(), list(device_types))]
+    if len(mem):
+        m_ts, m_bytes = mem["ts"].to_numpy(dtype=float), mem["bytes"].to_numpy(dtype=float)
+        order = np.argsort(m_ts, kind="stable")
+        m_ts, csum = m_ts[order], np.concatenate([[0.0], np.cumsum(m_bytes[order])])
+        net = csum[np.searchsorted(m_ts, o_end, side="right")] - csum[np.searchsorted(m_ts, o_ts, side="left")]
+        if np.any(np.searchsorted(m_ts, o_end, side="right") > np.searchsorted(m_ts, o_ts, side="left")):
+            return np.maximum(np.bincount(at, weights=net, minlength=len(groups)), 0.0), "memory events"
+    cpu = model.cpu
+    if "input_dims" not in cpu or not len(rc.rows):
+        return None, ""
+    rows = rc.rows
+    dims = cpu["input_dims"].iloc[rows].astype(str).to_numpy()
+    types = cpu["input_type"].iloc[rows].astype(str).to_numpy()
+    names = cpu["name"].iloc[rows].astype(str).to_numpy()
+    per_row = np.zeros(len(rows))
+    for i, (n, d, t) in enumerate(zip(names, dims, types)):
+        if len(d) <= 2 or not _SAVES_INPUT.match(n):
+            continue
+        try:
+            shapes = json.loads(d)
+        except ValueError:
+            continue
+        kinds = t.split(",")
+        tensors = 3 if "attention" in n else 1
+        first = [s for s in shapes[:tensors] if isinstance(s, list) and s and all(isinstance(x, int) for x in s)]
+        width = next((_WIDTH[k.strip()] for k in kinds if k.strip() in _WIDTH), 0)
+        per_row[i] = width * sum(float(np.prod(s)) for s in first) * (4 / 3 if tensors == 3 else 1)
+    if not per_row.any():
+        return None, ""
+    # each row to its group: the outermost op holding it
+    ts, end, tid = (cpu[c].to_numpy() for c in ("ts", "end", "tid"))
+    r_ts, r_end, r_tid = ts[rows], end[rows], tid[rows]
+    group_of = np.full(len(rows), -1)
+    for j, (a, b, t) in enumerate(zip(o_ts, o_end, rc.ops["tid"].to_numpy())):
+        group_of[(r_tid == t) & (r_ts >= a) & (r_end <= b)] = at[j]
+    ok = group_of >= 0
+    # an op counted once: the outermost op with shapes (a linear, not the addmm inside it)
+    keep = ok & ~_inside_another(r_ts, r_end, r_tid, per_row > 0)
+    return np.bincount(group_of[keep], weights=per_row[keep], minlength=len(groups)), "shapes"
+
+
+# ops whose backward needs their (first) input, as recorded with shapes: matmuls, convolutions, attention
+_SAVES_INPUT = re.compile(r"^aten::(linear|matmul|mm|addmm|bmm|baddbmm|conv\w*|convolution|_convolution|"
+                          r"_scaled_dot_product_\w*attention\w*|scaled_dot_product_attention)$")
+
+
+def _inside_another(ts, end, tid, mask) -> np.ndarray:
+    """Per item: whether another item that `mask` picks holds it on its thread."""
+    out = np.zeros(len(ts), dtype=bool)
+    idx = np.flatnonzero(mask)
+    order = idx[np.lexsort((-end[idx], ts[idx], tid[idx]))]
+    reach, last_tid = -np.inf, None
+    for i in order:
+        if tid[i] != last_tid:
+            reach, last_tid = -np.inf, tid[i]
+        if end[i] <= reach:
+            out[i] = True
+        else:
+            reach = max(reach, end[i])
+    return out

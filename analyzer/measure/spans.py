@@ -80,3 +80,21 @@ def gpu_ops_launched_in(model: TraceModel, launches: pd.DataFrame, spans: pd.Dat
     if launches.empty or spans.empty:
         return launches.iloc[0:0]
     return launches[inside_any(launches["launch_ts"].to_numpy(), launches["tid"].to_numpy(), spans)]
+
+
+TOUCH_US = 1e-6  # an op that starts where the previous one ended (to float rounding) is not inside it
+
+
+def outermost(ts: np.ndarray, end: np.ndarray, tid: np.ndarray, holders: np.ndarray | None = None) -> np.ndarray:
+    """Per item: whether no holder (`holders` picks them; every item when None) on its thread holds it.
+    Per thread, by start with the longer first on a tie, against the running maximum of the holders' ends
+    before it: ops nest on a thread, so that finds them without walking the tree."""
+    out = np.ones(len(ts), dtype=bool)
+    holders = np.ones(len(ts), dtype=bool) if holders is None else holders
+    for t in np.unique(tid):
+        rows = np.flatnonzero(tid == t)
+        order = rows[np.lexsort((-end[rows], ts[rows]))]
+        reach = np.where(holders[order], end[order], -np.inf)
+        before = np.concatenate([[-np.inf], np.maximum.accumulate(reach)[:-1]])
+        out[order] = ts[order] >= before - TOUCH_US
+    return out
