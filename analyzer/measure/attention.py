@@ -15,7 +15,7 @@ The paths, by the ops and kernels the trace records:
   MAX_BETWEEN ops between each (the scale, a mask, dropout), where the shapes (when recorded) say
   attention: the first product is [..., Tq, D] × [..., D, Tk], the second takes its [..., Tq, Tk]
   result (the same batch × heads) against [..., Tk, Dv]. Without recorded shapes only `bmm`/`baddbmm`
-  pairs are taken (a batched product by name; a plain `matmul` could be anything).
+  pairs are taken, or `matmul`s that dispatched to a bmm (a product of batched matrices).
 
 A call's forward is its span (the fused op, the math op, or first matmul → second matmul); its backward
 is every autograd node whose sequence number is one of the forward's ops' (the engine records the
@@ -156,12 +156,21 @@ def _is_attention(cpu, a: int, b: int) -> bool:
     [..., Tq, Tk] result × [..., Tk, Dv], over the same batch × heads."""
     first, second = _operands(cpu, a), _operands(cpu, b)
     if first is None or second is None:
-        return str(cpu["name"].iat[a]) in BATCHED and str(cpu["name"].iat[b]) in BATCHED
+        return _batched(cpu, a) and _batched(cpu, b)
     (q, k), (p, v) = first, second
     if len(q) < 3 or len(k) != len(q) or len(p) != len(q) or len(v) != len(q):
         return False
     return (q[:-2] == k[:-2] == p[:-2] == v[:-2] and q[-1] == k[-2] and p[-2] == q[-2] and p[-1] == k[-1]
             and v[-2] == k[-1] and k[-1] > 1)
+
+
+def _batched(cpu, r: int) -> bool:
+    """A batched product by its name, or a `matmul`/`einsum` that dispatched to one (a bmm inside it)."""
+    if str(cpu["name"].iat[r]) in BATCHED:
+        return True
+    ts, end, tid = cpu["ts"].to_numpy(), cpu["end"].to_numpy(), cpu["tid"].to_numpy()
+    inside = (tid == tid[r]) & (ts >= ts[r]) & (end <= end[r])
+    return bool(names_in(cpu["name"][inside], BATCHED).any())
 
 
 def _operands(cpu, r: int) -> tuple[list, list] | None:
@@ -198,6 +207,7 @@ def _measure(model: TraceModel, launches: pd.DataFrame, rows: list[tuple]) -> At
     ts, end, tid, seq = (cpu[c].to_numpy() for c in ("ts", "end", "tid", "seq"))
     real = ~cpu["is_annotation"].to_numpy(dtype=bool)
     nodes = cpu[name_mask(names, lambda n: n.startswith(NODE))]
+    sdpa = names_in(names, {SDPA} | set(FUSED) | MATH)
     node_seq = nodes["seq"].to_numpy()
     on_cpu = launches is None or launches.empty
     records, kernel_parts = [], []
@@ -205,7 +215,11 @@ def _measure(model: TraceModel, launches: pd.DataFrame, rows: list[tuple]) -> At
         lo, hi, t = float(ts[first]), float(end[last]), int(tid[first])
         span = pd.DataFrame({"ts": [lo], "end": [hi], "tid": [t], "name": [""]})
         inside = np.flatnonzero(real & (tid == t) & (ts >= lo) & (end <= hi))
-        seqs = set(seq[inside][seq[inside] >= 0].tolist())
+        # the autograd nodes of its ops, and of the SDPA op around a backend's (which carries the number
+        # where the backend op records none)
+        around = np.flatnonzero(sdpa & (tid == t) & (ts <= lo) & (end >= hi))
+        mine = np.concatenate([inside, around])
+        seqs = set(seq[mine][seq[mine] >= 0].tolist())
         backward = nodes[np.isin(node_seq, list(seqs))] if seqs else nodes.iloc[0:0]
         shape = _shape(cpu, path, first, last, op)
         between = set(names.iloc[inside].astype(str))

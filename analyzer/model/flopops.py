@@ -126,15 +126,18 @@ SIGNATURES: dict[str, Signature] = {
     "flash_attn::_flash_attn_backward": _attn_bwd(11, "bshd", bottom_right=True),
 }
 
-# Ops the reader keeps shapes and arguments for: those above, and the other ops the rules read shapes of
-# (every convolution and matmul spelling: `cudnn-benchmark`, `matmul-alignment`).
+# The SDPA call and its math backend: no formula (the ops they call carry the FLOPs), but `unfused-attention`
+# reads their arguments (an explicit `attn_mask`, the dtype, the head dim).
+ATTENTION_CALLS = ("aten::scaled_dot_product_attention", "aten::_scaled_dot_product_attention_math")
+# Ops the reader keeps shapes and arguments for: those above, ATTENTION_CALLS, and the other ops the rules read
+# shapes of (every convolution and matmul spelling: `cudnn-benchmark`, `matmul-alignment`).
 _OTHER_SHAPED = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|conv|convolution|cudnn_conv|"
                            r"_convolution)")
 
 
 def shaped(name: str) -> bool:
     """Whether the reader keeps this op's shapes, dtypes and scalar arguments."""
-    return name in SIGNATURES or bool(_OTHER_SHAPED.match(name))
+    return name in SIGNATURES or name in ATTENTION_CALLS or bool(_OTHER_SHAPED.match(name))
 
 
 def family(name: str) -> str | None:

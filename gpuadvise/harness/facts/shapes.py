@@ -23,9 +23,9 @@ import mmap
 import re
 from collections import defaultdict
 
-from gpuadvise.analyzer.model.flopops import SIGNATURES
+from gpuadvise.analyzer.model.flopops import ATTENTION_CALLS, SIGNATURES
 
-OPS = tuple(SIGNATURES)
+OPS = tuple(SIGNATURES) + ATTENTION_CALLS
 SHAPE_KEYS = ("Input Dims", "Input type", "Input Strides", "Concrete Inputs")
 _NAME = re.compile(rb'"name":\s*"(' + b"|".join(re.escape(o.encode()) for o in OPS) + rb')"')
 _DECODER = json.JSONDecoder()
