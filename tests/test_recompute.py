@@ -88,3 +88,59 @@ def test_a_double_backward_is_not_a_recompute(tmp_path):
     b.finish()
     model = load_trace(b.write(tmp_path / "double.json"), cache=False)
     assert recompute.find(model) is None
+
+
+# -- the rule: unneeded-recompute ---------------------------------------------------------------------------
+
+def _recompute_finding(tmp_path, name, facts=None, **kw):
+    from gpuadvise.analyzer.read.loader import load_trace
+    from gpuadvise.analyzer.run.single import analyze_model
+    from gpuadvise.rules.unneeded_recompute import RULE
+
+    model = load_trace(training_loop(checkpoint=True, shape=Shape(layers=4), **kw).write(tmp_path / f"{name}.json"),
+                       cache=False)
+    found = [f for f in analyze_model(model, facts=facts, rules=[RULE]).findings]
+    assert len(found) <= 1
+    return found[0] if found else None
+
+
+def test_room_for_every_segment_means_no_checkpointing(tmp_path):
+    f = _recompute_finding(tmp_path, "room", memory_gib=30)
+    n = f.evidence.numbers
+    assert n["segments_kept"] == n["segments_per_step"] == 4
+    assert "Stop checkpointing" in f.advice
+    # the saving is the replay without the whole recompute: most of what it costs a GPU-bound step
+    assert 0.8 * n["recompute_share_pct_of_step"] <= f.impact.est_step_saving_pct <= n["recompute_share_pct_of_step"] + 0.5
+
+
+def test_room_for_some_segments_means_fewer_checkpointed_layers(tmp_path):
+    """72 GiB is 90 % of the 80 GiB device. A layer's recompute saves, by the recorded shapes, the inputs of
+    its four linears (3 of [B, T, C] and one of [B, T, 4C]) and attention's q, k, v and output: 11 tensors
+    of B·T·C bf16 = 0.17 GiB. A peak of 71.65 GiB (the fixture's reserved memory: memory_gib + 2) leaves
+    room for two of the four."""
+    s = Shape(layers=4)
+    per_layer = 11 * s.tokens * s.width * 2
+    assert 2 * per_layer < (72 - 71.65) * 2**30 < 3 * per_layer
+    full = _recompute_finding(tmp_path, "room", memory_gib=30)
+    f = _recompute_finding(tmp_path, "some", memory_gib=69.65)
+    assert f.evidence.numbers["segments_kept"] == 2
+    assert "Checkpoint 2 of them" in f.advice
+    assert f.impact.est_step_saving_pct == pytest.approx(full.impact.est_step_saving_pct / 2, rel=0.15)
+
+
+def test_quiet_where_memory_is_tight(tmp_path):
+    assert _recompute_finding(tmp_path, "tight", memory_gib=71.9) is None
+
+
+def test_unknown_memory_is_said_not_guessed(tmp_path):
+    f = _recompute_finding(tmp_path, "unknown")
+    assert f.severity == "info" and "not known" in f.message
+    assert "no memory peak" in f.message
+    assert f.evidence.numbers["segments_kept"] is None
+
+
+def test_a_hugging_face_run_is_told_gradient_checkpointing_disable(tmp_path):
+    facts = {"framework": {"name": "transformers", "settings": {"gradient_checkpointing": True}}}
+    f = _recompute_finding(tmp_path, "hf", facts=facts, memory_gib=30)
+    assert f.message.startswith("Gradient checkpointing (Hugging Face)")
+    assert "gradient_checkpointing_disable()" in f.advice
