@@ -127,7 +127,7 @@ class UnfusedAttention(Rule):
                    "head_dim": _int(lead["head_dim"]), "dtype": lead["dtype"], "fused_dtype": target,
                    "paths": {str(p): int(n) for p, n in calls["path"].value_counts().items()},
                    "fused_elsewhere": int(len(found.fused)),
-                   "statistic": "median step" if len(m.steps) > 1 else "the step"}
+                   "statistic": "median step"}
         items = [{"name": s["op"], "path": s["path"], "count": s["count"], "source": s["source"] or "–",
                   "shape": s["shape"]} for s in sites[:6]]
         evidence = Evidence(steps=[s.number for s in m.steps], items=items, numbers=numbers,

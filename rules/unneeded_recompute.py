@@ -108,7 +108,7 @@ class UnneededRecompute(Rule):
                    f"{perstep.the_median_step(m)}.")
         numbers = {"recompute_ms_per_step": round(cost_us / 1e3, 3), "recompute_share_pct_of_step": round(share, 1),
                    "recomputed_ops_per_step": perstep.median(per["ops"]), "segments_per_step": n_seg,
-                   "statistic": "median step" if len(m.steps) > 1 else "the step",
+                   "statistic": "median step",
                    "peak_gib": round(peak / GiB, 2) if peak is not None else None,
                    "capacity_gib": round(capacity / GiB, 2) if capacity else None,
                    "saved_activations_mib_per_step": round(acts_step / 2**20, 3) if acts_step else None,
