@@ -320,7 +320,9 @@ def _advice(calls, on, fw, head: float, top, bounded: bool, target) -> str:
     if "torch.nn.MultiheadAttention" in lib:
         how = "Call the attention with `need_weights=False`: it then runs `scaled_dot_product_attention`'s fused kernels"
     elif "transformers" in lib:
-        how = 'Load the model with `attn_implementation="sdpa"` (or "flash_attention_2" where installed)'
+        how = ('Load the model with `attn_implementation="sdpa"` ("flash_attention_2" where installed; a model '
+               "with no SDPA implementation of its own needs its matmul → softmax → matmul replaced by "
+               "`F.scaled_dot_product_attention`)")
     elif paths == {"math"}:
         how = "Let `scaled_dot_product_attention` choose its backend (no `sdpa_kernel(SDPBackend.MATH)`)"
     else:

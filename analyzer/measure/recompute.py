@@ -56,7 +56,7 @@ REENTRANT_NODE = NODE + "CheckpointFunctionBackward"
 # what the Python frames (`with_stack=True`) show of the API that asked for the recompute
 _SELECTIVE = re.compile(r"selective_checkpoint|_CachingTorchDispatchMode|_CachedTorchDispatchMode|"
                         r"SelectiveCheckpointContext|create_selective_checkpoint_contexts")
-_HF = re.compile(r"transformers/.*(gradient_checkpointing|GradientCheckpointingLayer)")
+_HF = re.compile(r"transformers/.*(gradient_checkpointing|GradientCheckpointingLayer|_with_checkpointing)")
 _CHECKPOINT_FRAME = re.compile(r"torch/utils/checkpoint\.py")
 
 
