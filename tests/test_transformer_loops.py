@@ -50,8 +50,8 @@ def test_attention_written_by_hand_is_reported_at_its_line(recorded):
     assert f is not None
     assert "written out by hand" in f.message
     n = f.evidence.numbers
-    # B=4 × H=4 heads, T=64, head dim 128/4 = 32, fp32: the probe's shapes
-    assert (n["batch_heads"], n["q_len"], n["k_len"], n["head_dim"], n["dtype"]) == (16, 64, 64, 32, "fp32")
+    # B=4 × H=4 heads, T=256, head dim 64/4 = 16, fp32: the probe's shapes
+    assert (n["batch_heads"], n["q_len"], n["k_len"], n["head_dim"], n["dtype"]) == (16, 256, 256, 16, "fp32")
     assert n["unfused_calls_per_step"] == 2  # one per block
     assert any(s.startswith("transformer_loops.py(") for s in f.evidence.sources)
     assert "scaled_dot_product_attention(q, k, v, is_causal=True)" in f.advice + f.fix
@@ -70,10 +70,10 @@ def test_sdpa_on_its_fused_kernel_is_quiet(recorded):
     assert _finding(recorded["fused"][1], "unfused-attention") is None
 
 
-def _hand_count(model, metrics) -> float:
-    """The recompute's median share of the step, counted by hand: each block's forward is annotated
-    `block`, `loss.backward()` `backward`; checkpointing runs the block's forward a second time inside
-    the backward, so the `block` spans that lie inside a step's `backward` span are its recompute."""
+def _hand_count(model, metrics) -> np.ndarray:
+    """The recompute's time per step, counted by hand: each block's forward is annotated `block`,
+    `loss.backward()` `backward`; checkpointing runs the block's forward a second time inside the
+    backward, so the `block` spans that lie inside a step's `backward` span are its recompute."""
     cpu = model.cpu
     names = cpu["name"].astype(str)
     blocks, backward = cpu[names == "block"], cpu[names == "backward"]
@@ -83,18 +83,22 @@ def _hand_count(model, metrics) -> float:
         inside = blocks[(blocks["ts"] >= bw["ts"].min()) & (blocks["end"] <= bw["end"].max())]
         assert len(inside) == 2  # the two blocks, each once
         per_step.append(float(inside["dur"].sum()))
-    return float(np.median(per_step)) / metrics.median_step_us
+    return np.array(per_step)
 
 
 def test_recompute_share_agrees_with_a_hand_count(recorded):
+    """Step by step, the recompute's share of the step agrees with the hand count within 10 % (the same
+    executions measured twice: compared step by step, since a shared CPU makes one step's recompute take
+    five times another's)."""
     model, report = recorded["checkpointed"]
     metrics = report.metrics
     rc = recompute.find(model, metrics.launches)
     assert rc is not None and rc.segments == 2 * len(metrics.steps)
-    share = perstep.median(recompute.per_step(rc, metrics)["cpu_us"]) / metrics.median_step_us
+    found = recompute.per_step(rc, metrics)["cpu_us"]
     hand = _hand_count(model, metrics)
-    assert share == pytest.approx(hand, rel=0.10)
-    assert recompute.find(*(lambda m, r: (m, r.metrics.launches))(*recorded["plain"])) is None
+    shares = found / metrics.per_step["dur_us"].to_numpy(), hand / metrics.per_step["dur_us"].to_numpy()
+    assert np.median(shares[0] / shares[1]) == pytest.approx(1.0, abs=0.10)
+    assert recompute.find(recorded["plain"][0], recorded["plain"][1].metrics.launches) is None
 
 
 def test_recompute_finding_says_what_it_costs_and_what_is_unknown(recorded):

@@ -29,7 +29,7 @@ out = sys.argv[1]
 torch.manual_seed(0)
 torch.set_num_threads(1)
 warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
-B, T, C, H, VOCAB = 4, 64, 128, 4, 256
+B, T, C, H, VOCAB = 4, 256, 64, 4, 256
 
 
 class Attention(torch.nn.Module):
