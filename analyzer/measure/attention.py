@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .spans import TOUCH_US, gpu_ops_launched_in, ops_inside, outermost
+from .spans import TOUCH_US, ops_inside, outermost
 from gpuadvise.analyzer.model import frames as code_frames
 from gpuadvise.analyzer.model.kernels import is_matmul_like
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask, names_in
@@ -67,6 +67,7 @@ _DTYPES = {"c10::BFloat16": "bf16", "BFloat16": "bf16", "c10::Half": "fp16", "Ha
            "Float": "fp32", "double": "fp64", "Double": "fp64"}
 _HF = re.compile(r"(^|/)transformers/")
 _MHA = re.compile(r"multi_head_attention_forward")
+UNFUSED = ("math", "hand-written")
 COLUMNS = ["path", "op", "ts", "end", "tid", "external_id", "batch_heads", "heads", "q_len", "k_len", "head_dim",
            "v_dim", "dtype", "mask", "dropout", "causal", "fwd_us", "bwd_us", "scores_us", "cpu_us", "cpu_scores_us",
            "source", "library"]
@@ -83,11 +84,11 @@ class Attention:
 
     @property
     def unfused(self) -> pd.DataFrame:
-        return self.calls[self.calls["path"].isin(("math", "hand-written"))]
+        return self.calls[self.calls["path"].isin(UNFUSED)]
 
     @property
     def fused(self) -> pd.DataFrame:
-        return self.calls[~self.calls["path"].isin(("math", "hand-written"))]
+        return self.calls[~self.calls["path"].isin(UNFUSED)]
 
 
 def find(model: TraceModel, launches: pd.DataFrame) -> Attention | None:
@@ -205,51 +206,106 @@ def _measure(model: TraceModel, launches: pd.DataFrame, rows: list[tuple]) -> At
     rows.sort(key=lambda x: float(cpu["ts"].iat[x[1]]))
     names = cpu["name"]
     ts, end, tid, seq = (cpu[c].to_numpy() for c in ("ts", "end", "tid", "seq"))
-    real = ~cpu["is_annotation"].to_numpy(dtype=bool)
-    nodes = cpu[name_mask(names, lambda n: n.startswith(NODE))]
-    sdpa = names_in(names, {SDPA} | set(FUSED) | MATH)
-    node_seq = nodes["seq"].to_numpy()
+    index = _Index(cpu)
+    node_rows = np.flatnonzero(name_mask(names, lambda n: n.startswith(NODE)))
+    by_seq: dict[int, list[int]] = {}
+    for r, q in zip(node_rows.tolist(), seq[node_rows].tolist()):
+        if q >= 0:
+            by_seq.setdefault(q, []).append(r)
+    sdpa = np.flatnonzero(names_in(names, {SDPA} | set(FUSED) | MATH))
     on_cpu = launches is None or launches.empty
-    records, kernel_parts = [], []
+    frames = _Frames(model)
+    records, spans, node_of = [], [], []
     for i, (path, first, last, op) in enumerate(rows):
         lo, hi, t = float(ts[first]), float(end[last]), int(tid[first])
-        span = pd.DataFrame({"ts": [lo], "end": [hi], "tid": [t], "name": [""]})
-        inside = np.flatnonzero(real & (tid == t) & (ts >= lo) & (end <= hi))
+        inside = index.within(lo, hi, t)
         # the autograd nodes of its ops, and of the SDPA op around a backend's (which carries the number
         # where the backend op records none)
-        around = np.flatnonzero(sdpa & (tid == t) & (ts <= lo) & (end >= hi))
+        around = sdpa[(tid[sdpa] == t) & (ts[sdpa] <= lo + TOUCH_US) & (end[sdpa] >= hi - TOUCH_US)]
         mine = np.concatenate([inside, around])
-        seqs = set(seq[mine][seq[mine] >= 0].tolist())
-        backward = nodes[np.isin(node_seq, list(seqs))] if seqs else nodes.iloc[0:0]
-        shape = _shape(cpu, path, first, last, op)
-        between = set(names.iloc[inside].astype(str))
+        backward = sorted({r for q in set(seq[mine][seq[mine] >= 0].tolist()) for r in by_seq.get(q, ())})
+        spans.append((lo, hi, t))
+        node_of += [(r, i) for r in backward]
+        shape = _shape(cpu, index, sdpa, path, first, last, op)
+        between = set(index.names(inside).tolist())
         rec = {"path": path, "op": str(names.iat[op]), "ts": lo, "end": hi, "tid": t,
                "external_id": int(cpu["external_id"].iat[op]), **shape,
                "mask": shape.pop("mask", None) if path != "hand-written" else bool(between & MASKS - {"aten::baddbmm"}
                                                                                         or str(names.iat[first]) == "aten::baddbmm"),
-               "dropout": bool(between & DROPOUT)}
-        rec.update(_python(model, lo, hi, t, cpu["call_stack"].iat[op] if "call_stack" in cpu else ""))
-        if not on_cpu:
-            fwd = gpu_ops_launched_in(model, launches, span)
-            bwd = gpu_ops_launched_in(model, launches, backward)
-            for part, flag in ((fwd, False), (bwd, True)):
-                if len(part):
-                    kernel_parts.append(part.assign(call=i, backward=flag))
-            scores = [k for k in (fwd, bwd) if len(k)]
-            rec["fwd_us"], rec["bwd_us"] = float(fwd["gpu_us"].sum()), float(bwd["gpu_us"].sum())
-            rec["scores_us"] = float(sum(k.loc[~matrix_kernels(k["gpu_name"]), "gpu_us"].sum() for k in scores))
-            rec["cpu_us"] = rec["cpu_scores_us"] = 0.0
-        else:
-            rec["fwd_us"] = rec["bwd_us"] = rec["scores_us"] = 0.0
-            rec["cpu_us"], rec["cpu_scores_us"] = _cpu_time(cpu, inside, backward, real, ts, end, tid)
+               "dropout": bool(between & DROPOUT), "source": "", "library": "",
+               "fwd_us": 0.0, "bwd_us": 0.0, "scores_us": 0.0, "cpu_us": 0.0, "cpu_scores_us": 0.0}
+        if path in UNFUSED:  # where the finding points: only the calls a finding is about
+            rec.update(frames.of(lo, hi, t, cpu["call_stack"].iat[op] if "call_stack" in cpu else ""))
+        if on_cpu:
+            rec["cpu_us"], rec["cpu_scores_us"] = _cpu_time(cpu, index, inside, backward)
         records.append(rec)
     calls = pd.DataFrame.from_records(records)
-    for c in COLUMNS:
-        if c not in calls:
-            calls[c] = None
-    kernels = pd.concat(kernel_parts, ignore_index=True) if kernel_parts else pd.DataFrame(
-        columns=list(launches.columns if launches is not None else []) + ["call", "backward"])
+    kernels = pd.DataFrame(columns=list(launches.columns if launches is not None else []) + ["call", "backward"])
+    if not on_cpu:
+        fwd = _assign(launches, np.array(spans, dtype=float).reshape(-1, 3), np.arange(len(spans)))
+        pairs = np.array(node_of, dtype=np.int64).reshape(-1, 2)
+        node_spans = np.stack([ts[pairs[:, 0]], end[pairs[:, 0]], tid[pairs[:, 0]]], axis=1).astype(float)
+        bwd = _assign(launches, node_spans, pairs[:, 1])
+        kernels = pd.concat([launches[fwd >= 0].assign(call=fwd[fwd >= 0], backward=False),
+                             launches[(bwd >= 0) & (fwd < 0)].assign(call=bwd[(bwd >= 0) & (fwd < 0)], backward=True)],
+                            ignore_index=True)
+        scores = ~matrix_kernels(kernels["gpu_name"]) if len(kernels) else np.zeros(0, dtype=bool)
+        us = kernels["gpu_us"].to_numpy(dtype=float)
+        call = kernels["call"].to_numpy(dtype=np.int64)
+        back = kernels["backward"].to_numpy(dtype=bool)
+        n = len(calls)
+        calls["fwd_us"] = np.bincount(call[~back], weights=us[~back], minlength=n)
+        calls["bwd_us"] = np.bincount(call[back], weights=us[back], minlength=n)
+        calls["scores_us"] = np.bincount(call[scores], weights=us[scores], minlength=n)
     return Attention(calls[COLUMNS], kernels)
+
+
+class _Index:
+    """The real (not annotation) ops of each thread in start order: the ops inside a span without a scan
+    of them all."""
+
+    def __init__(self, cpu: pd.DataFrame):
+        self.ts, self.end, self.tid = (cpu[c].to_numpy() for c in ("ts", "end", "tid"))
+        tid = self.tid
+        col = cpu["name"]
+        if isinstance(col.dtype, pd.CategoricalDtype):
+            self._codes, self._texts = col.cat.codes.to_numpy(), np.array([str(c) for c in col.cat.categories] + ["nan"])
+        else:
+            self._texts, self._codes = np.unique(col.astype(str).to_numpy(), return_inverse=True)
+        real = ~cpu["is_annotation"].to_numpy(dtype=bool)
+        self.threads = {}
+        for t in np.unique(tid[real]):
+            rows = np.flatnonzero(real & (tid == t))
+            rows = rows[np.argsort(self.ts[rows], kind="stable")]
+            self.threads[t] = (rows, self.ts[rows])
+
+    def names(self, rows) -> np.ndarray:
+        """The ops' names at `rows`, as text."""
+        return self._texts[self._codes[rows]]
+
+    def within(self, lo: float, hi: float, t) -> np.ndarray:
+        """The rows of thread `t`'s ops that lie inside [lo, hi]."""
+        rows, starts = self.threads.get(t, (np.zeros(0, dtype=np.int64), np.zeros(0)))
+        a, b = np.searchsorted(starts, lo - TOUCH_US, "left"), np.searchsorted(starts, hi + TOUCH_US, "right")
+        got = rows[a:b]
+        return got[self.end[got] <= hi + TOUCH_US]
+
+
+def _assign(launches: pd.DataFrame, spans: np.ndarray, owner: np.ndarray) -> np.ndarray:
+    """Per launch: the `owner` of the latest-starting span (lo, hi, tid rows) on its thread that holds its
+    call, -1 for none. Spans on a thread nest or follow each other: the latest start is the innermost."""
+    out = np.full(len(launches), -1, dtype=np.int64)
+    if not len(spans) or launches.empty:
+        return out
+    k_ts, k_tid = launches["launch_ts"].to_numpy(dtype=float), launches["tid"].to_numpy()
+    for t in np.unique(spans[:, 2]):
+        mine = np.flatnonzero(spans[:, 2] == t)
+        mine = mine[np.argsort(spans[mine, 0], kind="stable")]
+        on = np.flatnonzero(k_tid == t)
+        j = np.searchsorted(spans[mine, 0], k_ts[on], side="right") - 1
+        ok = (j >= 0) & (k_ts[on] <= spans[mine[np.clip(j, 0, None)], 1])
+        out[on[ok]] = owner[mine[j[ok]]]
+    return out
 
 
 def matrix_kernels(names: pd.Series) -> np.ndarray:
@@ -257,14 +313,14 @@ def matrix_kernels(names: pd.Series) -> np.ndarray:
     return name_mask(names, is_matmul_like)
 
 
-def _shape(cpu, path: str, first: int, last: int, op: int) -> dict:
+def _shape(cpu, index: "_Index", sdpa: np.ndarray, path: str, first: int, last: int, op: int) -> dict:
     """What the recorded shapes and types say of one call: batch × heads, the lengths, the head dims,
     the dtype, and for SDPA whether an `attn_mask` was passed."""
     out = {"batch_heads": None, "heads": None, "q_len": None, "k_len": None, "head_dim": None, "v_dim": None,
            "dtype": None, "causal": None}
     if path == "hand-written" or path == "math":
         if path == "math":  # the math op's own products: its first and last product inside it
-            inner = _inner_products(cpu, op)
+            inner = _inner_products(cpu, index, op)
             if inner is None:
                 return out
             first, last = inner
@@ -276,7 +332,7 @@ def _shape(cpu, path: str, first: int, last: int, op: int) -> dict:
         types = _types(cpu, first)
         out["dtype"] = next((_DTYPES[x.strip()] for x in types if x.strip() in _DTYPES), None)
         if path == "math":
-            out["mask"] = _sdpa_mask(cpu, op)
+            out["mask"] = _sdpa_mask(cpu, index, sdpa, op)
         return out
     dims = _dims(cpu, op)
     shapes = [d if isinstance(d, list) else [] for d in dims[:3]]
@@ -285,27 +341,26 @@ def _shape(cpu, path: str, first: int, last: int, op: int) -> dict:
         out.update(batch_heads=q[0] * q[1], heads=q[1], q_len=q[2], k_len=k[2], head_dim=q[3], v_dim=v[3])
     types = _types(cpu, op)
     out["dtype"] = next((_DTYPES[x.strip()] for x in types if x.strip() in _DTYPES), None)
-    out["mask"] = _sdpa_mask(cpu, op)
+    out["mask"] = _sdpa_mask(cpu, index, sdpa, op)
     return out
 
 
-def _inner_products(cpu, op: int) -> tuple[int, int] | None:
+def _inner_products(cpu, index: "_Index", op: int) -> tuple[int, int] | None:
     """The first and last product op inside a math SDPA op (its QKᵀ and its PV)."""
-    names, ts, end, tid = cpu["name"], cpu["ts"].to_numpy(), cpu["end"].to_numpy(), cpu["tid"].to_numpy()
-    inside = np.flatnonzero((tid == tid[op]) & (ts >= ts[op]) & (end <= end[op]) & names_in(names, {"aten::bmm"}))
-    if len(inside) < 2:
-        inside = np.flatnonzero((tid == tid[op]) & (ts >= ts[op]) & (end <= end[op]) & names_in(names, PRODUCTS))
-    if len(inside) < 2:
-        return None
-    inside = inside[np.argsort(ts[inside], kind="stable")]
-    return int(inside[0]), int(inside[-1])
+    inside = index.within(float(index.ts[op]), float(index.end[op]), index.tid[op])
+    names = index.names(inside)
+    found = inside[np.isin(names, ["aten::bmm"])]
+    if len(found) < 2:
+        found = inside[np.isin(names, list(PRODUCTS))]
+    return (int(found[0]), int(found[-1])) if len(found) >= 2 else None  # in start order
 
 
-def _sdpa_mask(cpu, op: int) -> bool | None:
+def _sdpa_mask(cpu, index: "_Index", sdpa: np.ndarray, op: int) -> bool | None:
     """Whether the SDPA call around `op` got an explicit attn_mask (its fourth input has a shape); None
-    without recorded shapes."""
-    names, ts, end, tid = cpu["name"], cpu["ts"].to_numpy(), cpu["end"].to_numpy(), cpu["tid"].to_numpy()
-    around = np.flatnonzero((names == SDPA).to_numpy() & (tid == tid[op]) & (ts <= ts[op]) & (end >= end[op]))
+    without recorded shapes. `sdpa`: the rows of the SDPA ops."""
+    ts, end, tid = index.ts, index.end, index.tid
+    around = sdpa[(tid[sdpa] == tid[op]) & (ts[sdpa] <= ts[op] + TOUCH_US) & (end[sdpa] >= end[op] - TOUCH_US)]
+    around = around[index.names(around) == SDPA]
     for r in around[::-1]:
         dims = _dims(cpu, int(r))
         if len(dims) >= 4:
@@ -313,23 +368,21 @@ def _sdpa_mask(cpu, op: int) -> bool | None:
     return None
 
 
-def _cpu_time(cpu, inside: np.ndarray, backward: pd.DataFrame, real, ts, end, tid) -> tuple[float, float]:
+def _cpu_time(cpu, index: "_Index", inside: np.ndarray, backward: list[int]) -> tuple[float, float]:
     """A CPU-only trace: the forward span's and backward nodes' time, and the part spent outside the
     products (the scores' elementwise passes), from the outermost ops inside them."""
     total = scores = 0.0
-    names = cpu["name"]
-    parts = [inside]
-    for b in backward.itertuples():
-        parts.append(np.flatnonzero(real & (tid == b.tid) & (ts >= b.ts) & (end <= b.end)))
+    ts, end, tid = index.ts, index.end, index.tid
+    parts = [inside] + [index.within(float(ts[r]), float(end[r]), tid[r]) for r in backward]
+    products = list(PRODUCTS | {"aten::mm", "aten::addmm"})
     for part in parts:
         if not len(part):
             continue
         top = part[outermost(ts[part], end[part], tid[part])]
-        dur = end[top] - ts[top]
-        total += float(dur.sum())
+        total += float((end[top] - ts[top]).sum())
         # the leaves' time outside the products: what a fused kernel does not spend on the scores
-        products = PRODUCTS | {"aten::mm", "aten::addmm"}
-        keep = _leaves(part, ts, end) & ~names_in(names.iloc[part], products) & ~_under(part, names, ts, end, products)
+        product = np.isin(index.names(part), products)
+        keep = _leaves(part, ts, end) & ~product & ~_under(part, product, ts, end)
         scores += float((end[part][keep] - ts[part][keep]).sum())
     return total, scores
 
@@ -343,29 +396,38 @@ def _leaves(part: np.ndarray, ts, end) -> np.ndarray:
     return ~holds
 
 
-def _under(part: np.ndarray, names, ts, end, products: set) -> np.ndarray:
-    """Which ops of `part` lie inside a product op of it."""
-    is_product = names_in(names.iloc[part], products)
+def _under(part: np.ndarray, product: np.ndarray, ts, end) -> np.ndarray:
+    """Which ops of `part` lie inside one of its products (`product` picks them)."""
     out = np.zeros(len(part), dtype=bool)
-    for p in part[is_product]:
+    for p in part[product]:
         out |= (ts[part] >= ts[p]) & (end[part] <= end[p]) & (part != p)
     return out
 
 
-def _python(model: TraceModel, lo: float, hi: float, tid: int, stack) -> dict:
-    """The user's line of a call and the library around it, from the Python frames (with_stack) or the
-    legacy call stack."""
-    py = model.python
-    texts: list[str] = []
-    if not py.empty:
-        p_ts, p_end = py["ts"].to_numpy(), py["end"].to_numpy()
-        around = np.flatnonzero((p_ts <= lo) & (p_end >= hi) & (py["tid"].to_numpy() == tid))
-        around = around[np.argsort(p_ts[around], kind="stable")]
-        texts = [str(py["name"].iat[j]) for j in around][::-1]  # innermost first
-    elif isinstance(stack, str) and stack and stack != "nan":
-        texts = stack.split(";")
-    pick = code_frames.pick(texts) if texts else code_frames.Pick(None)
-    source = pick.user.text if pick.user is not None and pick.user.text else (pick.site or "")
-    library = ("torch.nn.MultiheadAttention" if any(_MHA.search(x) for x in texts) else
-               "transformers" if any(_HF.search(x) for x in texts) else "")
-    return {"source": source, "library": library}
+class _Frames:
+    """The user's line of a call and the library around it, from the Python frames (`with_stack`) or the
+    legacy call stack; each distinct stack judged once."""
+
+    def __init__(self, model: TraceModel):
+        py = model.python
+        self.empty = py.empty
+        if not self.empty:
+            self.ts, self.end, self.tid = (py[c].to_numpy() for c in ("ts", "end", "tid"))
+            self.names = py["name"]
+        self.judged: dict[tuple, dict] = {}
+
+    def of(self, lo: float, hi: float, tid: int, stack) -> dict:
+        texts: tuple = ()
+        if not self.empty:
+            around = np.flatnonzero((self.ts <= lo) & (self.end >= hi) & (self.tid == tid))
+            around = around[np.argsort(self.ts[around], kind="stable")]
+            texts = tuple(str(self.names.iat[j]) for j in around[::-1])  # innermost first
+        elif isinstance(stack, str) and stack and stack != "nan":
+            texts = tuple(stack.split(";"))
+        if texts not in self.judged:
+            pick = code_frames.pick(texts) if texts else code_frames.Pick(None)
+            source = pick.user.text if pick.user is not None and pick.user.text else (pick.site or "")
+            library = ("torch.nn.MultiheadAttention" if any(_MHA.search(x) for x in texts) else
+                       "transformers" if any(_HF.search(x) for x in texts) else "")
+            self.judged[texts] = {"source": source, "library": library}
+        return self.judged[texts]
