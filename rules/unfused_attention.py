@@ -148,7 +148,7 @@ class UnfusedAttention(Rule):
                 [k["correlation"].to_numpy(), k["gpu_ts"].to_numpy(dtype=float)]))
             times = times[~times.index.duplicated()]
             return Scenario(
-                "each attention call's kernels as one fused forward and one fused backward kernel"
+                "each attention call's kernels as one fused kernel each way (forward, and backward where it ran)"
                 + (", each bounded by its roofline" if bounded else ", the passes over the scores removed"),
                 remove=lambda calls_: calls_["correlation"].isin(dropped).to_numpy(),
                 gpu_time=lambda ops: times.reindex(pd.MultiIndex.from_arrays(

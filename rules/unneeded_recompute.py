@@ -8,7 +8,8 @@ engine's backward nodes. Against them: the memory the run left on the device (it
 `[memory]` events, the allocator history or `memory_stats()`, against the device's capacity) and the
 memory keeping the recomputed activations would take (the `[memory]` events inside the recompute, or,
 without them, the inputs the recomputed matmuls, convolutions and attention ops save, from their
-recorded shapes: a lower bound).
+recorded shapes, scaled by 34/22 to a whole transformer layer's activations: Korthikanti et al. 2022
+count 34·s·b·h bytes per layer, 22·s·b·h of them those inputs).
 
 ## Why it matters
 Checkpointing trades compute for memory: every checkpointed segment's forward runs twice, about a third
@@ -59,6 +60,11 @@ from gpuadvise.fixtures.transformer import training_loop
 from .base import Rule
 
 GiB = 2**30
+# A transformer layer keeps 34·s·b·h bytes of activations in 16-bit training (Korthikanti et al., "Reducing
+# Activation Recomputation in Large Transformer Models", 2022, without its attention scores, which a fused
+# kernel does not keep), 22·s·b·h of them the inputs of its four linears and of attention (q, k, v, output):
+# what the recorded shapes give. Their ratio scales a shapes count up to the whole layer's.
+LAYER_OVER_MATMUL_INPUTS = 34 / 22
 
 
 class UnneededRecompute(Rule):
@@ -84,6 +90,8 @@ class UnneededRecompute(Rule):
         device_types = GPU_DEVICE_TYPES if m.has_gpu else (0,)
         saved, how = recompute.saved_bytes(a.model, rc, device_types)
         acts_step = _per_step(m, steps_of, saved) if saved is not None else None
+        if acts_step and how == "shapes":  # the matmuls' and attention's inputs: scaled to a whole layer's
+            acts_step *= LAYER_OVER_MATMUL_INPUTS
         peak, capacity = _peak(a)
         n_seg = max(int(round(segments)), 1)
         per_segment = acts_step / n_seg if acts_step else None
@@ -121,20 +129,21 @@ class UnneededRecompute(Rule):
             advice = (f"If memory allows, checkpointing fewer layers saves up to {saving:.1f} % of the step "
                       f"(none checkpointed). {_record_hint(m.has_gpu)}")
             if acts_step:
-                advice += (f" The recomputed segments keep {'' if how == 'memory events' else 'at least '}"
-                           f"{_gib(acts_step)} of activations per step.")
+                advice += (f" The recomputed segments keep {'' if how == 'memory events' else 'about '}"
+                           f"{_gib(acts_step)} of activations per step ({_how(how)}).")
         else:
             after = peak + fit * per_segment
             pct_after = 100.0 * after / capacity
             if fit >= n_seg:
                 advice = (f"Memory peaked at {_gib(peak)} of {_gib(capacity)} ({100 * peak / capacity:.0f} %); keeping "
                           f"every segment's activations ({_gib(acts_step)} per step, {_how(how)}) takes it to about "
-                          f"{pct_after:.0f} %. Stop checkpointing: {_off(rc, a)}.")
+                          f"{pct_after:.0f} %. Stop checkpointing: {_off(rc, a)}; predicted to save {saving:.1f} % of the step.")
             else:
                 advice = (f"Memory peaked at {_gib(peak)} of {_gib(capacity)}; there is room for the activations of "
                           f"{fit} of the {n_seg} checkpointed segments per step ({_gib(per_segment)} each, {_how(how)}), "
-                          f"to about {pct_after:.0f} % of the device. Checkpoint {n_seg - fit} of them, or checkpoint "
-                          "selectively (keep the matmul outputs, recompute the elementwise ops).")
+                          f"to about {pct_after:.0f} % of the device. Checkpoint {n_seg - fit} of them (predicted to save "
+                          f"{saving:.1f} % of the step), or checkpoint selectively (keep the matmul outputs, recompute "
+                          "the elementwise ops).")
             message += f" The device has room to keep {'them' if fit >= n_seg else f'{fit} of them'} instead."
         if on_gpu and saving < share / 2:  # the recompute's kernels overlap other work
             message += f" Removing it would save less ({saving:.1f} %): {a.bound_by()}."
@@ -269,7 +278,8 @@ def _record_hint(gpu: bool) -> str:
 
 def _how(how: str) -> str:
     return {"memory events": "measured from the [memory] events inside the recompute",
-            "shapes": "at least: the inputs its matmuls and attention save, from the recorded shapes"}.get(how, how)
+            "shapes": "estimated: the inputs its matmuls and attention save, from the recorded shapes, × 34/22 for "
+                      "the rest of a layer's activations"}.get(how, how)
 
 
 def _gib(nbytes: float) -> str:
