@@ -569,3 +569,11 @@ def slower_steps(facts: dict) -> int | None:
 def device_memory(facts: dict) -> int | None:
     """The GPU's memory in bytes, as run.json recorded it."""
     return _int(_dict(_dict(_dict(facts).get("environment")).get("device")).get("total_memory"))
+
+
+def shape_capture(facts: dict) -> tuple[dict, dict]:
+    """How `gpuadvise profile` recorded op shapes: run.json `capture.options` (`record_shapes`,
+    `shapes_probe`) and `capture.shapes` (where the trace's shapes came from, and the probe's `state`);
+    both empty for a trace from elsewhere."""
+    capture = _dict(_dict(facts).get("capture"))
+    return _dict(capture.get("options")), _dict(capture.get("shapes"))

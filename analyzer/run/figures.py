@@ -12,13 +12,14 @@ from gpuadvise.analyzer.measure.metrics import Metrics
 from gpuadvise.analyzer.measure.slowsteps import slow_steps
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.measure import intervals as iv
-from gpuadvise.analyzer.model.report import LeftOutStep, StepTime, TraceFigures
+from gpuadvise.analyzer.model.report import FlopFigures, LeftOutStep, StepTime, TraceFigures
 from gpuadvise.analyzer.model.trace import TraceModel
 
 BREAKDOWN_COLUMNS = ("dur_us", "kernel_us", "comm_us", "memcpy_us", "memset_us", "dataloader_us", "sync_us", "idle_us")
 
 
-def trace_figures(model: TraceModel, m: Metrics, calibration: Calibration | None, facts: dict | None = None) -> TraceFigures:
+def trace_figures(model: TraceModel, m: Metrics, calibration: Calibration | None, facts: dict | None = None,
+                  flops: FlopFigures | None = None) -> TraceFigures:
     meta, dev, ps = model.meta, model.device, m.per_step
     cal = calibration
     return TraceFigures(
@@ -57,6 +58,7 @@ def trace_figures(model: TraceModel, m: Metrics, calibration: Calibration | None
                         for st in m.left_out_steps],
         one_time_note=one_time_note(m),
         slow_steps=slow_steps(model, m),
+        flops=flops,
     )
 
 

@@ -65,7 +65,8 @@ def _analyze_model(model, facts, source, rank, rules, snapshot) -> TraceReport:
     rank = model.meta.rank if model.meta.rank is not None else rank
     # the summary figures are one more task beside the rules (the first, the longest: rulequeue.py)
     findings, (figures,) = run_rules(analysis, rules, source, rank, notes,
-                                     beside=[lambda: trace_figures(model, metrics, analysis.calibration, facts)])
+                                     beside=[lambda: trace_figures(model, metrics, analysis.calibration, facts,
+                                                                   analysis.utilization)])
     calibration = analysis.calibration
     if calibration is not None and calibration.unprofiled_step_us is None and metrics.has_gpu:
         notes.append(calibration.describe())
