@@ -253,3 +253,68 @@ def test_cpu_flash_attention_matches_a_hand_count(recorded):
     assert attn.loc[~attn["backward"], "flops"].sum() == pytest.approx(2 * forward * causal)
     assert attn.loc[attn["backward"], "flops"].sum() == pytest.approx(2 * backward * causal)
     assert attn["whole"].sum() == pytest.approx(2 * (forward + backward))
+
+
+class _CheckpointedGPT(_GPT):
+    def __init__(self, reentrant: bool):
+        super().__init__()
+        self.reentrant = reentrant
+
+    def forward(self, idx, targets):
+        from torch.utils.checkpoint import checkpoint
+
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for blk in self.blocks:
+            x = checkpoint(blk, x, use_reentrant=self.reentrant)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+def test_recomputed_forward_ops_are_hardware_flops_not_model_flops(tmp_path, reentrant):
+    """Checkpointing every block runs each block's forward again in the backward: FlopCounterMode counts
+    it (what the hardware ran); the model FLOPs are the same step's without checkpointing. (Early stopping,
+    which leaves out a block's last ops when nothing needs their outputs, is off: it stopped under
+    FlopCounterMode but not under the profiler, and the two runs must do the same work.)"""
+    from torch.profiler import ProfilerActivity, profile
+    from torch.utils.checkpoint import set_checkpoint_early_stop
+    from torch.utils.flop_counter import FlopCounterMode
+    from gpuadvise.analyzer.read.loader import load_trace
+
+    torch.manual_seed(0)
+    plain, checkpointed = _GPT(), _CheckpointedGPT(reentrant)
+    checkpointed.load_state_dict(plain.state_dict())
+    idx = torch.randint(0, 96, (2, 32))
+    counts = {}
+    def math():  # attention FlopCounterMode counts
+        return torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH)
+
+    for name, model in (("plain", plain), ("checkpointed", checkpointed)):
+        with math(), set_checkpoint_early_stop(False), FlopCounterMode(display=False) as counter:
+            model(idx, idx).backward()
+        counts[name] = counter.get_total_flops()
+    with math(), set_checkpoint_early_stop(False), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        checkpointed(idx, idx).backward()
+    prof.export_chrome_trace(str(tmp_path / "trace.json"))
+    ops = flops.counted_ops(load_trace(tmp_path / "trace.json", cache=False))
+    assert counts["checkpointed"] > counts["plain"] * 1.2
+    assert ops["flops"].sum() == pytest.approx(counts["checkpointed"], rel=0.01)
+    assert ops.loc[ops["pass"] != "recompute", "flops"].sum() == pytest.approx(counts["plain"], rel=0.01)
+    # what is recomputed is the blocks' forward: their matmuls and attention, none of the lm_head's
+    recomputed = ops[ops["pass"] == "recompute"]
+    forward = ops[ops["pass"] == "forward"]
+    assert recomputed["flops"].sum() == pytest.approx(forward["flops"].sum() - 2 * 32 * 32 * 96 * 2, rel=0.01)
+
+
+def test_a_cpu_run_gets_flops_and_a_rate_and_no_mfu(recorded):
+    from gpuadvise.analyzer.report import text
+    from gpuadvise.analyzer.run import analyze, resolve_inputs
+
+    path, oracle, _ = recorded["torchvision-style ResNet"]
+    reports = analyze(resolve_inputs([str(path)]))
+    f = reports[0].figures.flops
+    assert f.state == "counted" and f.mfu_pct is None and f.peaks == []
+    assert f.model_flops == pytest.approx(oracle, rel=0.01)
+    assert f.achieved_tflops == pytest.approx(f.model_flops / (f.step_ms / 1e3) / 1e12, rel=1e-3)
+    out = " ".join(text.render(reports).split())
+    assert out.count("no MFU") == 1 and "FLOPs: 3.98 MFLOP per step" in out

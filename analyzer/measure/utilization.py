@@ -75,7 +75,7 @@ def utilization(model: TraceModel, m: Metrics, spec: Spec | None, facts: dict | 
     peak_model = _combined_peak(placed, is_model, peaks) if has_peak else None
     peak_hw = _combined_peak(placed, np.ones(len(placed), dtype=bool), peaks) if has_peak else None
     mfu = _pct(med_model, med_us, peak_model)
-    steps = [StepFlops(step=st.number, ms=round(us / 1e3, 3), model_flops=float(f), hardware_flops=float(h),
+    steps = [StepFlops(step=st.number, ms=round(float(us) / 1e3, 3), model_flops=float(f), hardware_flops=float(h),
                        mfu_pct=_r(100 * t / (us / 1e6)) if has_peak and us > 0 else None,
                        hfu_pct=_r(100 * th / (us / 1e6)) if has_peak and us > 0 else None)
              for st, us, f, h, t, th in zip(m.steps or [], step_us, model_step, hardware, model_time, hw_time)]
@@ -84,8 +84,8 @@ def utilization(model: TraceModel, m: Metrics, spec: Spec | None, facts: dict | 
     figures = FlopFigures(
         state="counted",
         note=_no_peak(gpu, spec) if not has_peak else _create_graph(model),
-        model_flops=med_model, hardware_flops=med_hw, step_ms=round(med_us / 1e3, 3),
-        achieved_tflops=_r(med_model / (med_us / 1e6) / 1e12, 4) if med_us > 0 else None,
+        model_flops=float(med_model), hardware_flops=float(med_hw), step_ms=round(float(med_us) / 1e3, 3),
+        achieved_tflops=float(med_model / (med_us / 1e6) / 1e12) if med_us > 0 else None,
         mfu_pct=mfu, hfu_pct=_pct(med_hw, med_us, peak_hw),
         peak_tflops=_r(peak_model, 1), device=spec.describe() if spec is not None and has_peak else None,
         peaks=_shares(placed, is_model, peaks, stand_ins) if has_peak else [],
@@ -219,7 +219,7 @@ def _classes(m: Metrics, placed: pd.DataFrame, ops: pd.DataFrame, gpu: bool) -> 
         kernel_us = perstep.median(perstep.sums(m, part["ts"], part["dur"])) if gpu else None
         out.append(FlopClass(family=str(family), phase=str(phase), dtype=str(dtype), flops=flops, ops=n,
                              kernel_ms=round(kernel_us / 1e3, 3) if kernel_us is not None else None,
-                             tflops=_r(flops / (kernel_us / 1e6) / 1e12, 4) if kernel_us else None))
+                             tflops=float(flops / (kernel_us / 1e6) / 1e12) if kernel_us else None))
     rank = {f: i for i, f in enumerate(FAMILIES)}
     return sorted(out, key=lambda c: (PHASES.index(c.phase), rank.get(c.family, 9), -c.flops))
 

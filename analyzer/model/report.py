@@ -92,6 +92,9 @@ class FlopFigures:
     # nanoGPT's 6·N + 12·L·H·Q·T) the model FLOPs and MFU would be these
     whole_model_flops: float | None = None
     whole_mfu_pct: float | None = None
+    # the same model FLOPs over run.json's unprofiled median step (the profiler slows the recorded steps)
+    unprofiled_step_ms: float | None = None
+    unprofiled_mfu_pct: float | None = None
     coverage_pct: float | None = None  # share of the matrix kernels' time in the steps whose FLOPs are counted
     uncounted: list[str] = field(default_factory=list)  # the busiest matrix kernels without a count
     basis: str = ""  # the headline's arithmetic in one line

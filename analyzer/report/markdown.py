@@ -5,7 +5,7 @@ from __future__ import annotations
 from gpuadvise.analyzer.model.report import TraceReport, overhead_words
 from gpuadvise.analyzer.model.findings import Finding
 from gpuadvise.analyzer.model.summary import TraceSummary, summarize
-from . import evidence
+from . import evidence, flops
 from .finding import finding_lines, saving
 from .longrun import markdown_section as run_section, shown
 from .safe import md, md_cell, md_code, md_text, short
@@ -43,6 +43,8 @@ def render(reports: list[TraceReport], charts: dict | None = None) -> str:
     for i, r in enumerate(reports):
         steps = _steps_table(r, len(reports) > 1)
         out += steps + (charts.get(i, []) if steps else [])
+    for t in summary.traces:
+        out += _flops_section(t, len(reports) > 1)
     for t in summary.traces:
         out += _memory_section(t, len(reports) > 1)
     if findings:
@@ -143,7 +145,34 @@ def _trace_header(t: TraceSummary) -> list[str]:
         lines.append(f"- **GPU busy:** {s.gpu_busy_pct:.1f} % of the GPU's active span{in_steps}")
     else:
         lines.append("- **GPU busy:** no GPU activity recorded")
+    mfu = flops.headline(s.flops)
+    if mfu:
+        label = "MFU" if s.flops.mfu_pct is not None else "FLOPs"
+        lines.append(f"- **{label}:** {md_text(mfu.split(': ', 1)[1] if mfu.startswith(label) else mfu)}")
     return lines + [""]
+
+
+def _flops_section(t: TraceSummary, multi: bool) -> list[str]:
+    """The MFU's arithmetic: FLOPs per step by op family and pass, the dtype and peak each is measured
+    against, the kernels' time and rate, each step's MFU, and what qualifies it."""
+    f = t.figures.flops if t.timed else None
+    rows = flops.table(f)
+    if not rows:
+        return []
+    title = "## FLOPs and MFU" + (f" — {md(t.source)}" if multi else "")
+    out = [title, "", md_text(f.basis) + ".", "",
+           "| " + " | ".join(flops.TABLE_HEADER) + " |", "|---|---:|---|---:|---:|---:|---:|"]
+    out += ["| " + " | ".join(md_text(c) for c in row) + " |" for row in rows]
+    out.append("")
+    out.append("FLOPs as PyTorch's FlopCounterMode counts them (2 per multiply-add), from the shapes the trace recorded; "
+               "model FLOPs are the forward and backward without recompute, hardware FLOPs include it (PaLM's MFU "
+               "and HFU); the peak is the device's dense peak of the dtype each op ran in.")
+    step = flops.per_step(f)
+    extra = ([step] if step else []) + flops.qualifiers(f)
+    if extra:
+        out.append("")
+        out += [f"- {md_text(x)}" for x in extra]
+    return out + [""]
 
 
 def _steps_table(r: TraceReport, multi: bool) -> list[str]:

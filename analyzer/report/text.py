@@ -6,6 +6,7 @@ import textwrap
 
 from gpuadvise.analyzer.model.report import overhead_words
 from gpuadvise.analyzer.model.summary import TraceSummary, summarize
+from . import flops
 from .longrun import shown, text_lines as run_lines
 from .safe import short, terminal
 
@@ -33,6 +34,10 @@ def render(reports, top: int = 5, prefix: str = "") -> str:
             steps += f" (unprofiled {s.unprofiled_median_step_ms:.1f} ms: {overhead_words(s.profiler_overhead_x)})"
         dev = terminal(s.device_description or s.device or "device not recorded")
         out.append(f"{head}\n  {dev} · {steps} · {busy_txt}")
+        mfu = flops.headline(s.flops)
+        if mfu:
+            out += [f"  {line}" for line in textwrap.wrap(terminal(mfu), 98, subsequent_indent="  ")]
+            out += [f"    {line}" for q in flops.qualifiers(s.flops) for line in textwrap.wrap(terminal(q), 96)]
         if s.one_time_note:
             out += [f"  {line}" for line in textwrap.wrap(terminal(s.one_time_note), 98)]
         out += _memory_line(t)

@@ -3,6 +3,8 @@ calibration while the events are still there; the renderers and a compact report
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from gpuadvise.analyzer.measure.calibration import Calibration
@@ -22,6 +24,7 @@ def trace_figures(model: TraceModel, m: Metrics, calibration: Calibration | None
                   flops: FlopFigures | None = None) -> TraceFigures:
     meta, dev, ps = model.meta, model.device, m.per_step
     cal = calibration
+    unprofiled_ms = _r(cal.unprofiled_step_us / 1e3, 3) if cal is not None and cal.unprofiled_step_us else None
     return TraceFigures(
         device=dev.name if dev else None,
         # the one device description every format prints: run.json first, then the trace
@@ -35,7 +38,7 @@ def trace_figures(model: TraceModel, m: Metrics, calibration: Calibration | None
         median_step_cpu_ms=round(m.median_cpu_step_us / 1e3, 3),
         median_step_gpu_ms=round(m.median_gpu_step_us / 1e3, 3),
         step_time_basis=_step_basis(m),
-        unprofiled_median_step_ms=_r(cal.unprofiled_step_us / 1e3, 3) if cal is not None and cal.unprofiled_step_us else None,
+        unprofiled_median_step_ms=unprofiled_ms,
         profiler_overhead_x=_r(cal.overhead_x) if cal is not None else None,
         profiler_calibration=cal.describe() if cal is not None else None,
         # the step table's times: one-time costs cut out of a step that could not be left out stay out here too
@@ -58,8 +61,16 @@ def trace_figures(model: TraceModel, m: Metrics, calibration: Calibration | None
                         for st in m.left_out_steps],
         one_time_note=one_time_note(m),
         slow_steps=slow_steps(model, m),
-        flops=flops,
+        flops=_unprofiled(flops, unprofiled_ms),
     )
+
+
+def _unprofiled(flops: FlopFigures | None, unprofiled_ms: float | None) -> FlopFigures | None:
+    """The MFU at run.json's unprofiled step: the same FLOPs, the step the profiler did not slow."""
+    if flops is None or not unprofiled_ms or flops.mfu_pct is None or not flops.step_ms:
+        return flops
+    return replace(flops, unprofiled_step_ms=unprofiled_ms,
+                   unprofiled_mfu_pct=_r(flops.mfu_pct * flops.step_ms / unprofiled_ms))
 
 
 def one_time_note(m: Metrics) -> str | None:

@@ -1,0 +1,95 @@
+"""The words every output uses for a trace's FLOPs and MFU (`model.report.FlopFigures`): the header's
+line, what qualifies it, and the arithmetic as a table. The text and markdown (so HTML) reports, the TUI's
+overview and `compare` read them, so each says the same thing."""
+
+from __future__ import annotations
+
+from gpuadvise.analyzer.model.report import FlopFigures, flop_text
+
+PHASE_WORDS = {"forward": "forward", "backward": "backward", "recompute": "recomputed forward"}
+FAMILY_WORDS = {"matmul": "matmuls", "conv": "convolutions", "attention": "attention"}
+
+
+def headline(f: FlopFigures | None) -> str | None:
+    """One line: MFU with its denominator, or the FLOPs and rate where there is no peak, or what is missing."""
+    if f is None:
+        return None
+    if f.state != "counted" or f.model_flops is None:
+        return f.note
+    rate = flop_text(f.achieved_tflops * 1e12, "FLOP/s") if f.achieved_tflops is not None else "–"
+    per_step = f"{flop_text(f.model_flops)} per step / {f.step_ms:.3g} ms = {rate}"
+    if f.mfu_pct is None:
+        return f"FLOPs: {per_step}. {f.note}" if f.note else f"FLOPs: {per_step}"
+    hfu = f" (HFU {f.hfu_pct:.1f} % with the recompute)" if f.hfu_pct is not None and f.hfu_pct > f.mfu_pct + 0.05 else ""
+    line = f"MFU {f.mfu_pct:.1f} %{hfu}: {per_step} of {f.peak_tflops:g} TFLOP/s ({f.device}, {dense(f)})"
+    if f.unprofiled_mfu_pct is not None:
+        line += f"; {f.unprofiled_mfu_pct:.1f} % over the unprofiled {f.unprofiled_step_ms:.3g} ms step"
+    return line
+
+
+def dense(f: FlopFigures) -> str:
+    """The dense peaks the FLOPs are measured against: "dense bf16", or "dense bf16 989.4 for 97 %, …"."""
+    if len(f.peaks) == 1:
+        p = f.peaks[0]
+        return f"dense {p.dtype}" + (f", at its {p.stand_in} peak" if p.stand_in else "")
+    return "dense " + ", ".join(f"{p.dtype} {p.tflops:g} for {p.share_pct:.0f} %"
+                                + (f" (its {p.stand_in} peak)" if p.stand_in else "") for p in f.peaks)
+
+
+def qualifiers(f: FlopFigures | None) -> list[str]:
+    """What the reader needs to trust the headline: how much of the matrix work it counts, how causal
+    attention is counted, notes."""
+    if f is None or f.state != "counted":
+        return []
+    out = []
+    if f.coverage_pct is not None and f.coverage_pct < 99.5:
+        names = ", ".join(_short(n) for n in f.uncounted[:2])
+        out.append(f"FLOPs counted for {f.coverage_pct:.0f} % of the matrix kernels' time: the rest ({names}) ran "
+                   "without recorded shapes, so the MFU is a lower bound.")
+    if f.whole_model_flops is not None:
+        whole = f"MFU {f.whole_mfu_pct:.1f} %" if f.whole_mfu_pct is not None else "more"
+        out.append(f"Causal attention is counted as its kernels run it (the masked half skipped); counted whole, as "
+                   f"FlopCounterMode and nanoGPT's 6·N + 12·L·H·Q·T do, the step holds {flop_text(f.whole_model_flops)} "
+                   f"({whole}).")
+    if f.hardware_flops is not None and f.model_flops is not None and f.hardware_flops > f.model_flops * 1.0005:
+        out.append(f"Hardware FLOPs {flop_text(f.hardware_flops)} per step: the model's, and "
+                   f"{flop_text(f.hardware_flops - f.model_flops)} of forward ops recomputed in the backward "
+                   "(activation checkpointing).")
+    if f.note and f.mfu_pct is not None:
+        out.append(f.note)
+    return out
+
+
+def table(f: FlopFigures | None) -> list[list[str]]:
+    """The arithmetic, one row per op family and pass: FLOPs per step, ops, the dtype (peak), kernel time
+    and what the kernels reached."""
+    if f is None or f.state != "counted":
+        return []
+    peaks = {p.dtype: p.tflops for p in f.peaks}
+    rows = []
+    for c in f.classes:
+        peak = peaks.get(c.dtype)
+        reached = f"{c.tflops:.3g}" if c.tflops is not None else "–"
+        of_peak = f"{100 * c.tflops / peak:.0f} %" if c.tflops is not None and peak else "–"
+        rows.append([f"{FAMILY_WORDS.get(c.family, c.family)}, {PHASE_WORDS.get(c.phase, c.phase)}",
+                     f"{c.ops:.0f}", c.dtype + (f" ({peak:g})" if peak else ""), flop_text(c.flops),
+                     f"{c.kernel_ms:.3g}" if c.kernel_ms is not None else "–", reached, of_peak])
+    return rows
+
+
+TABLE_HEADER = ["Ops", "Per step", "Dtype (peak TFLOP/s)", "FLOPs per step", "Kernel ms", "TFLOP/s reached", "Of peak"]
+
+
+def per_step(f: FlopFigures | None) -> str | None:
+    """Each step's MFU (or rate), in one line."""
+    if f is None or f.state != "counted" or len(f.steps) < 2:
+        return None
+    if f.mfu_pct is not None:
+        return "MFU per step: " + ", ".join(f"#{s.step} {s.mfu_pct:.1f} %" for s in f.steps if s.mfu_pct is not None)
+    return "Per step: " + ", ".join(f"#{s.step} {flop_text(s.model_flops / (s.ms / 1e3), 'FLOP/s')}"
+                                    for s in f.steps if s.ms > 0)
+
+
+def _short(name: str, width: int = 48) -> str:
+    name = name.split("(", 1)[0]
+    return name if len(name) <= width else name[: width - 1] + "…"

@@ -1,0 +1,111 @@
+"""MFU and HFU (analyzer/measure/utilization.py) on H100 traces with real kernel names (fixtures/transformer.py:
+a bf16 GPT step with flash or cuDNN attention, optionally every block checkpointed), against the FLOPs on
+paper, and what every output says with it."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from gpuadvise.analyzer.model.devices import PRODUCTS
+from gpuadvise.analyzer.report import markdown, text
+from gpuadvise.analyzer.report.json import document
+from gpuadvise.analyzer.run import analyze, resolve_inputs
+from gpuadvise.fixtures import transformer as tr
+
+H100_BF16 = 989.4
+
+
+def _analyzed(tmp_path, name: str, builder):
+    path = builder.write(tmp_path / f"{name}.json.gz")
+    return analyze(resolve_inputs([str(path)]))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("mfu")
+    return {name: _analyzed(folder, name, tr.gpt_step(attention, checkpoint))
+            for name, attention, checkpoint in (("flash", "flash", False), ("cudnn", "cudnn", False),
+                                                ("checkpointed", "flash", True))}
+
+
+@pytest.mark.parametrize("name", ["flash", "cudnn"])
+def test_mfu_is_the_paper_flops_over_the_step_and_the_bf16_peak(runs, name):
+    reports = runs[name]
+    f = reports[0].figures.flops
+    assert f.state == "counted" and f.coverage_pct == 100.0
+    assert f.model_flops == pytest.approx(tr.model_flops(), rel=1e-9)
+    assert f.hardware_flops == pytest.approx(f.model_flops)
+    assert [(p.dtype, p.tflops) for p in f.peaks] == [("bf16", H100_BF16)] and f.device == "H100 SXM"
+    assert f.step_ms == pytest.approx(reports[0].figures.median_step_ms)
+    assert f.mfu_pct == pytest.approx(100 * tr.model_flops() / (f.step_ms / 1e3) / (H100_BF16 * 1e12), abs=0.01)
+    # causal attention: what the kernels compute, and counted whole beside it
+    attention = sum(c.flops for c in f.classes if c.family == "attention")
+    assert attention == pytest.approx(tr.LAYERS * tr.CAUSAL * (tr.attention_whole() + tr.attention_whole(True)))
+    assert f.whole_model_flops == pytest.approx(tr.model_flops(causal_whole=True))
+    # the kernels' own rate: the fixture's GEMMs run at GEMM_TFLOPS
+    matmuls = [c for c in f.classes if c.family == "matmul"]
+    assert {c.phase for c in matmuls} == {"forward", "backward"}
+    assert all(c.tflops == pytest.approx(tr.GEMM_TFLOPS, rel=1e-3) for c in matmuls)
+    assert all(s.mfu_pct is not None for s in f.steps) and len(f.steps) == reports[0].figures.steps
+
+
+def test_a_well_fed_gemm_bound_step_gets_its_mfu_and_no_finding(runs):
+    reports = runs["flash"]
+    assert not reports[0].findings
+    out = text.render(reports)
+    assert out.count("MFU 44.2 %") == 1 and "989.4 TFLOP/s (H100 SXM, dense bf16)" in out
+    assert "- **MFU:** 1.36 TFLOP per step" in markdown.render(reports)
+    assert "## FLOPs and MFU" in markdown.render(reports)
+    doc = document(reports)
+    assert doc["summary"]["mfu_pct"] == doc["traces"][0]["flops"]["mfu_pct"] == reports[0].figures.flops.mfu_pct
+
+
+def test_recompute_is_hardware_flops_not_model_flops(runs):
+    f = runs["checkpointed"][0].figures.flops
+    assert f.model_flops == pytest.approx(tr.model_flops(), rel=1e-9)
+    assert f.hardware_flops - f.model_flops == pytest.approx(tr.recompute_flops(), rel=1e-9)
+    assert f.hfu_pct / f.mfu_pct == pytest.approx(f.hardware_flops / f.model_flops, rel=1e-3)
+    assert {c.phase for c in f.classes} == {"forward", "backward", "recompute"}
+    assert "HFU" in text.render(runs["checkpointed"])
+
+
+def test_without_shapes_the_report_says_what_is_missing_and_how_to_get_it(tmp_path):
+    path = tr.gpt_step().write(tmp_path / "shaped.json.gz")
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    for ev in doc["traceEvents"]:
+        for key in ("Input Dims", "Input type", "Concrete Inputs"):
+            ev.get("args", {}).pop(key, None)
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(doc))
+    reports = analyze(resolve_inputs([str(bare)]))
+    f = reports[0].figures.flops
+    assert f.state == "no shapes" and f.mfu_pct is None
+    assert "record_shapes=True" in f.note and "gpuadvise profile" in f.note
+    assert f.note in " ".join(text.render(reports).split())  # wrapped to the terminal's width
+
+
+def test_a_matrix_kernel_without_shapes_makes_the_mfu_a_lower_bound(tmp_path):
+    b = tr.gpt_step(steps=3)
+    for ev in b.events:  # the fc layers' addmm lost its shapes (as a Triton template or a graph replay would)
+        if ev["name"] == "aten::addmm" and ev["args"].get("Input Dims", [[]])[0] == [4 * tr.D_MODEL]:
+            ev["args"].pop("Input Dims")
+        if ev["name"] == "aten::linear" and ev["args"].get("Input Dims", [[]])[1] == [4 * tr.D_MODEL, tr.D_MODEL]:
+            ev["args"].pop("Input Dims")
+    f = _analyzed(tmp_path, "partial", b)[0].figures.flops
+    assert 0 < f.coverage_pct < 100 and f.uncounted == [tr.GEMM]
+    assert f.model_flops == pytest.approx(tr.model_flops() - tr.LAYERS * tr.linear_flops(tr.D_MODEL, 4 * tr.D_MODEL))
+
+
+def test_every_listed_gpu_has_dense_peaks_for_its_matrix_dtypes():
+    for _, spec in PRODUCTS:
+        assert spec.dense_peak("fp32")[0], spec.product
+        for dtype in ("tf32", "bf16", "fp16", "fp8"):
+            peak, whose = spec.dense_peak(dtype)
+            assert peak and whose in (dtype, "fp32"), (spec.product, dtype)
+            assert (whose == dtype) == (spec.peak(dtype) is not None)
+    h100 = next(s for _, s in PRODUCTS if s.product == "H100 SXM")
+    assert (h100.dense_peak("bf16"), h100.dense_peak("tf32"), h100.dense_peak("fp32")) == \
+        ((989.4, "bf16"), (494.7, "tf32"), (66.9, "fp32"))
