@@ -57,7 +57,7 @@ def test_a_well_fed_gemm_bound_step_gets_its_mfu_and_no_finding(runs):
     assert not reports[0].findings
     out = text.render(reports)
     assert out.count("MFU 44.2 %") == 1 and "989.4 TFLOP/s (H100 SXM, dense bf16)" in out
-    assert "- **MFU:** 1.36 TFLOP per step" in markdown.render(reports)
+    assert "- **MFU:** 44.2 %: 1.36 TFLOP per step" in markdown.render(reports)
     assert "## FLOPs and MFU" in markdown.render(reports)
     doc = document(reports)
     assert doc["summary"]["mfu_pct"] == doc["traces"][0]["flops"]["mfu_pct"] == reports[0].figures.flops.mfu_pct

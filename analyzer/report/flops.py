@@ -27,6 +27,17 @@ def headline(f: FlopFigures | None) -> str | None:
     return line
 
 
+def labelled(f: FlopFigures | None) -> tuple[str, str] | None:
+    """The headline as a label and its value, for a header's "label: value" line: ("MFU", "41.2 %: …"),
+    ("FLOPs", "…") where there is no peak, ("MFU", "none: …what is missing") without shapes."""
+    line = headline(f)
+    if not line:
+        return None
+    label = "FLOPs" if line.startswith("FLOPs: ") else "MFU"
+    value = line.removeprefix(label + ": ").removeprefix("No MFU: ").removeprefix(label + " ")
+    return label, ("" if value[:1].isdigit() or label == "FLOPs" else "none: ") + value
+
+
 def dense(f: FlopFigures) -> str:
     """The dense peaks the FLOPs are measured against: "dense bf16", or "dense bf16 989.4 for 97 %, …"."""
     if len(f.peaks) == 1:

@@ -145,10 +145,9 @@ def _trace_header(t: TraceSummary) -> list[str]:
         lines.append(f"- **GPU busy:** {s.gpu_busy_pct:.1f} % of the GPU's active span{in_steps}")
     else:
         lines.append("- **GPU busy:** no GPU activity recorded")
-    mfu = flops.headline(s.flops)
+    mfu = flops.labelled(s.flops)
     if mfu:
-        label = "MFU" if s.flops.mfu_pct is not None else "FLOPs"
-        lines.append(f"- **{label}:** {md_text(mfu.split(': ', 1)[1] if mfu.startswith(label) else mfu)}")
+        lines.append(f"- **{mfu[0]}:** {md_text(mfu[1])}")
     return lines + [""]
 
 

@@ -129,9 +129,9 @@ idle; and GPU busy % per step (0–100 % scale).
                        f"compute {pct(temporal.get('compute_pct'))} · idle {pct(temporal.get('idle_pct'))}")
         else:
             row("GPU", Text("no GPU activity in this trace", style="yellow"))
-        mfu = flops.headline(s.flops)
+        mfu = flops.labelled(s.flops)
         if mfu:  # MFU with its denominator, or the FLOPs where there is no peak, or what is missing
-            row("MFU" if s.flops.mfu_pct is not None else "FLOPs", clean(" ".join([mfu, *flops.qualifiers(s.flops)])))
+            row(mfu[0], clean(" ".join([mfu[1], *flops.qualifiers(s.flops)])))
         row("Events", f"{s.events:,} · {s.kernels:,} kernels of {len(m.kernels):,} kinds · "
                       f"{len(r.model.copies):,} copies")
         run = self.data.long_run_of()
