@@ -13,7 +13,10 @@ multiply-add, elementwise work not counted), one function per op family:
   too many (it leaves the groups out); here it is counted once.
 - `attention_flops` (forward: QKᵀ and PV, 2·B·H·Sq·Sk·(Dqk + Dv)) and `attention_backward_flops` (the
   scores recomputed, then dV, dP, dQ and dK: 2·B·H·Sq·Sk·(3·Dqk + 2·Dv)), H the query's heads (grouped-
-  query attention broadcasts K and V). **Causal masking is counted as the kernels run it**: the fused
+  query attention broadcasts K and V). The fused kernels keep no scores from the forward, so their
+  backward computes QKᵀ again: FlopCounterMode counts it, and so do hardware FLOPs; model FLOPs leave it
+  out (`OpCount.recomputed`), which makes a transformer's model FLOPs 6·N per token for its weights plus
+  12·L·H·Q·T for its attention, as PaLM's appendix B counts them. **Causal masking is counted as the kernels run it**: the fused
   kernels (flash, memory-efficient, cuDNN, CPU flash, flash-attn) skip the masked entries, so a causal
   call counts only the unmasked part of the Sq × Sk scores (`causal_fraction`: about half, (S+1)/2S for a
   square mask); FlopCounterMode, and the 6·N + 12·L·H·Q·T estimate nanoGPT prints its MFU with, count
@@ -60,23 +63,26 @@ FAMILY_WORDS = {"matmul": "matmuls", "conv": "convolutions", "attention": "atten
 DTYPES = {"c10::BFloat16": "bf16", "BFloat16": "bf16", "c10::Half": "fp16", "Half": "fp16", "float": "fp32",
           "Float": "fp32", "double": "fp64", "Double": "fp64", "c10::Float8_e4m3fn": "fp8", "c10::Float8_e5m2": "fp8",
           "c10::Float8_e4m3fnuz": "fp8", "c10::Float8_e5m2fnuz": "fp8"}
-COLUMNS = ["row", "name", "family", "backward", "pass", "flops", "whole", "causal", "dtype", "ts", "end", "tid",
-           "external_id"]
+COLUMNS = ["row", "name", "family", "backward", "pass", "flops", "whole", "recomputed", "causal", "dtype", "ts", "end",
+           "tid", "external_id"]
 
 
 class OpCount(tuple):
-    """An op's FLOPs as its kernels ran them, and `whole` (causal attention counted whole, as FlopCounterMode
-    counts it; the same as `flops` for every other op); `causal` True/False for attention (None: the
-    trace does not say), None for other ops."""
+    """An op's FLOPs as its kernels ran them; `whole`: the same with causal attention counted whole, as
+    FlopCounterMode counts it (the same as `flops` for every other op); `causal` True/False for attention
+    (None: the trace does not say), None for other ops; `recomputed`: the part of `flops` that redoes
+    forward work (a fused attention backward computes the scores QKᵀ again), hardware FLOPs but not model
+    FLOPs."""
 
     __slots__ = ()
 
-    def __new__(cls, flops: float, whole: float | None = None, causal: bool | None = None):
-        return super().__new__(cls, (float(flops), float(flops if whole is None else whole), causal))
+    def __new__(cls, flops: float, whole: float | None = None, causal: bool | None = None, recomputed: float = 0.0):
+        return super().__new__(cls, (float(flops), float(flops if whole is None else whole), causal, float(recomputed)))
 
     flops = property(lambda self: self[0])
     whole = property(lambda self: self[1])
     causal = property(lambda self: self[2])
+    recomputed = property(lambda self: self[3])
 
 
 UNKNOWN = OpCount(math.nan)
@@ -154,13 +160,14 @@ def attention_flops(q: list[int], k: list[int], v: list[int], causal: bool | Non
 
 def attention_backward_flops(q: list[int], k: list[int], v: list[int], causal: bool | None = False,
                              bottom_right: bool = False) -> OpCount:
-    """The scores recomputed, dV, dP, dQ and dK of one attention call, [B, H, S, D] shapes."""
+    """The scores recomputed (`recomputed`), dV, dP, dQ and dK of one attention call, [B, H, S, D] shapes."""
     shape = _bhsd(q, k, v)
     if shape is None:
         return UNKNOWN
     b, h, s_q, s_k, d_qk, d_v = shape
     whole = 2.0 * b * h * s_q * s_k * (3 * d_qk + 2 * d_v)
-    return OpCount(whole * (causal_fraction(s_q, s_k, bottom_right) if causal else 1.0), whole, causal)
+    share = causal_fraction(s_q, s_k, bottom_right) if causal else 1.0
+    return OpCount(whole * share, whole, causal, recomputed=2.0 * b * h * s_q * s_k * d_qk * share)
 
 
 def _bhsd(q, k, v):
@@ -290,7 +297,8 @@ def dtype_of(input_type: str, sig: Signature | None) -> str | None:
 def counted_ops(model: TraceModel) -> pd.DataFrame:
     """One row per op whose FLOPs are counted (module docstring): `row` (its position in `model.cpu`), name,
     family, backward (a gradient op: conv/attention backward, or any op of the backward pass), pass
-    ("forward", "backward", "recompute"), flops, whole (causal attention counted whole), causal, dtype
+    ("forward", "backward", "recompute"), flops, whole (causal attention counted whole), recomputed (the part of
+    flops that redoes forward work: a fused attention backward's scores), causal, dtype
     ("bf16", "fp16", "fp32", "fp8", "fp64"; None when not recorded), ts, end, tid, external_id. Worked out
     once per model."""
     held = model.__dict__.get("_counted_ops")
@@ -334,6 +342,7 @@ def _counted_ops(model: TraceModel) -> pd.DataFrame:
         "pass": np.asarray(PASS_NAMES, dtype=object)[of],
         "flops": flops[pick],
         "whole": np.array([found[i].whole for i in pick]),
+        "recomputed": np.array([found[i].recomputed for i in pick]),
         "causal": [found[i].causal for i in pick],
         "dtype": [dtype_of(t, s) for t, s in zip(types[pick], sigs)],
         "ts": ts[pick], "end": end[pick], "tid": tid[pick],

@@ -58,22 +58,22 @@ def utilization(model: TraceModel, m: Metrics, spec: Spec | None, facts: dict | 
     kernels = op_kernels(model, ops) if gpu else pd.DataFrame()
     peak_dtype = _peak_dtypes(ops, kernels, spec)
     placed = _placed(ops, kernels, peak_dtype, gpu)
-    hardware = perstep.sums(m, placed["ts"], placed["flops"])
-    is_model = (placed["phase"] != "recompute").to_numpy()
-    model_step = perstep.sums(m, placed["ts"][is_model], placed["flops"][is_model])
-    whole_step = perstep.sums(m, placed["ts"][is_model], placed["whole"][is_model])
+    ts = placed["ts"]
+    hardware = perstep.sums(m, ts, placed["flops"])
+    model_step = perstep.sums(m, ts, placed["model"])
+    whole_step = perstep.sums(m, ts, placed["model_whole"])
     step_us = m.per_step["dur_us"].to_numpy(dtype=float)
     med_us = m.median_step_us
     med_model, med_hw, med_whole = perstep.median(model_step), perstep.median(hardware), perstep.median(whole_step)
     peaks, stand_ins = _peaks(spec, placed["dtype"].unique()) if spec is not None else ({}, {})
     # each step's FLOPs at each dtype's peak: the time they would take (s)
-    known = placed["dtype"].map(peaks).notna().to_numpy() if peaks else np.zeros(len(placed), dtype=bool)
-    at_peak = placed["flops"].to_numpy() / (placed["dtype"].map(peaks).fillna(1.0).to_numpy() * 1e12)
-    model_time = perstep.sums(m, placed["ts"][is_model & known], at_peak[is_model & known])
-    hw_time = perstep.sums(m, placed["ts"][known], at_peak[known])
+    rate = placed["dtype"].map(peaks).to_numpy(dtype=float) * 1e12 if peaks else np.full(len(placed), np.nan)
+    known = np.isfinite(rate)
+    model_time = perstep.sums(m, ts[known], placed["model"].to_numpy()[known] / rate[known])
+    hw_time = perstep.sums(m, ts[known], placed["flops"].to_numpy()[known] / rate[known])
     has_peak = bool(peaks) and known.all()
-    peak_model = _combined_peak(placed, is_model, peaks) if has_peak else None
-    peak_hw = _combined_peak(placed, np.ones(len(placed), dtype=bool), peaks) if has_peak else None
+    peak_model = _combined_peak(placed["model"], rate) if has_peak else None
+    peak_hw = _combined_peak(placed["flops"], rate) if has_peak else None
     mfu = _pct(med_model, med_us, peak_model)
     steps = [StepFlops(step=st.number, ms=round(float(us) / 1e3, 3), model_flops=float(f), hardware_flops=float(h),
                        mfu_pct=_r(100 * t / (us / 1e6)) if has_peak and us > 0 else None,
@@ -88,7 +88,7 @@ def utilization(model: TraceModel, m: Metrics, spec: Spec | None, facts: dict | 
         achieved_tflops=float(med_model / (med_us / 1e6) / 1e12) if med_us > 0 else None,
         mfu_pct=mfu, hfu_pct=_pct(med_hw, med_us, peak_hw),
         peak_tflops=_r(peak_model, 1), device=spec.describe() if spec is not None and has_peak else None,
-        peaks=_shares(placed, is_model, peaks, stand_ins) if has_peak else [],
+        peaks=_shares(placed, peaks, stand_ins) if has_peak else [],
         classes=_classes(m, placed, ops, gpu),
         steps=steps,
         whole_model_flops=med_whole if whole_differs else None,
@@ -156,19 +156,26 @@ def _peak_dtypes(ops: pd.DataFrame, kernels: pd.DataFrame, spec: Spec | None) ->
 
 
 def _placed(ops: pd.DataFrame, kernels: pd.DataFrame, peak_dtype: np.ndarray, gpu: bool) -> pd.DataFrame:
-    """The FLOPs where they ran: per kernel on a GPU (its share of its op's), per op on a CPU."""
-    cols = ["ts", "flops", "whole", "dur", "op", "family", "phase", "dtype"]
+    """The FLOPs where they ran: per kernel on a GPU (its share of its op's), per op on a CPU. `flops` are
+    hardware FLOPs; `model` leaves out what was recomputed (a checkpointed forward op entirely, the scores a
+    fused attention backward computes again), `model_whole` the same with causal attention counted whole."""
+    cols = ["ts", "flops", "model", "model_whole", "dur", "op", "family", "phase", "dtype"]
+    op_flops = ops["flops"].to_numpy(dtype=float)
+    recompute = (ops["pass"] == "recompute").to_numpy()
+    op_model = np.where(recompute, 0.0, op_flops - ops["recomputed"].to_numpy(dtype=float))
+    whole_per_flop = np.where(op_flops > 0, ops["whole"].to_numpy(dtype=float) / np.where(op_flops > 0, op_flops, 1.0), 1.0)
     if gpu and len(kernels):
         i = kernels["op"].to_numpy()
-        share = kernels["flops"].to_numpy(dtype=float) / np.where(ops["flops"].to_numpy()[i] > 0, ops["flops"].to_numpy()[i], 1.0)
+        share = kernels["flops"].to_numpy(dtype=float) / np.where(op_flops[i] > 0, op_flops[i], 1.0)
         out = pd.DataFrame({"ts": kernels["ts"].to_numpy(dtype=float), "flops": kernels["flops"].to_numpy(dtype=float),
-                            "whole": ops["whole"].to_numpy()[i] * share, "dur": kernels["dur"].to_numpy(dtype=float), "op": i})
+                            "model": op_model[i] * share, "dur": kernels["dur"].to_numpy(dtype=float), "op": i})
     elif gpu:  # a GPU trace whose kernels cannot be linked to their ops: none is placed
         return pd.DataFrame(columns=cols)
     else:
         i = np.arange(len(ops))
-        out = pd.DataFrame({"ts": ops["ts"].to_numpy(dtype=float), "flops": ops["flops"].to_numpy(dtype=float),
-                            "whole": ops["whole"].to_numpy(dtype=float), "dur": np.zeros(len(ops)), "op": i})
+        out = pd.DataFrame({"ts": ops["ts"].to_numpy(dtype=float), "flops": op_flops, "model": op_model,
+                            "dur": np.zeros(len(ops)), "op": i})
+    out["model_whole"] = out["model"].to_numpy() * whole_per_flop[i]
     out["family"] = ops["family"].to_numpy()[i]
     out["phase"] = ops["pass"].to_numpy()[i]
     out["dtype"] = peak_dtype[i]
@@ -187,11 +194,11 @@ def _peaks(spec: Spec, dtypes) -> tuple[dict, dict]:
     return peaks, stand_ins
 
 
-def _combined_peak(placed: pd.DataFrame, rows: np.ndarray, peaks: dict) -> float | None:
-    f = placed["flops"].to_numpy()[rows]
-    p = placed["dtype"].map(peaks).to_numpy(dtype=float)[rows]
-    seconds = float((f / p).sum())
-    return float(f.sum() / seconds) if seconds > 0 else None
+def _combined_peak(flops: pd.Series, rate: np.ndarray) -> float | None:
+    """The one peak several dtypes make: the FLOPs over the time they take, each at its own peak (TFLOP/s)."""
+    f = flops.to_numpy(dtype=float)
+    seconds = float((f / rate).sum())
+    return float(f.sum() / seconds / 1e12) if seconds > 0 else None
 
 
 def _pct(flops: float, step_us: float, peak_tflops: float | None) -> float | None:
@@ -200,11 +207,11 @@ def _pct(flops: float, step_us: float, peak_tflops: float | None) -> float | Non
     return _r(100 * flops / (step_us / 1e6) / (peak_tflops * 1e12))
 
 
-def _shares(placed: pd.DataFrame, is_model: np.ndarray, peaks: dict, stand_ins: dict) -> list[PeakShare]:
-    by = placed[is_model].groupby("dtype")["flops"].sum()
+def _shares(placed: pd.DataFrame, peaks: dict, stand_ins: dict) -> list[PeakShare]:
+    by = placed.groupby("dtype")["model"].sum()
     total = float(by.sum()) or 1.0
     order = sorted(by.index, key=lambda d: (DTYPE_ORDER.index(d) if d in DTYPE_ORDER else 99, str(d)))
-    return [PeakShare(dtype=str(d), tflops=float(peaks[d]), share_pct=_r(100 * by[d] / total) or 0.0,
+    return [PeakShare(dtype=str(d), tflops=float(peaks[d]), share_pct=_r(100 * by[d] / total, 1) or 0.0,
                       stand_in=stand_ins.get(d)) for d in order if by[d] > 0]
 
 
@@ -217,7 +224,8 @@ def _classes(m: Metrics, placed: pd.DataFrame, ops: pd.DataFrame, gpu: bool) -> 
         mine = ops.iloc[np.unique(part["op"].to_numpy())]
         n = perstep.median(perstep.issued(m, mine["ts"]))
         kernel_us = perstep.median(perstep.sums(m, part["ts"], part["dur"])) if gpu else None
-        out.append(FlopClass(family=str(family), phase=str(phase), dtype=str(dtype), flops=flops, ops=n,
+        out.append(FlopClass(family=str(family), phase=str(phase), dtype=str(dtype), flops=flops,
+                             model_flops=perstep.median(perstep.sums(m, part["ts"], part["model"])), ops=n,
                              kernel_ms=round(kernel_us / 1e3, 3) if kernel_us is not None else None,
                              tflops=float(flops / (kernel_us / 1e6) / 1e12) if kernel_us else None))
     rank = {f: i for i, f in enumerate(FAMILIES)}

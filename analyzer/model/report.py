@@ -44,7 +44,9 @@ class FlopClass:
     family: str  # "matmul", "conv", "attention"
     phase: str  # "forward", "backward", "recompute" (a forward op run again in the backward)
     dtype: str  # the peak it is measured against: "bf16", "fp16", "tf32", "fp32", "fp8"
-    flops: float  # per step (the median over the steps)
+    flops: float  # hardware FLOPs per step (the median over the steps): what its kernels computed
+    model_flops: float  # the model FLOPs among them (less what was recomputed: all of a recomputed forward op,
+    # the scores a fused attention backward computes again)
     ops: float  # ops per step
     kernel_ms: float | None  # its kernels' time per step; None on a CPU run
     tflops: float | None  # what its kernels reached (flops / kernel time), TFLOP/s

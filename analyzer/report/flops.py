@@ -20,7 +20,7 @@ def headline(f: FlopFigures | None) -> str | None:
     per_step = f"{flop_text(f.model_flops)} per step / {f.step_ms:.3g} ms = {rate}"
     if f.mfu_pct is None:
         return f"FLOPs: {per_step}. {f.note}" if f.note else f"FLOPs: {per_step}"
-    hfu = f" (HFU {f.hfu_pct:.1f} % with the recompute)" if f.hfu_pct is not None and f.hfu_pct > f.mfu_pct + 0.05 else ""
+    hfu = f" (HFU {f.hfu_pct:.1f} %)" if f.hfu_pct is not None and f.hfu_pct > f.mfu_pct + 0.05 else ""
     line = f"MFU {f.mfu_pct:.1f} %{hfu}: {per_step} of {f.peak_tflops:g} TFLOP/s ({f.device}, {dense(f)})"
     if f.unprofiled_mfu_pct is not None:
         line += f"; {f.unprofiled_mfu_pct:.1f} % over the unprofiled {f.unprofiled_step_ms:.3g} ms step"
@@ -59,13 +59,19 @@ def qualifiers(f: FlopFigures | None) -> list[str]:
                    "without recorded shapes, so the MFU is a lower bound.")
     if f.whole_model_flops is not None:
         whole = f"MFU {f.whole_mfu_pct:.1f} %" if f.whole_mfu_pct is not None else "more"
-        out.append(f"Causal attention is counted as its kernels run it (the masked half skipped); counted whole, as "
-                   f"FlopCounterMode and nanoGPT's 6·N + 12·L·H·Q·T do, the step holds {flop_text(f.whole_model_flops)} "
-                   f"({whole}).")
+        out.append("Causal attention is counted as its kernels run it (the masked half skipped); nanoGPT's "
+                   f"6·N + 12·L·H·Q·T and FlopCounterMode count the whole mask: {flop_text(f.whole_model_flops)} "
+                   f"model FLOPs per step that way ({whole}).")
     if f.hardware_flops is not None and f.model_flops is not None and f.hardware_flops > f.model_flops * 1.0005:
-        out.append(f"Hardware FLOPs {flop_text(f.hardware_flops)} per step: the model's, and "
-                   f"{flop_text(f.hardware_flops - f.model_flops)} of forward ops recomputed in the backward "
-                   "(activation checkpointing).")
+        checkpointed = sum(c.flops for c in f.classes if c.phase == "recompute")
+        scores = f.hardware_flops - f.model_flops - checkpointed
+        parts = ([f"{flop_text(checkpointed)} of forward ops run again in the backward (activation checkpointing)"]
+                 if checkpointed > 0.0005 * f.hardware_flops else [])
+        parts += ([f"{flop_text(scores)} of attention scores the fused backward computes again"]
+                  if scores > 0.0005 * f.hardware_flops else [])
+        hfu = f" (HFU {f.hfu_pct:.1f} %)" if f.hfu_pct is not None else ""
+        out.append(f"Hardware FLOPs {flop_text(f.hardware_flops)} per step{hfu}: the model's and "
+                   + " and ".join(parts) + ".")
     if f.note and f.mfu_pct is not None:
         out.append(f.note)
     return out
@@ -82,13 +88,15 @@ def table(f: FlopFigures | None) -> list[list[str]]:
         peak = peaks.get(c.dtype)
         reached = f"{c.tflops:.3g}" if c.tflops is not None else "–"
         of_peak = f"{100 * c.tflops / peak:.0f} %" if c.tflops is not None and peak else "–"
+        hardware = flop_text(c.flops) if c.flops > c.model_flops * 1.0005 else "="
         rows.append([f"{FAMILY_WORDS.get(c.family, c.family)}, {PHASE_WORDS.get(c.phase, c.phase)}",
-                     f"{c.ops:.0f}", c.dtype + (f" ({peak:g})" if peak else ""), flop_text(c.flops),
+                     f"{c.ops:.0f}", c.dtype + (f" ({peak:g})" if peak else ""), flop_text(c.model_flops), hardware,
                      f"{c.kernel_ms:.3g}" if c.kernel_ms is not None else "–", reached, of_peak])
     return rows
 
 
-TABLE_HEADER = ["Ops", "Per step", "Dtype (peak TFLOP/s)", "FLOPs per step", "Kernel ms", "TFLOP/s reached", "Of peak"]
+TABLE_HEADER = ["Ops", "Per step", "Dtype (peak TFLOP/s)", "Model FLOPs per step", "Hardware FLOPs", "Kernel ms",
+                "TFLOP/s reached", "Of peak"]
 
 
 def per_step(f: FlopFigures | None) -> str | None:

@@ -160,12 +160,13 @@ def _flops_section(t: TraceSummary, multi: bool) -> list[str]:
         return []
     title = "## FLOPs and MFU" + (f" — {md(t.source)}" if multi else "")
     out = [title, "", md_text(f.basis) + ".", "",
-           "| " + " | ".join(flops.TABLE_HEADER) + " |", "|---|---:|---|---:|---:|---:|---:|"]
+           "| " + " | ".join(flops.TABLE_HEADER) + " |", "|---|---:|---|---:|---:|---:|---:|---:|"]
     out += ["| " + " | ".join(md_text(c) for c in row) + " |" for row in rows]
     out.append("")
-    out.append("FLOPs as PyTorch's FlopCounterMode counts them (2 per multiply-add), from the shapes the trace recorded; "
-               "model FLOPs are the forward and backward without recompute, hardware FLOPs include it (PaLM's MFU "
-               "and HFU); the peak is the device's dense peak of the dtype each op ran in.")
+    out.append("FLOPs as PyTorch's FlopCounterMode counts them (2 per multiply-add), from the shapes the trace recorded. "
+               "Model FLOPs are the forward and backward without recompute, hardware FLOPs what the kernels computed, "
+               "recompute included (\"=\": the same; PaLM's MFU and HFU); a kernel's rate is its hardware FLOPs over "
+               "its time; the peak is the device's dense peak of the dtype each op ran in.")
     step = flops.per_step(f)
     extra = ([step] if step else []) + flops.qualifiers(f)
     if extra:
