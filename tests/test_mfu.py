@@ -102,6 +102,24 @@ def test_a_matrix_kernel_without_shapes_makes_the_mfu_a_lower_bound(tmp_path):
     assert f.model_flops == pytest.approx(tr.model_flops() - tr.LAYERS * tr.linear_flops(tr.D_MODEL, 4 * tr.D_MODEL))
 
 
+def test_a_jobs_mfu_is_every_ranks_flops_over_the_slowest_ranks_step(tmp_path):
+    from gpuadvise.analyzer.model.summary import summarize
+    from gpuadvise.fixtures.builder import RankFolder
+
+    folder = RankFolder([tr.gpt_step(steps=3, rank=0, world_size=2),
+                         tr.gpt_step(steps=3, rank=1, world_size=2, optimizer_us=2400)]).write(tmp_path / "job")
+    summary = summarize(analyze(resolve_inputs([str(folder)])))
+    ranks = [t.figures.flops for t in summary.traces]
+    slowest = max(f.step_ms for f in ranks)
+    assert ranks[0].step_ms < ranks[1].step_ms == slowest
+    assert summary.figures.model_flops == pytest.approx(2 * tr.model_flops())
+    assert summary.figures.mfu_pct == pytest.approx(100 * 2 * tr.model_flops() / (slowest / 1e3) / (2 * H100_BF16 * 1e12),
+                                                    abs=0.01)
+    assert summary.figures.mfu_pct == pytest.approx(ranks[1].mfu_pct, abs=0.01)
+    assert summary.figures.mfu_pct < ranks[0].mfu_pct
+    assert "2 ranks" in summary.figures.mfu_basis
+
+
 def test_every_listed_gpu_has_dense_peaks_for_its_matrix_dtypes():
     for _, spec in PRODUCTS:
         assert spec.dense_peak("fp32")[0], spec.product

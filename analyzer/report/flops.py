@@ -55,8 +55,9 @@ def qualifiers(f: FlopFigures | None) -> list[str]:
     out = []
     if f.coverage_pct is not None and f.coverage_pct < 99.5:
         names = ", ".join(_short(n) for n in f.uncounted[:2])
-        out.append(f"FLOPs counted for {f.coverage_pct:.0f} % of the matrix kernels' time: the rest ({names}) ran "
-                   "without recorded shapes, so the MFU is a lower bound.")
+        out.append(f"FLOPs counted for {f.coverage_pct:.0f} % of the matrix kernels' time: the rest ({names}) has no "
+                   "count (its op recorded no shapes, or its launch came before the trace began), so the MFU is a "
+                   "lower bound.")
     if f.whole_model_flops is not None:
         whole = f"MFU {f.whole_mfu_pct:.1f} %" if f.whole_mfu_pct is not None else "more"
         out.append("Causal attention is counted as its kernels run it (the masked half skipped); nanoGPT's "
@@ -107,6 +108,15 @@ def per_step(f: FlopFigures | None) -> str | None:
         return "MFU per step: " + ", ".join(f"#{s.step} {s.mfu_pct:.1f} %" for s in f.steps if s.mfu_pct is not None)
     return "Per step: " + ", ".join(f"#{s.step} {flop_text(s.model_flops / (s.ms / 1e3), 'FLOP/s')}"
                                     for s in f.steps if s.ms > 0)
+
+
+def job_line(figures) -> str | None:
+    """A job's MFU (`model.summary.RunFigures`: every rank's model FLOPs over the slowest rank's step and
+    their peaks), for two or more ranks; None where it has none."""
+    if figures.mfu_pct is None or not figures.mfu_basis:
+        return None
+    hfu = f" (HFU {figures.hfu_pct:.1f} %)" if figures.hfu_pct is not None and figures.hfu_pct > figures.mfu_pct + 0.05 else ""
+    return f"job MFU {figures.mfu_pct:.1f} %{hfu}: {figures.mfu_basis}"
 
 
 def _short(name: str, width: int = 48) -> str:

@@ -36,6 +36,9 @@ def render(reports: list[TraceReport], charts: dict | None = None) -> str:
     job = summary.job
     if job is not None:
         out += _job_section(job)
+        job_mfu = flops.job_line(summary.figures)
+        if job_mfu:
+            out += [f"The {md_text(job_mfu)}.", ""]
     runs = summary.long_runs
     for i, run in enumerate(runs):
         if shown(run):

@@ -37,13 +37,17 @@ def render(reports, top: int = 5, prefix: str = "") -> str:
         mfu = flops.headline(s.flops)
         if mfu:
             out += [f"  {line}" for line in textwrap.wrap(terminal(mfu), 98, subsequent_indent="  ")]
-            out += [f"    {line}" for q in flops.qualifiers(s.flops) for line in textwrap.wrap(terminal(q), 96)]
+            if len(summary.traces) == 1 or t is summary.head:  # what qualifies it: once, for the heading trace
+                out += [f"    {line}" for q in flops.qualifiers(s.flops) for line in textwrap.wrap(terminal(q), 96)]
         if s.one_time_note:
             out += [f"  {line}" for line in textwrap.wrap(terminal(s.one_time_note), 98)]
         out += _memory_line(t)
     job = summary.job
     if job is not None:
         out += _job_lines(job)
+        job_mfu = flops.job_line(summary.figures)
+        if job_mfu:
+            out += [f"  {line}" for line in textwrap.wrap(terminal(job_mfu), 98, subsequent_indent="  ")]
     for run in summary.long_runs:
         if shown(run):
             out += run_lines(run, len(summary.long_runs) > 1)
