@@ -1,4 +1,4 @@
-"""MFU and HFU (analyzer/measure/utilization.py) on H100 traces with real kernel names (fixtures/transformer.py:
+"""MFU and HFU (analyzer/measure/utilization.py) on H100 traces with real kernel names (fixtures/gpt_flops.py:
 a bf16 GPT step with flash or cuDNN attention, optionally every block checkpointed), against the FLOPs on
 paper, and what every output says with it."""
 
@@ -13,7 +13,7 @@ from gpuadvise.analyzer.model.devices import PRODUCTS
 from gpuadvise.analyzer.report import markdown, text
 from gpuadvise.analyzer.report.json import document
 from gpuadvise.analyzer.run import analyze, resolve_inputs
-from gpuadvise.fixtures import transformer as tr
+from gpuadvise.fixtures import gpt_flops as tr
 
 H100_BF16 = 989.4
 
@@ -73,6 +73,16 @@ def test_recompute_is_hardware_flops_not_model_flops(runs):
     assert sum(c.flops for c in f.classes if c.phase == "recompute") == pytest.approx(tr.recompute_flops())
     assert {c.phase for c in f.classes} == {"forward", "backward", "recompute"}
     assert "HFU" in text.render(runs["checkpointed"])
+
+
+def test_a_run_folder_with_an_unprofiled_step_gets_the_mfu_over_it_too(tmp_path):
+    b = tr.gpt_step(steps=3)
+    b.facts = {"steps": {"unprofiled_median_ms": 2.5}}  # the profiler slowed the recorded steps
+    reports = analyze(resolve_inputs([str(b.write_run_folder(tmp_path / "run"))]))
+    f = reports[0].figures.flops
+    assert f.unprofiled_step_ms == 2.5 and f.step_ms > 2.5
+    assert f.unprofiled_mfu_pct == pytest.approx(100 * tr.model_flops() / 2.5e-3 / (H100_BF16 * 1e12), abs=0.01)
+    assert f"{f.unprofiled_mfu_pct:.1f} % over the unprofiled 2.5 ms step" in " ".join(text.render(reports).split())
 
 
 def test_without_shapes_the_report_says_what_is_missing_and_how_to_get_it(tmp_path):

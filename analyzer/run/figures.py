@@ -67,10 +67,10 @@ def trace_figures(model: TraceModel, m: Metrics, calibration: Calibration | None
 
 def _unprofiled(flops: FlopFigures | None, unprofiled_ms: float | None) -> FlopFigures | None:
     """The MFU at run.json's unprofiled step: the same FLOPs, the step the profiler did not slow."""
-    if flops is None or not unprofiled_ms or flops.mfu_pct is None or not flops.step_ms:
+    if flops is None or not unprofiled_ms or flops.mfu_pct is None or not flops.peak_tflops:
         return flops
     return replace(flops, unprofiled_step_ms=unprofiled_ms,
-                   unprofiled_mfu_pct=_r(flops.mfu_pct * flops.step_ms / unprofiled_ms))
+                   unprofiled_mfu_pct=_r(100 * flops.model_flops / (unprofiled_ms / 1e3) / (flops.peak_tflops * 1e12)))
 
 
 def one_time_note(m: Metrics) -> str | None:
