@@ -103,6 +103,18 @@ class FlopFigures:
 
 
 @dataclass(frozen=True)
+class GpuFigures:
+    """One GPU of a process that drove several (DataParallel, model parallel by hand): its own figures,
+    where the trace's are the average device's (measure/metrics.py)."""
+
+    device: int
+    ops: int  # kernels, copies and memsets it ran
+    busy_pct: float  # of the trace's GPU span
+    busy_in_steps_pct: float | None  # of the steps' time (None without ProfilerStep)
+    idle_ms: float  # its idle time in a step, the median over the steps
+
+
+@dataclass(frozen=True)
 class TraceFigures:
     """The summary figures of one trace, as plain data (computed once, by run/figures.py, while the
     events are there; a compact report keeps them). Times in ms, shares in % of the window or step."""
@@ -143,6 +155,9 @@ class TraceFigures:
     slow_steps: list[dict] = field(default_factory=list)
     # FLOPs per step and MFU (measure/utilization.py); None where the trace holds no matrix work
     flops: FlopFigures | None = None
+    # one process on several GPUs: each one's figures, devices ascending (empty for one GPU; the busy and
+    # idle figures above are then the average device's)
+    gpus: list[GpuFigures] = field(default_factory=list)
 
 
 @dataclass
@@ -234,3 +249,14 @@ def flop_text(flops: float | None, unit: str = "FLOP") -> str:
             v = flops / scale
             return f"{v:.3g} {prefix}{unit}" if v < 1000 else f"{v:.0f} {prefix}{unit}"
     return f"{flops:.0f} {unit}"
+
+
+def per_gpu_words(figures: TraceFigures) -> str:
+    """Each GPU of a process that drove several, in one line every format prints: "GPU 0 busy 96.9 %, idle
+    0.30 ms per step · GPU 1 …" (the share inside the steps where the trace has them)."""
+    where = "per step" if figures.steps else "in the window"
+    parts = []
+    for g in figures.gpus:
+        busy = g.busy_in_steps_pct if g.busy_in_steps_pct is not None else g.busy_pct
+        parts.append(f"GPU {g.device} busy {busy:.1f} %, idle {g.idle_ms:.2f} ms {where}")
+    return " · ".join(parts)

@@ -14,7 +14,8 @@ from gpuadvise.analyzer.measure.metrics import Metrics
 from gpuadvise.analyzer.measure.slowsteps import slow_steps
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.measure import intervals as iv
-from gpuadvise.analyzer.model.report import FlopFigures, LeftOutStep, StepTime, TraceFigures
+from gpuadvise.analyzer.measure.tables import device_table
+from gpuadvise.analyzer.model.report import FlopFigures, GpuFigures, LeftOutStep, StepTime, TraceFigures
 from gpuadvise.analyzer.model.trace import TraceModel
 
 BREAKDOWN_COLUMNS = ("dur_us", "kernel_us", "comm_us", "memcpy_us", "memset_us", "dataloader_us", "sync_us", "idle_us")
@@ -62,6 +63,7 @@ def trace_figures(model: TraceModel, m: Metrics, calibration: Calibration | None
         one_time_note=one_time_note(m),
         slow_steps=slow_steps(model, m),
         flops=_unprofiled(flops, unprofiled_ms),
+        gpus=gpu_figures(model, m),
     )
 
 
@@ -71,6 +73,14 @@ def _unprofiled(flops: FlopFigures | None, unprofiled_ms: float | None) -> FlopF
         return flops
     return replace(flops, unprofiled_step_ms=unprofiled_ms,
                    unprofiled_mfu_pct=_r(100 * flops.model_flops / (unprofiled_ms / 1e3) / (flops.peak_tflops * 1e12)))
+
+
+def gpu_figures(model: TraceModel, m: Metrics) -> list[GpuFigures]:
+    """Each GPU's own figures when one process drove several (empty for one GPU)."""
+    return [GpuFigures(device=int(row.device), ops=int(row.ops), busy_pct=round(float(row.busy_pct), 2),
+                       busy_in_steps_pct=round(float(row.busy_in_steps_pct), 2) if m.steps else None,
+                       idle_ms=round(perstep.median(row.idle_us) / 1e3, 3))
+            for row in device_table(model, m.steps, m.window, m.one_time_cut).itertuples()]
 
 
 def one_time_note(m: Metrics) -> str | None:
