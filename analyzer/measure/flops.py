@@ -365,16 +365,16 @@ def _has_inner(ts, end, tid, resolved) -> np.ndarray:
 
 def op_kernels(model: TraceModel, ops: pd.DataFrame | None = None) -> pd.DataFrame:
     """The kernels the counted ops launched (module docstring): one row per kernel with `op` (the op's
-    index in `ops`), `correlation`, `name`, `ts`, `dur`, and `flops`, the op's FLOPs shared among its
-    matrix kernels by their time (among all its kernels when none is a matrix kernel)."""
+    index in `ops`), `correlation`, `name`, `device`, `ts`, `dur`, and `flops`, the op's FLOPs shared among
+    its matrix kernels by their time (among all its kernels when none is a matrix kernel)."""
     ops = counted_ops(model) if ops is None else ops
-    cols = ["op", "correlation", "name", "ts", "dur", "flops"]
+    cols = ["op", "correlation", "name", "device", "ts", "dur", "flops"]
     k = model.kernels
     if ops.empty or k.empty or model.runtime.empty:
         return pd.DataFrame(columns=cols)
     calls = model.runtime[["correlation", "tid", "ts"]]
     calls = calls[calls["correlation"] >= 0].drop_duplicates("correlation").rename(columns={"ts": "call_ts"})
-    k = k[["correlation", "name", "ts", "dur"]].merge(calls, on="correlation", how="inner")
+    k = k[["correlation", "name", "device", "ts", "dur"]].merge(calls, on="correlation", how="inner")
     if k.empty:
         return pd.DataFrame(columns=cols)
     op_of = np.full(len(k), -1, dtype=np.int64)

@@ -11,6 +11,8 @@ Here:
   once) and placed in the steps their kernels ran in, so a step's FLOPs and its time come from the same
   steps. Recomputed forward ops are told apart by measure/passes.py.
 - **The step time** is the header's: the median step on the GPU timeline (measure/metrics.py).
+- **One process on several GPUs** (DataParallel, a model split by hand) counts the FLOPs of them all over
+  their peaks together (`gpus` of them).
 - **The peak** is the device's dense peak (model/devices.py, no 2:4 sparsity) **of the dtype each op ran
   in**: bf16/fp16/fp8 from the op's input dtype; an op on fp32 inputs against the TF32 peak where its
   kernels ran on the Tensor Cores (their names say so), else the fp32 one. With several dtypes in one
@@ -72,8 +74,12 @@ def utilization(model: TraceModel, m: Metrics, spec: Spec | None, facts: dict | 
     model_time = perstep.sums(m, ts[known], placed["model"].to_numpy()[known] / rate[known])
     hw_time = perstep.sums(m, ts[known], placed["flops"].to_numpy()[known] / rate[known])
     has_peak = bool(peaks) and known.all()
-    peak_model = _combined_peak(placed["model"], rate) if has_peak else None
-    peak_hw = _combined_peak(placed["flops"], rate) if has_peak else None
+    # one process driving several GPUs (DataParallel, a model split by hand): the FLOPs of them all, over
+    # their peaks together
+    gpus = max(1, int(kernels["device"].nunique())) if gpu and len(kernels) else 1
+    model_time, hw_time = model_time / gpus, hw_time / gpus
+    peak_model = gpus * _combined_peak(placed["model"], rate) if has_peak else None
+    peak_hw = gpus * _combined_peak(placed["flops"], rate) if has_peak else None
     mfu = _pct(med_model, med_us, peak_model)
     steps = [StepFlops(step=st.number, ms=round(float(us) / 1e3, 3), model_flops=float(f), hardware_flops=float(h),
                        mfu_pct=_r(100 * t / (us / 1e6)) if has_peak and us > 0 else None,
@@ -87,7 +93,7 @@ def utilization(model: TraceModel, m: Metrics, spec: Spec | None, facts: dict | 
         model_flops=float(med_model), hardware_flops=float(med_hw), step_ms=round(float(med_us) / 1e3, 3),
         achieved_tflops=float(med_model / (med_us / 1e6) / 1e12) if med_us > 0 else None,
         mfu_pct=mfu, hfu_pct=_pct(med_hw, med_us, peak_hw),
-        peak_tflops=_r(peak_model, 1), device=spec.describe() if spec is not None and has_peak else None,
+        peak_tflops=_r(peak_model, 1), device=spec.describe() if spec is not None and has_peak else None, gpus=gpus,
         peaks=_shares(placed, peaks, stand_ins) if has_peak else [],
         classes=_classes(m, placed, ops, gpu),
         steps=steps,
@@ -253,8 +259,9 @@ def _with_basis(f: FlopFigures) -> FlopFigures:
         return replace(f, basis=f"{per_step} in {f.step_ms:.3g} ms: {rate}")
     peaks = "; ".join(f"{p.dtype} {p.tflops:g}" + (f" (its {p.stand_in} peak)" if p.stand_in else "")
                       + (f" for {p.share_pct:g} %" if len(f.peaks) > 1 else "") for p in f.peaks)
+    gpus = f", {f.gpus} GPUs" if f.gpus > 1 else ""
     basis = (f"MFU {f.mfu_pct:.1f} % = {per_step} / {f.step_ms:.3g} ms / {f.peak_tflops:g} TFLOP/s "
-             f"({f.device} dense peak: {peaks})")
+             f"({f.device} dense peak{gpus}: {peaks})")
     return replace(f, basis=basis)
 
 

@@ -87,7 +87,8 @@ class FlopFigures:
     hfu_pct: float | None = None  # hardware FLOPs the same way
     peak_tflops: float | None = None  # the one peak those make: the model FLOPs over their time at each dtype's peak
     device: str | None = None  # whose peaks: "H100 SXM" (devices.Spec.describe)
-    peaks: list[PeakShare] = field(default_factory=list)
+    gpus: int = 1  # the GPUs whose FLOPs and peaks these are (one process may drive several)
+    peaks: list[PeakShare] = field(default_factory=list)  # one GPU's
     classes: list[FlopClass] = field(default_factory=list)
     steps: list[StepFlops] = field(default_factory=list)
     # causal attention as the kernels run it skips the masked half; counted whole (FlopCounterMode, and

@@ -21,7 +21,8 @@ def headline(f: FlopFigures | None) -> str | None:
     if f.mfu_pct is None:
         return f"FLOPs: {per_step}. {f.note}" if f.note else f"FLOPs: {per_step}"
     hfu = f" (HFU {f.hfu_pct:.1f} %)" if f.hfu_pct is not None and f.hfu_pct > f.mfu_pct + 0.05 else ""
-    line = f"MFU {f.mfu_pct:.1f} %{hfu}: {per_step} of {f.peak_tflops:g} TFLOP/s ({f.device}, {dense(f)})"
+    gpus = f"{f.gpus} × " if f.gpus > 1 else ""
+    line = f"MFU {f.mfu_pct:.1f} %{hfu}: {per_step} of {f.peak_tflops:g} TFLOP/s ({gpus}{f.device}, {dense(f)})"
     if f.unprofiled_mfu_pct is not None:
         line += f"; {f.unprofiled_mfu_pct:.1f} % over the unprofiled {f.unprofiled_step_ms:.3g} ms step"
     return line
