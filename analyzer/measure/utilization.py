@@ -39,7 +39,7 @@ from .passes import passes
 from gpuadvise.analyzer.model import flopops, runfacts
 from gpuadvise.analyzer.model.devices import Spec
 from gpuadvise.analyzer.model.kernels import is_comm, is_matmul_like, uses_tensor_cores
-from gpuadvise.analyzer.model.report import FlopClass, FlopFigures, PeakShare, StepFlops, flop_text
+from gpuadvise.analyzer.model.report import FlopClass, FlopFigures, PeakShare, StepFlops, flop_text, ms_text
 from gpuadvise.analyzer.model.trace import TraceModel, distinct_names, name_mask
 
 PHASES = ("forward", "backward", "recompute")
@@ -256,11 +256,11 @@ def _with_basis(f: FlopFigures) -> FlopFigures:
     per_step = f"{flop_text(f.model_flops)} model FLOPs per step"
     if f.mfu_pct is None:
         rate = flop_text(f.achieved_tflops * 1e12, "FLOP/s") if f.achieved_tflops is not None else "–"
-        return replace(f, basis=f"{per_step} in {f.step_ms:.3g} ms: {rate}")
+        return replace(f, basis=f"{per_step} in {ms_text(f.step_ms)} ms: {rate}")
     peaks = "; ".join(f"{p.dtype} {p.tflops:g}" + (f" (its {p.stand_in} peak)" if p.stand_in else "")
                       + (f" for {p.share_pct:g} %" if len(f.peaks) > 1 else "") for p in f.peaks)
     gpus = f", {f.gpus} GPUs" if f.gpus > 1 else ""
-    basis = (f"MFU {f.mfu_pct:.1f} % = {per_step} / {f.step_ms:.3g} ms / {f.peak_tflops:g} TFLOP/s "
+    basis = (f"MFU {f.mfu_pct:.1f} % = {per_step} / {ms_text(f.step_ms)} ms / {f.peak_tflops:g} TFLOP/s "
              f"({f.device} dense peak{gpus}: {peaks})")
     return replace(f, basis=basis)
 

@@ -240,6 +240,11 @@ def overhead_words(x: float | None) -> str:
     return f"the profiler made the traced steps {x:.2f}× slower"
 
 
+def ms_text(ms: float) -> str:
+    """A step time in ms, three significant digits without an exponent: "0.421", "28.9", "1984"."""
+    return f"{ms:.0f}" if ms >= 100 else f"{ms:.3g}"
+
+
 def flop_text(flops: float | None, unit: str = "FLOP") -> str:
     """A FLOP count (or rate, `unit`="FLOP/s") with its SI prefix, three significant digits: "1.23 PFLOP",
     "45.6 GFLOP/s"."""

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from .findings import Finding
-from .report import TraceFigures, TraceReport, all_findings
+from .report import TraceFigures, TraceReport, all_findings, ms_text
 
 if TYPE_CHECKING:  # computed upstream; the summary only carries them
     from gpuadvise.analyzer.measure.job import JobReport
@@ -161,7 +161,7 @@ def job_mfu(traces: tuple[TraceSummary, ...]) -> dict:
     step_ms = max(f.step_ms for f in counted)
     peaks = [f.peak_tflops for f in counted]
     out = {"model_flops": flops, "mfu_basis": f"{len(counted)} ranks' model FLOPs over the slowest rank's median step "
-                                              f"({step_ms:.3g} ms)"}
+                                              f"({ms_text(step_ms)} ms)"}
     if all(peaks):
         peak = sum(peaks)
         out["mfu_pct"] = round(100 * flops / (step_ms / 1e3) / (peak * 1e12), 2)

@@ -4,7 +4,7 @@ overview and `compare` read them, so each says the same thing."""
 
 from __future__ import annotations
 
-from gpuadvise.analyzer.model.report import FlopFigures, flop_text
+from gpuadvise.analyzer.model.report import FlopFigures, flop_text, ms_text
 
 PHASE_WORDS = {"forward": "forward", "backward": "backward", "recompute": "recomputed forward"}
 FAMILY_WORDS = {"matmul": "matmuls", "conv": "convolutions", "attention": "attention"}
@@ -17,14 +17,14 @@ def headline(f: FlopFigures | None) -> str | None:
     if f.state != "counted" or f.model_flops is None:
         return f.note
     rate = flop_text(f.achieved_tflops * 1e12, "FLOP/s") if f.achieved_tflops is not None else "–"
-    per_step = f"{flop_text(f.model_flops)} per step / {f.step_ms:.3g} ms = {rate}"
+    per_step = f"{flop_text(f.model_flops)} per step / {ms_text(f.step_ms)} ms = {rate}"
     if f.mfu_pct is None:
         return f"FLOPs: {per_step}. {f.note}" if f.note else f"FLOPs: {per_step}"
     hfu = f" (HFU {f.hfu_pct:.1f} %)" if f.hfu_pct is not None and f.hfu_pct > f.mfu_pct + 0.05 else ""
     gpus = f"{f.gpus} × " if f.gpus > 1 else ""
     line = f"MFU {f.mfu_pct:.1f} %{hfu}: {per_step} of {f.peak_tflops:g} TFLOP/s ({gpus}{f.device}, {dense(f)})"
     if f.unprofiled_mfu_pct is not None:
-        line += f"; {f.unprofiled_mfu_pct:.1f} % over the unprofiled {f.unprofiled_step_ms:.3g} ms step"
+        line += f"; {f.unprofiled_mfu_pct:.1f} % over the unprofiled {ms_text(f.unprofiled_step_ms)} ms step"
     return line
 
 
