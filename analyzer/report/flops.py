@@ -60,10 +60,10 @@ def qualifiers(f: FlopFigures | None) -> list[str]:
                    "count (its op recorded no shapes, or its launch came before the trace began), so the MFU is a "
                    "lower bound.")
     if f.whole_model_flops is not None:
-        whole = f"MFU {f.whole_mfu_pct:.1f} %" if f.whole_mfu_pct is not None else "more"
+        whole = f" (MFU {f.whole_mfu_pct:.1f} %)" if f.whole_mfu_pct is not None else ""
         out.append("Causal attention is counted as its kernels run it (the masked half skipped); nanoGPT's "
                    f"6·N + 12·L·H·Q·T and FlopCounterMode count the whole mask: {flop_text(f.whole_model_flops)} "
-                   f"model FLOPs per step that way ({whole}).")
+                   f"model FLOPs per step that way{whole}.")
     if f.hardware_flops is not None and f.model_flops is not None and f.hardware_flops > f.model_flops * 1.0005:
         checkpointed = sum(c.flops for c in f.classes if c.phase == "recompute")
         scores = f.hardware_flops - f.model_flops - checkpointed
