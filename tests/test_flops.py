@@ -74,6 +74,14 @@ def test_conv_op_reads_padding_same_and_the_output_mask():
     assert backward.flops == 2 * 2 * 64 * 8 * 3 * 9  # the weight's gradient only: the input needs none
 
 
+def test_a_convolution_without_its_recorded_stride_is_not_counted():
+    """Older PyTorch recorded shapes but no Concrete Inputs: the output's size is unknown, not the default's
+    (a 7×7 stride-2 stem counted at stride 1 would be 3.8× too many)."""
+    dims = [[32, 3, 224, 224], [64, 3, 7, 7], [], [], [], [], [], [], []]
+    assert math.isnan(flops.op_flops("aten::cudnn_convolution", dims, []).flops)
+    assert math.isnan(flops.op_flops("aten::conv2d", dims[:7], None).flops)
+
+
 def test_causal_attention_counts_the_unmasked_scores():
     # square: 1 + 2 + … + S of S² scores
     assert flops.causal_fraction(16, 16) == pytest.approx(16 * 17 / 2 / 256)

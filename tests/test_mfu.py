@@ -107,8 +107,10 @@ def test_a_matrix_kernel_without_shapes_makes_the_mfu_a_lower_bound(tmp_path):
             ev["args"].pop("Input Dims")
         if ev["name"] == "aten::linear" and ev["args"].get("Input Dims", [[]])[1] == [4 * tr.D_MODEL, tr.D_MODEL]:
             ev["args"].pop("Input Dims")
-    f = _analyzed(tmp_path, "partial", b)[0].figures.flops
+    reports = _analyzed(tmp_path, "partial", b)
+    f = reports[0].figures.flops
     assert 0 < f.coverage_pct < 100 and f.uncounted == [tr.GEMM]
+    assert f"MFU ≥ {f.mfu_pct:.1f} %" in text.render(reports) and "lower bound" in " ".join(text.render(reports).split())
     assert f.model_flops == pytest.approx(tr.model_flops() - tr.LAYERS * tr.linear_flops(tr.D_MODEL, 4 * tr.D_MODEL))
 
 

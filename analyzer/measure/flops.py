@@ -222,15 +222,19 @@ def _conv(sig: Signature, dims: list, concrete: list) -> float:
     x, w = tensors
     if transposed:
         return conv_flops(x, w, transposed=True)
-    padding = _value(concrete, sig.padding)
+    # an argument the op has but the trace did not record (a PyTorch too old to record Concrete Inputs):
+    # the output's size is unknown, never the default's
+    args = {k: _value(concrete, getattr(sig, k)) for k in ("stride", "padding", "dilation")}
+    if any(getattr(sig, k) is not None and v is None for k, v in args.items()):
+        return math.nan
+    padding = args["padding"]
     if isinstance(padding, str):  # conv2d(padding="same" / "valid")
         if padding == "same":
             return conv_flops(x, w, out_spatial=x[2:])
         padding = 0 if padding == "valid" else None
         if padding is None:
             return math.nan
-    return conv_flops(x, w, stride=_value(concrete, sig.stride), padding=padding,
-                      dilation=_value(concrete, sig.dilation))
+    return conv_flops(x, w, stride=args["stride"], padding=padding, dilation=args["dilation"])
 
 
 def _attention(sig: Signature, dims: list, concrete: list) -> OpCount:

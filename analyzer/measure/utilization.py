@@ -260,7 +260,8 @@ def _with_basis(f: FlopFigures) -> FlopFigures:
     peaks = "; ".join(f"{p.dtype} {p.tflops:g}" + (f" (its {p.stand_in} peak)" if p.stand_in else "")
                       + (f" for {p.share_pct:g} %" if len(f.peaks) > 1 else "") for p in f.peaks)
     gpus = f", {f.gpus} GPUs" if f.gpus > 1 else ""
-    basis = (f"MFU {f.mfu_pct:.1f} % = {per_step} / {ms_text(f.step_ms)} ms / {f.peak_tflops:g} TFLOP/s "
+    at_least = "≥ " if f.coverage_pct is not None and f.coverage_pct < 99.5 else ""  # uncounted matrix kernels
+    basis = (f"MFU {at_least}{f.mfu_pct:.1f} % = {per_step} / {ms_text(f.step_ms)} ms / {f.peak_tflops:g} TFLOP/s "
              f"({f.device} dense peak{gpus}: {peaks})")
     return replace(f, basis=basis)
 

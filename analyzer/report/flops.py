@@ -22,7 +22,9 @@ def headline(f: FlopFigures | None) -> str | None:
         return f"FLOPs: {per_step}. {f.note}" if f.note else f"FLOPs: {per_step}"
     hfu = f" (HFU {f.hfu_pct:.1f} %)" if f.hfu_pct is not None and f.hfu_pct > f.mfu_pct + 0.05 else ""
     gpus = f"{f.gpus} × " if f.gpus > 1 else ""
-    line = f"MFU {f.mfu_pct:.1f} %{hfu}: {per_step} of {f.peak_tflops:g} TFLOP/s ({gpus}{f.device}, {dense(f)})"
+    at_least = "≥ " if partial(f) else ""  # matrix kernels without a count: a lower bound (qualifiers say why)
+    line = (f"MFU {at_least}{f.mfu_pct:.1f} %{hfu}: {per_step} of {f.peak_tflops:g} TFLOP/s "
+            f"({gpus}{f.device}, {dense(f)})")
     if f.unprofiled_mfu_pct is not None:
         line += f"; {f.unprofiled_mfu_pct:.1f} % over the unprofiled {ms_text(f.unprofiled_step_ms)} ms step"
     return line
@@ -34,9 +36,16 @@ def labelled(f: FlopFigures | None) -> tuple[str, str] | None:
     line = headline(f)
     if not line:
         return None
-    label = "FLOPs" if line.startswith("FLOPs: ") else "MFU"
-    value = line.removeprefix(label + ": ").removeprefix("No MFU: ").removeprefix(label + " ")
-    return label, ("" if value[:1].isdigit() or label == "FLOPs" else "none: ") + value
+    if f.state == "counted" and f.mfu_pct is not None:
+        return "MFU", line.removeprefix("MFU ")
+    if f.state == "counted":
+        return "FLOPs", line.removeprefix("FLOPs: ")
+    return "MFU", "none: " + line.removeprefix("No MFU: ")
+
+
+def partial(f: FlopFigures) -> bool:
+    """Whether matrix kernels ran without a count: the FLOPs, and so the MFU, are a lower bound."""
+    return f.coverage_pct is not None and f.coverage_pct < 99.5
 
 
 def dense(f: FlopFigures) -> str:
@@ -54,11 +63,11 @@ def qualifiers(f: FlopFigures | None) -> list[str]:
     if f is None or f.state != "counted":
         return []
     out = []
-    if f.coverage_pct is not None and f.coverage_pct < 99.5:
+    if partial(f):
         names = ", ".join(_short(n) for n in f.uncounted[:2])
         out.append(f"FLOPs counted for {f.coverage_pct:.0f} % of the matrix kernels' time: the rest ({names}) has no "
-                   "count (its op recorded no shapes, or its launch came before the trace began), so the MFU is a "
-                   "lower bound.")
+                   "count (its op's shapes or scalar arguments were not recorded, or its launch came before the "
+                   "trace began), so the MFU is a lower bound.")
     if f.whole_model_flops is not None:
         whole = f" (MFU {f.whole_mfu_pct:.1f} %)" if f.whole_mfu_pct is not None else ""
         out.append("Causal attention is counted as its kernels run it (the masked half skipped); nanoGPT's "
