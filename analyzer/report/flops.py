@@ -53,7 +53,7 @@ def dense(f: FlopFigures) -> str:
     if len(f.peaks) == 1:
         p = f.peaks[0]
         return f"dense {p.dtype}" + (f", at its {p.stand_in} peak" if p.stand_in else "")
-    return "dense " + ", ".join(f"{p.dtype} {p.tflops:g} for {p.share_pct:.0f} %"
+    return "dense " + ", ".join(f"{p.dtype} {p.tflops:g} for " + (f"{p.share_pct:.0f} %" if p.share_pct >= 0.5 else "<1 %")
                                 + (f" (its {p.stand_in} peak)" if p.stand_in else "") for p in f.peaks)
 
 
