@@ -74,6 +74,14 @@ def test_conv_op_reads_padding_same_and_the_output_mask():
     assert backward.flops == 2 * 2 * 64 * 8 * 3 * 9  # the weight's gradient only: the input needs none
 
 
+def test_a_convolution_without_its_recorded_stride_is_not_counted():
+    """Older PyTorch recorded shapes but no Concrete Inputs: the output's size is unknown, not the default's
+    (a 7×7 stride-2 stem counted at stride 1 would be 3.8× too many)."""
+    dims = [[32, 3, 224, 224], [64, 3, 7, 7], [], [], [], [], [], [], []]
+    assert math.isnan(flops.op_flops("aten::cudnn_convolution", dims, []).flops)
+    assert math.isnan(flops.op_flops("aten::conv2d", dims[:7], None).flops)
+
+
 def test_causal_attention_counts_the_unmasked_scores():
     # square: 1 + 2 + … + S of S² scores
     assert flops.causal_fraction(16, 16) == pytest.approx(16 * 17 / 2 / 256)
@@ -111,3 +119,210 @@ def test_matmul_broadcasts_like_torch():
     assert flops.matmul_flops("aten::matmul", [[4], [4, 6]]) == 2 * 4 * 6
     assert flops.matmul_flops("aten::linear", [[8, 16, 32], [64, 32], [64]]) == 2 * 128 * 32 * 64
     assert math.isnan(flops.matmul_flops("aten::matmul", [[2, 3, 4], [5, 4, 6]]))  # batches that do not broadcast
+
+
+# -- the count of a recorded step against FlopCounterMode, on three real models --------------------------
+# Each model runs one training step (forward, loss, backward) twice: under torch.profiler with
+# record_shapes=True (the trace gpuadvise reads) and under FlopCounterMode (PyTorch's own count).
+
+nn = torch.nn
+F = torch.nn.functional
+
+
+class _Block(nn.Module):  # nanoGPT's Block: pre-norm, causal self-attention through SDPA, a GELU MLP
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.c_attn, self.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).contiguous().view(b, t, c)
+        x = x + self.c_proj(y)
+        return x + self.mlp(self.ln_2(x))
+
+
+class _GPT(nn.Module):
+    def __init__(self, vocab=96, block=32, layers=2, heads=4, d=32):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(block, d)
+        self.blocks = nn.ModuleList(_Block(d, heads) for _ in range(layers))
+        self.ln_f, self.lm_head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for blk in self.blocks:
+            x = blk(x)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+class _BasicBlock(nn.Module):  # torchvision's ResNet BasicBlock
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1, self.bn2 = nn.BatchNorm2d(cout), nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.down = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                     if stride != 1 or cin != cout else None)
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + (self.down(x) if self.down is not None else x))
+
+
+class _ResNet(nn.Module):  # torchvision's ResNet layout, two stages of one block each
+    def __init__(self, classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        self.layer1, self.layer2 = _BasicBlock(8, 8, 1), _BasicBlock(8, 16, 2)
+        self.fc = nn.Linear(16, classes)
+
+    def forward(self, x, targets):
+        x = self.maxpool(F.relu(self.bn1(self.conv1(x))))
+        x = torch.flatten(F.adaptive_avg_pool2d(self.layer2(self.layer1(x)), 1), 1)
+        return F.cross_entropy(self.fc(x), targets)
+
+
+def _llama():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   attn_implementation="eager")
+    model = transformers.LlamaForCausalLM(cfg)
+    ids = torch.randint(0, 96, (2, 24))
+    return model, lambda: model(input_ids=ids, labels=ids).loss
+
+
+def _models():
+    torch.manual_seed(0)
+    gpt = _GPT()
+    idx = torch.randint(0, 96, (2, 32))
+    resnet = _ResNet()
+    images, labels = torch.randn(2, 3, 32, 32), torch.randint(0, 10, (2,))
+    return {"nanoGPT-style GPT": (gpt, lambda: gpt(idx, idx)),
+            "torchvision-style ResNet": (resnet, lambda: resnet(images, labels)),
+            "Hugging Face Llama (from a config)": _llama()}
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """Each model's trace of one step and FlopCounterMode's count of the same step."""
+    from torch.profiler import ProfilerActivity, profile
+    from torch.utils.flop_counter import FlopCounterMode
+
+    out = {}
+    folder = tmp_path_factory.mktemp("flop-models")
+    for name, (model, loss) in _models().items():
+        with FlopCounterMode(display=False) as counter:
+            loss().backward()
+        model.zero_grad(set_to_none=True)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            loss().backward()
+            prof.step()
+        path = folder / f"{len(out)}.json"
+        prof.export_chrome_trace(str(path))
+        out[name] = (path, counter.get_total_flops(), counter.get_flop_counts()["Global"])
+    return out
+
+
+def test_a_recorded_step_counts_what_flop_counter_mode_counts(recorded):
+    from gpuadvise.analyzer.read.loader import load_trace
+
+    for name, (path, oracle, _) in recorded.items():
+        ops = flops.counted_ops(load_trace(path, cache=False))
+        # FlopCounterMode does not count the CPU flash attention kernel (the GPT's causal SDPA): compared
+        # without it here, and against a hand count below
+        ours = ops.loc[~ops["name"].str.contains("flash_attention_for_cpu"), "flops"].sum()
+        assert oracle > 0 and ours == pytest.approx(oracle, rel=0.01), name
+        assert set(ops["pass"]) == {"forward", "backward"}, name
+
+
+def test_cpu_flash_attention_matches_a_hand_count(recorded):
+    from gpuadvise.analyzer.read.loader import load_trace
+
+    path, _, _ = recorded["nanoGPT-style GPT"]
+    ops = flops.counted_ops(load_trace(path, cache=False))
+    attn = ops[ops["family"] == "attention"]
+    # 2 layers; B=2, H=4, T=32, head dim 8: QKᵀ and PV are 2·B·H·T·T·D each; the backward recomputes the
+    # scores and makes dV, dP, dQ, dK: five; causal: 1 + 2 + … + 32 of the 32² scores
+    causal = (32 * 33 / 2) / 32 ** 2
+    product = 2 * 2 * 4 * 32 * 32 * 8  # one T × T × D product over the batch and heads
+    forward, backward = 2 * product, 5 * product
+    assert len(attn) == 4 and attn["causal"].all()
+    assert attn.loc[~attn["backward"], "flops"].sum() == pytest.approx(2 * forward * causal)
+    assert attn.loc[attn["backward"], "flops"].sum() == pytest.approx(2 * backward * causal)
+    assert attn["whole"].sum() == pytest.approx(2 * (forward + backward))
+
+
+class _CheckpointedGPT(_GPT):
+    def __init__(self, reentrant: bool):
+        super().__init__()
+        self.reentrant = reentrant
+
+    def forward(self, idx, targets):
+        from torch.utils.checkpoint import checkpoint
+
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for blk in self.blocks:
+            x = checkpoint(blk, x, use_reentrant=self.reentrant)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+def test_recomputed_forward_ops_are_hardware_flops_not_model_flops(tmp_path, reentrant):
+    """Checkpointing every block runs each block's forward again in the backward: FlopCounterMode counts
+    it (what the hardware ran); the model FLOPs are the same step's without checkpointing. (Early stopping,
+    which leaves out a block's last ops when nothing needs their outputs, is off: it stopped under
+    FlopCounterMode but not under the profiler, and the two runs must do the same work.)"""
+    from torch.profiler import ProfilerActivity, profile
+    from torch.utils.checkpoint import set_checkpoint_early_stop
+    from torch.utils.flop_counter import FlopCounterMode
+    from gpuadvise.analyzer.read.loader import load_trace
+
+    torch.manual_seed(0)
+    plain, checkpointed = _GPT(), _CheckpointedGPT(reentrant)
+    checkpointed.load_state_dict(plain.state_dict())
+    idx = torch.randint(0, 96, (2, 32))
+    counts = {}
+    def math():  # attention FlopCounterMode counts
+        return torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH)
+
+    for name, model in (("plain", plain), ("checkpointed", checkpointed)):
+        with math(), set_checkpoint_early_stop(False), FlopCounterMode(display=False) as counter:
+            model(idx, idx).backward()
+        counts[name] = counter.get_total_flops()
+    with math(), set_checkpoint_early_stop(False), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        checkpointed(idx, idx).backward()
+    prof.export_chrome_trace(str(tmp_path / "trace.json"))
+    ops = flops.counted_ops(load_trace(tmp_path / "trace.json", cache=False))
+    assert counts["checkpointed"] > counts["plain"] * 1.2
+    assert ops["flops"].sum() == pytest.approx(counts["checkpointed"], rel=0.01)
+    assert ops.loc[ops["pass"] != "recompute", "flops"].sum() == pytest.approx(counts["plain"], rel=0.01)
+    # what is recomputed is the blocks' forward: their matmuls and attention, none of the lm_head's
+    recomputed = ops[ops["pass"] == "recompute"]
+    forward = ops[ops["pass"] == "forward"]
+    assert recomputed["flops"].sum() == pytest.approx(forward["flops"].sum() - 2 * 32 * 32 * 96 * 2, rel=0.01)
+
+
+def test_a_cpu_run_gets_flops_and_a_rate_and_no_mfu(recorded):
+    from gpuadvise.analyzer.report import text
+    from gpuadvise.analyzer.run import analyze, resolve_inputs
+
+    path, oracle, _ = recorded["torchvision-style ResNet"]
+    reports = analyze(resolve_inputs([str(path)]))
+    f = reports[0].figures.flops
+    assert f.state == "counted" and f.mfu_pct is None and f.peaks == []
+    assert f.model_flops == pytest.approx(oracle, rel=0.01)
+    assert f.achieved_tflops == pytest.approx(f.model_flops / (f.step_ms / 1e3) / 1e12, rel=1e-3)
+    out = " ".join(text.render(reports).split())
+    assert out.count("no MFU") == 1 and "FLOPs: 3.98 MFLOP per step" in out

@@ -121,10 +121,23 @@ def run_figures(side: Side) -> dict:
         "peak_reserved_bytes": finite(mem.peak_reserved) if mem is not None else None,
         "findings": side.summary.figures.findings,
     }
+    out.update(_mfu(side))
     if median and out["min_step_ms"] is not None:
         # max − min over the median: how much the profiled steps disagree with each other
         out["spread_pct"] = round(100 * (out["max_step_ms"] - out["min_step_ms"]) / median, 1)
     return out
+
+
+def _mfu(side: Side) -> dict:
+    """The heading trace's MFU (measured on its profiled median step, and over the unprofiled one when
+    run.json has it), its model FLOPs per step and the headline's arithmetic."""
+    f = side.head.figures.flops if side.head is not None and side.head.figures is not None else None
+    counted = f is not None and f.state == "counted"
+    return {"mfu_pct": f.mfu_pct if counted else None,
+            "unprofiled_mfu_pct": f.unprofiled_mfu_pct if counted else None,
+            "model_flops": finite(f.model_flops) if counted else None,
+            "mfu_dtypes": [p.dtype for p in f.peaks] if counted else [],
+            "mfu_basis": (f.basis if counted else f.note) if f is not None else None}
 
 
 FIGURES = {

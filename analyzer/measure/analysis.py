@@ -21,6 +21,7 @@ from gpuadvise.analyzer.model import devices, runfacts
 from gpuadvise.analyzer.model.kernels import is_comm
 from .memory import MemorySummary
 from .metrics import Metrics
+from .utilization import utilization
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask
 
 
@@ -50,6 +51,23 @@ class Analysis:
         names = self.metrics.kernels["name"].head(200) if self.metrics is not None and len(self.metrics.kernels) else []
         platform = self.model.meta.platform if self.model is not None else "unknown"
         return devices.spec(self.device, platform, names)
+
+    @cached_property
+    def utilization(self):
+        """The trace's FLOPs per step and MFU (utilization.py: `model.report.FlopFigures`); None without a
+        trace or without matrix work."""
+        if self.model is None or self.metrics is None:
+            return None
+        return utilization(self.model, self.metrics, self.device_spec, self.facts)
+
+    @property
+    def vendor(self) -> str:
+        """The GPU's vendor ("nvidia", "amd", "unknown"): the traced device's name, else the platform's
+        runtime calls or the libraries its kernels come from (devices.spec)."""
+        dev = self.device
+        if dev is not None and dev.name:
+            return dev.vendor
+        return self.device_spec.vendor
 
     @property
     def matrix_units(self) -> bool | None:

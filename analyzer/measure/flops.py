@@ -13,7 +13,10 @@ multiply-add, elementwise work not counted), one function per op family:
   too many (it leaves the groups out); here it is counted once.
 - `attention_flops` (forward: QKᵀ and PV, 2·B·H·Sq·Sk·(Dqk + Dv)) and `attention_backward_flops` (the
   scores recomputed, then dV, dP, dQ and dK: 2·B·H·Sq·Sk·(3·Dqk + 2·Dv)), H the query's heads (grouped-
-  query attention broadcasts K and V). **Causal masking is counted as the kernels run it**: the fused
+  query attention broadcasts K and V). The fused kernels keep no scores from the forward, so their
+  backward computes QKᵀ again: FlopCounterMode counts it, and so do hardware FLOPs; model FLOPs leave it
+  out (`OpCount.recomputed`), which makes a transformer's model FLOPs 6·N per token for its weights plus
+  12·L·H·Q·T for its attention, as PaLM's appendix B counts them. **Causal masking is counted as the kernels run it**: the fused
   kernels (flash, memory-efficient, cuDNN, CPU flash, flash-attn) skip the masked entries, so a causal
   call counts only the unmasked part of the Sq × Sk scores (`causal_fraction`: about half, (S+1)/2S for a
   square mask); FlopCounterMode, and the 6·N + 12·L·H·Q·T estimate nanoGPT prints its MFU with, count
@@ -60,23 +63,26 @@ FAMILY_WORDS = {"matmul": "matmuls", "conv": "convolutions", "attention": "atten
 DTYPES = {"c10::BFloat16": "bf16", "BFloat16": "bf16", "c10::Half": "fp16", "Half": "fp16", "float": "fp32",
           "Float": "fp32", "double": "fp64", "Double": "fp64", "c10::Float8_e4m3fn": "fp8", "c10::Float8_e5m2": "fp8",
           "c10::Float8_e4m3fnuz": "fp8", "c10::Float8_e5m2fnuz": "fp8"}
-COLUMNS = ["row", "name", "family", "backward", "pass", "flops", "whole", "causal", "dtype", "ts", "end", "tid",
-           "external_id"]
+COLUMNS = ["row", "name", "family", "backward", "pass", "flops", "whole", "recomputed", "causal", "dtype", "ts", "end",
+           "tid", "external_id"]
 
 
 class OpCount(tuple):
-    """An op's FLOPs as its kernels ran them, and `whole` (causal attention counted whole, as FlopCounterMode
-    counts it; the same as `flops` for every other op); `causal` True/False for attention (None: the
-    trace does not say), None for other ops."""
+    """An op's FLOPs as its kernels ran them; `whole`: the same with causal attention counted whole, as
+    FlopCounterMode counts it (the same as `flops` for every other op); `causal` True/False for attention
+    (None: the trace does not say), None for other ops; `recomputed`: the part of `flops` that redoes
+    forward work (a fused attention backward computes the scores QKᵀ again), hardware FLOPs but not model
+    FLOPs."""
 
     __slots__ = ()
 
-    def __new__(cls, flops: float, whole: float | None = None, causal: bool | None = None):
-        return super().__new__(cls, (float(flops), float(flops if whole is None else whole), causal))
+    def __new__(cls, flops: float, whole: float | None = None, causal: bool | None = None, recomputed: float = 0.0):
+        return super().__new__(cls, (float(flops), float(flops if whole is None else whole), causal, float(recomputed)))
 
     flops = property(lambda self: self[0])
     whole = property(lambda self: self[1])
     causal = property(lambda self: self[2])
+    recomputed = property(lambda self: self[3])
 
 
 UNKNOWN = OpCount(math.nan)
@@ -154,13 +160,14 @@ def attention_flops(q: list[int], k: list[int], v: list[int], causal: bool | Non
 
 def attention_backward_flops(q: list[int], k: list[int], v: list[int], causal: bool | None = False,
                              bottom_right: bool = False) -> OpCount:
-    """The scores recomputed, dV, dP, dQ and dK of one attention call, [B, H, S, D] shapes."""
+    """The scores recomputed (`recomputed`), dV, dP, dQ and dK of one attention call, [B, H, S, D] shapes."""
     shape = _bhsd(q, k, v)
     if shape is None:
         return UNKNOWN
     b, h, s_q, s_k, d_qk, d_v = shape
     whole = 2.0 * b * h * s_q * s_k * (3 * d_qk + 2 * d_v)
-    return OpCount(whole * (causal_fraction(s_q, s_k, bottom_right) if causal else 1.0), whole, causal)
+    share = causal_fraction(s_q, s_k, bottom_right) if causal else 1.0
+    return OpCount(whole * share, whole, causal, recomputed=2.0 * b * h * s_q * s_k * d_qk * share)
 
 
 def _bhsd(q, k, v):
@@ -215,15 +222,19 @@ def _conv(sig: Signature, dims: list, concrete: list) -> float:
     x, w = tensors
     if transposed:
         return conv_flops(x, w, transposed=True)
-    padding = _value(concrete, sig.padding)
+    # an argument the op has but the trace did not record (a PyTorch too old to record Concrete Inputs):
+    # the output's size is unknown, never the default's
+    args = {k: _value(concrete, getattr(sig, k)) for k in ("stride", "padding", "dilation")}
+    if any(getattr(sig, k) is not None and v is None for k, v in args.items()):
+        return math.nan
+    padding = args["padding"]
     if isinstance(padding, str):  # conv2d(padding="same" / "valid")
         if padding == "same":
             return conv_flops(x, w, out_spatial=x[2:])
         padding = 0 if padding == "valid" else None
         if padding is None:
             return math.nan
-    return conv_flops(x, w, stride=_value(concrete, sig.stride), padding=padding,
-                      dilation=_value(concrete, sig.dilation))
+    return conv_flops(x, w, stride=args["stride"], padding=padding, dilation=args["dilation"])
 
 
 def _attention(sig: Signature, dims: list, concrete: list) -> OpCount:
@@ -290,7 +301,8 @@ def dtype_of(input_type: str, sig: Signature | None) -> str | None:
 def counted_ops(model: TraceModel) -> pd.DataFrame:
     """One row per op whose FLOPs are counted (module docstring): `row` (its position in `model.cpu`), name,
     family, backward (a gradient op: conv/attention backward, or any op of the backward pass), pass
-    ("forward", "backward", "recompute"), flops, whole (causal attention counted whole), causal, dtype
+    ("forward", "backward", "recompute"), flops, whole (causal attention counted whole), recomputed (the part of
+    flops that redoes forward work: a fused attention backward's scores), causal, dtype
     ("bf16", "fp16", "fp32", "fp8", "fp64"; None when not recorded), ts, end, tid, external_id. Worked out
     once per model."""
     held = model.__dict__.get("_counted_ops")
@@ -334,6 +346,7 @@ def _counted_ops(model: TraceModel) -> pd.DataFrame:
         "pass": np.asarray(PASS_NAMES, dtype=object)[of],
         "flops": flops[pick],
         "whole": np.array([found[i].whole for i in pick]),
+        "recomputed": np.array([found[i].recomputed for i in pick]),
         "causal": [found[i].causal for i in pick],
         "dtype": [dtype_of(t, s) for t, s in zip(types[pick], sigs)],
         "ts": ts[pick], "end": end[pick], "tid": tid[pick],
@@ -356,16 +369,16 @@ def _has_inner(ts, end, tid, resolved) -> np.ndarray:
 
 def op_kernels(model: TraceModel, ops: pd.DataFrame | None = None) -> pd.DataFrame:
     """The kernels the counted ops launched (module docstring): one row per kernel with `op` (the op's
-    index in `ops`), `correlation`, `name`, `ts`, `dur`, and `flops`, the op's FLOPs shared among its
-    matrix kernels by their time (among all its kernels when none is a matrix kernel)."""
+    index in `ops`), `correlation`, `name`, `device`, `ts`, `dur`, and `flops`, the op's FLOPs shared among
+    its matrix kernels by their time (among all its kernels when none is a matrix kernel)."""
     ops = counted_ops(model) if ops is None else ops
-    cols = ["op", "correlation", "name", "ts", "dur", "flops"]
+    cols = ["op", "correlation", "name", "device", "ts", "dur", "flops"]
     k = model.kernels
     if ops.empty or k.empty or model.runtime.empty:
         return pd.DataFrame(columns=cols)
     calls = model.runtime[["correlation", "tid", "ts"]]
     calls = calls[calls["correlation"] >= 0].drop_duplicates("correlation").rename(columns={"ts": "call_ts"})
-    k = k[["correlation", "name", "ts", "dur"]].merge(calls, on="correlation", how="inner")
+    k = k[["correlation", "name", "device", "ts", "dur"]].merge(calls, on="correlation", how="inner")
     if k.empty:
         return pd.DataFrame(columns=cols)
     op_of = np.full(len(k), -1, dtype=np.int64)

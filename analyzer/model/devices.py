@@ -29,15 +29,18 @@ Sources (vendor datasheets and architecture whitepapers):
 - Blackwell: NVIDIA Blackwell architecture technical brief and HGX B200 / GB200 NVL72 datasheets: B200 75 /
   1100 / 2250 / 4500 / 8000; B100 60 / 875 / 1750 / 3500 / 8000; GB200 80 / 1250 / 2500 / 5000 / 8000;
   NVIDIA RTX Blackwell GPU Architecture whitepaper: GeForce RTX 5090 104.8 / 209.5 / 419 / 838 / 1792.
-- AMD CDNA: AMD Instinct MI100 datasheet (CDNA, 23.1 vector fp32 / bf16 92.3 / fp16 184.6 / 1228); CDNA 2
-  white paper and MI200 datasheets: MI210 22.6 / 181 / 1638, MI250 per GCD 22.6 / 181 / 1638, MI250X per GCD
-  23.9 / 191.5 / 1638; CDNA 3 white paper and MI300 datasheets: MI300X 163.4 / xf32 653.7 / 1307.4 / fp8
+- AMD CDNA: AMD Instinct MI100 datasheet (CDNA, 23.1 vector fp32 / fp32 matrix 46.1 / bf16 92.3 / fp16
+  184.6 / 1228); CDNA 2 white paper and MI200 datasheets (fp32 vector / fp32 matrix / bf16 = fp16 / GB/s):
+  MI210 22.6 / 45.3 / 181 / 1638, MI250 per GCD 22.6 / 45.3 / 181 / 1638 (the card: 45.3 / 90.5 / 362.1),
+  MI250X per GCD 23.9 / 47.9 / 191.5 / 1638 (the card: 47.9 / 95.7 / 383); CDNA 3 white paper and MI300 datasheets: MI300X 163.4 / xf32 653.7 / 1307.4 / fp8
   2614.9 / 5300, MI300A 122.6 / 490.3 / 980.6 / 1961.2 / 5300, MI325X as MI300X with 6000 GB/s.
 
 A device is matched by its name (trace `deviceProperties` or run.json), else by its architecture
 (compute capability; AMD's gfx9.0 / 9.4 on ROCm), else by the architecture its kernel names show
-(`sm90_…`, `ampere_…`), else it gets FALLBACK: a stated unknown, from which no prediction takes a peak.
-`Spec.matched` says which, for the finding's basis.
+(`sm90_…`, `ampere_…`; AMD's Tensile kernels' `ISA942`, `gfx90a`: `from_kernels`), else it gets FALLBACK:
+a stated unknown, from which no prediction takes a peak (its `vendor` still says AMD or NVIDIA where the
+platform or the kernels' libraries do: MIOpen, Tensile, hipBLASLt, CK → AMD; cuDNN, cuBLAS, CUTLASS →
+NVIDIA). `Spec.matched` says which, for the finding's basis.
 """
 
 from __future__ import annotations
@@ -67,6 +70,9 @@ class Spec:
     memory_gbps: float | None  # device memory bandwidth, GB/s
     pcie_gen: int | None  # the host link's PCIe generation
     matched: str = "name"  # how the device was matched: "name", "architecture", "kernel names", "fallback"
+    # AMD CDNA 1/2 run fp32 GEMMs on their matrix cores at twice the vector rate (MFMA fp32); elsewhere fp32
+    # matrix and vector peaks are the same, or (NVIDIA) fp32 has no matrix path
+    fp32_matrix: float | None = None
 
     @property
     def matrix_dtypes(self) -> tuple[str, ...]:
@@ -88,6 +94,16 @@ class Spec:
         p = self.peak(dtype)
         return round(p / self.fp32, 1) if p and self.fp32 else None
 
+    def dense_peak(self, dtype: str) -> tuple[float | None, str]:
+        """The dense peak a matrix op in `dtype` can reach, TFLOP/s, and the dtype whose peak it is: fp32 at
+        its matrix rate where that is faster (AMD MFMA); a dtype the device has no units for (bf16 on a V100,
+        fp64) stands in with the fp32 peak, the rate it then runs at. (None, dtype) without a known peak."""
+        if dtype == "fp32":
+            best = max(self.fp32 or 0.0, self.fp32_matrix or 0.0)
+            return (best or None), "fp32"
+        peak = self.peak(dtype) if dtype in MATRIX_DTYPES else None
+        return (peak, dtype) if peak else (self.dense_peak("fp32")[0], "fp32")
+
     @property
     def half_peak(self) -> float | None:
         """Dense bf16 (else fp16) matrix peak: what an aligned half-precision GEMM can reach when no aligned
@@ -108,8 +124,8 @@ def _nv(product, arch, fp32, tf32, bf16, fp16, fp8, memory, pcie) -> Spec:
     return Spec(product, "nvidia", arch, fp32, tf32, bf16, fp16, fp8, memory, pcie)
 
 
-def _amd(product, arch, fp32, tf32, bf16, fp16, fp8, memory, pcie) -> Spec:
-    return Spec(product, "amd", arch, fp32, tf32, bf16, fp16, fp8, memory, pcie)
+def _amd(product, arch, fp32, tf32, bf16, fp16, fp8, memory, pcie, fp32_matrix=None) -> Spec:
+    return Spec(product, "amd", arch, fp32, tf32, bf16, fp16, fp8, memory, pcie, fp32_matrix=fp32_matrix)
 
 
 # (name pattern, spec): the first match wins, so specific names come before the families they belong to.
@@ -156,10 +172,10 @@ PRODUCTS: list[tuple[re.Pattern, Spec]] = [(re.compile(p, re.I), s) for p, s in 
     (r"mi325", _amd("MI325X", "CDNA 3", 163.4, 653.7, 1307.4, 1307.4, 2614.9, 6000, 5)),
     (r"mi300a", _amd("MI300A", "CDNA 3", 122.6, 490.3, 980.6, 980.6, 1961.2, 5300, 5)),
     (r"mi300", _amd("MI300X", "CDNA 3", 163.4, 653.7, 1307.4, 1307.4, 2614.9, 5300, 5)),
-    (r"mi250x", _amd("MI250X (one GCD)", "CDNA 2", 23.9, None, 191.5, 191.5, None, 1638, 4)),
-    (r"mi250", _amd("MI250 (one GCD)", "CDNA 2", 22.6, None, 181.0, 181.0, None, 1638, 4)),
-    (r"mi210", _amd("MI210", "CDNA 2", 22.6, None, 181.0, 181.0, None, 1638, 4)),
-    (r"mi100", _amd("MI100", "CDNA", 23.1, None, 92.3, 184.6, None, 1228, 4)),
+    (r"mi250x", _amd("MI250X (one GCD)", "CDNA 2", 23.9, None, 191.5, 191.5, None, 1638, 4, 47.9)),
+    (r"mi250", _amd("MI250 (one GCD)", "CDNA 2", 22.6, None, 181.0, 181.0, None, 1638, 4, 45.3)),
+    (r"mi210", _amd("MI210", "CDNA 2", 22.6, None, 181.0, 181.0, None, 1638, 4, 45.3)),
+    (r"mi100", _amd("MI100", "CDNA", 23.1, None, 92.3, 184.6, None, 1228, 4, 46.1)),
 ]]
 
 
@@ -175,7 +191,9 @@ NVIDIA_ARCH = [((12, 0), "GeForce RTX 5090"), ((10, 0), "B200"), ((9, 0), "H100 
 # gfx94x, gfx90a; RDNA (gfx10 and later) is not in the table
 AMD_ARCH = [((10, 0), None), ((9, 4), "MI300X"), ((9, 0), "MI250 (one GCD)"), ((0, 0), "MI100")]
 
-# Kernel names that show the architecture they were built for (cuBLAS/cuDNN/CUTLASS family prefixes).
+# Kernel names that show the architecture they were built for (cuBLAS/cuDNN/CUTLASS family prefixes),
+# newest first: a kernel built for an architecture runs on it or a newer one, so the newest a trace shows
+# is the GPU's.
 ARCH_FROM_NAME = [
     (re.compile(r"sm100|blackwell|fmhaSm100", re.I), (10, 0)),
     (re.compile(r"sm90|hopper|nvjet", re.I), (9, 0)),
@@ -184,8 +202,59 @@ ARCH_FROM_NAME = [
     (re.compile(r"volta|sm70", re.I), (7, 0)),
     (re.compile(r"maxwell|pascal|sm6\d", re.I), (6, 0)),
 ]
+NVIDIA_ARCH_NAMES = {(10, 0): "Blackwell", (9, 0): "Hopper", (8, 0): "Ampere", (7, 5): "Turing", (7, 0): "Volta",
+                     (6, 0): "Pascal"}
+# AMD: Tensile/hipBLASLt kernels name the ISA they were built for (`…_ISA942_…`), other kernels the gfx
+# target (`…_gfx90a_…`); newest first.
+AMD_ISA_FROM_NAME = [
+    (re.compile(r"(?:ISA|gfx)(94[0-2])(?![0-9a-z])", re.I), "CDNA 3", "MI300X"),
+    (re.compile(r"(?:ISA|gfx)(90a)(?![0-9a-z])", re.I), "CDNA 2", "MI250 (one GCD)"),
+    (re.compile(r"(?:ISA|gfx)(908)(?![0-9a-z])", re.I), "CDNA", "MI100"),
+]
+# Libraries only one vendor ships: AMD's MIOpen, Tensile (`Cijk_…`), hipBLASLt, Composable Kernel, RCCL's
+# own kernels, the HIP runtime's blit kernels; NVIDIA's cuDNN, cuBLAS, CUTLASS, nvjet. (NCCL's kernel
+# names say nothing: RCCL keeps them.)
+VENDOR_FROM_NAME = [
+    (re.compile(r"miopen|Cijk_|hipblaslt|rccl|\bck::|ck_tile|__amd_rocclr|igemm_\w*gtc|naive_conv_", re.I), "amd"),
+    (re.compile(r"cudnn|cublas|cutlass|nvjet|xmma", re.I), "nvidia"),
+]
+VENDOR_WORDS = {"amd": "AMD", "nvidia": "NVIDIA"}
 
 FALLBACK = Spec("an unknown GPU", "unknown", "unknown", None, None, None, None, None, None, None, matched="fallback")
+
+
+@dataclass(frozen=True)
+class FromKernels:
+    """What a trace's kernel names say about the GPU that ran them, when the trace does not name it."""
+
+    vendor: str  # "amd" or "nvidia"
+    token: str  # the part of a name that says so ("ISA942", "sm90", "MIOpen")
+    arch: str | None = None  # "CDNA 3", "Hopper", … (None: the vendor only)
+    row: Spec | None = None  # the device table's row for that architecture (matched "kernel names")
+
+    def describe(self) -> str:
+        """The GPU in words, saying how it was named: "an AMD CDNA 3 GPU, named from its kernels (ISA942)"."""
+        what = f"{VENDOR_WORDS[self.vendor]} {self.arch}" if self.arch else VENDOR_WORDS[self.vendor]
+        return f"an {what} GPU, named from its kernels ({self.token})"
+
+
+def from_kernels(kernel_names) -> FromKernels | None:
+    """The vendor and architecture the kernel names show (the newest architecture any of them was built
+    for), None when no name says."""
+    names = [str(n) for n in kernel_names]
+    for pattern, arch, product in AMD_ISA_FROM_NAME:
+        hit = next((m for m in map(pattern.search, names) if m), None)
+        if hit:
+            return FromKernels("amd", hit.group(0), arch, replace(_product(product), matched="kernel names"))
+    for pattern, cc in ARCH_FROM_NAME:
+        hit = next((m for m in map(pattern.search, names) if m), None)
+        if hit:
+            return FromKernels("nvidia", hit.group(0), NVIDIA_ARCH_NAMES[cc], _arch_row(NVIDIA_ARCH, cc, "kernel names"))
+    for pattern, vendor in VENDOR_FROM_NAME:
+        hit = next((m for m in map(pattern.search, names) if m), None)
+        if hit:
+            return FromKernels(vendor, hit.group(0))
+    return None
 
 
 def _arch_row(table, cc: tuple[int, int], matched: str) -> Spec:
@@ -194,7 +263,8 @@ def _arch_row(table, cc: tuple[int, int], matched: str) -> Spec:
 
 
 def spec(device: Device | None, platform: str = "unknown", kernel_names=()) -> Spec:
-    """The device's row: by name, else architecture, else kernel names; FALLBACK when none says."""
+    """The device's row: by name, else architecture, else kernel names; FALLBACK when none says (with the
+    vendor where the platform or the kernels tell it)."""
     name = (device.name if device is not None else "") or ""
     amd = (device is not None and device.vendor == "amd") or platform == "rocm"
     for pattern, row in PRODUCTS:
@@ -205,9 +275,7 @@ def spec(device: Device | None, platform: str = "unknown", kernel_names=()) -> S
     if device is not None and device.compute_major is not None:
         cc = (device.compute_major, device.compute_minor or 0)
         return _arch_row(AMD_ARCH if amd else NVIDIA_ARCH, cc, "architecture")
-    if not amd:
-        for kernel in kernel_names:
-            for pattern, cc in ARCH_FROM_NAME:
-                if pattern.search(str(kernel)):
-                    return _arch_row(NVIDIA_ARCH, cc, "kernel names")
-    return FALLBACK
+    seen = from_kernels(kernel_names)
+    if seen is not None and (seen.vendor == "amd" or not amd):  # never an NVIDIA row on ROCm
+        return seen.row if seen.row is not None else replace(FALLBACK, vendor=seen.vendor)
+    return replace(FALLBACK, vendor="amd") if amd else FALLBACK

@@ -77,10 +77,25 @@ def describe_device(facts: dict | None, model=None, has_gpu: bool | None = None)
     if cuda_available(facts) is False:
         return "CPU only (run.json: no GPU was available)"
     if has_gpu:
-        return "a GPU not named in the trace (no deviceProperties)"
+        return _unnamed_gpu(model)
     if model is not None and model.meta.devices:
         return "GPU listed in the trace, but no GPU activity recorded"
     return "CPU only (no GPU activity in the trace, no run.json)" if model is not None else "not recorded"
+
+
+def _unnamed_gpu(model) -> str:
+    """A GPU the trace does not name, in the words its kernels or its runtime calls allow."""
+    from .devices import from_kernels
+    from .trace import distinct_names
+
+    platform = getattr(getattr(model, "meta", None), "platform", "unknown")
+    kernels = model.kernels if model is not None else None
+    seen = from_kernels(distinct_names(kernels["name"])) if kernels is not None and len(kernels) else None
+    if seen is not None and (seen.vendor == "amd" or platform != "rocm"):
+        return seen.describe()
+    if platform == "rocm":
+        return "an AMD GPU (its runtime calls are HIP's), not named in the trace"
+    return "a GPU not named in the trace (no deviceProperties)"
 
 
 def param_devices(facts: dict) -> dict[str, int]:
@@ -569,3 +584,11 @@ def slower_steps(facts: dict) -> int | None:
 def device_memory(facts: dict) -> int | None:
     """The GPU's memory in bytes, as run.json recorded it."""
     return _int(_dict(_dict(_dict(facts).get("environment")).get("device")).get("total_memory"))
+
+
+def shape_capture(facts: dict) -> tuple[dict, dict]:
+    """How `gpuadvise profile` recorded op shapes: run.json `capture.options` (`record_shapes`,
+    `shapes_probe`) and `capture.shapes` (where the trace's shapes came from, and the probe's `state`);
+    both empty for a trace from elsewhere."""
+    capture = _dict(_dict(facts).get("capture"))
+    return _dict(capture.get("options")), _dict(capture.get("shapes"))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+from gpuadvise.analyzer.model.report import flop_text
 from . import evidence, svg
 from .html import CHART_PREFIX, page
 from .safe import md, md_cell, md_code, md_text, short, terminal
@@ -97,6 +98,13 @@ def headline(cmp: dict) -> list[tuple[str, str, str, str]]:
                      pct(_rel(b.get("unprofiled_median_step_ms"), a.get("unprofiled_median_step_ms")), sign=True)))
     if b.get("profiler_overhead_x") is not None or a.get("profiler_overhead_x") is not None:
         rows.append(("Profiler overhead", _x(b.get("profiler_overhead_x")), _x(a.get("profiler_overhead_x")), ""))
+    if b.get("mfu_pct") is not None or a.get("mfu_pct") is not None:
+        rows.append(("MFU (model FLOPs / step time / dense peak)", _mfu(b), _mfu(a), _pts(b.get("mfu_pct"), a.get("mfu_pct"))))
+    if b.get("unprofiled_mfu_pct") is not None and a.get("unprofiled_mfu_pct") is not None:
+        rows.append(("MFU over the unprofiled step", pct(b["unprofiled_mfu_pct"]), pct(a["unprofiled_mfu_pct"]),
+                     _pts(b["unprofiled_mfu_pct"], a["unprofiled_mfu_pct"])))
+    if b.get("model_flops") is not None or a.get("model_flops") is not None:
+        rows.append(("Model FLOPs per step", flop_text(b.get("model_flops")), flop_text(a.get("model_flops")), ""))
     rows += [("GPU busy inside the steps", pct(b["gpu_busy_in_steps_pct"]), pct(a["gpu_busy_in_steps_pct"]),
               _pts(b["gpu_busy_in_steps_pct"], a["gpu_busy_in_steps_pct"])),
              ("GPU busy, whole trace", pct(b["gpu_busy_pct"]), pct(a["gpu_busy_pct"]), _pts(b["gpu_busy_pct"], a["gpu_busy_pct"]))]
@@ -106,6 +114,14 @@ def headline(cmp: dict) -> list[tuple[str, str, str, str]]:
         rows.append(("Peak memory reserved", gib(b.get("peak_reserved_bytes")), gib(a.get("peak_reserved_bytes")), ""))
     rows.append(("Findings", str(b["findings"]), str(a["findings"]), ""))
     return rows
+
+
+def _mfu(s: dict) -> str:
+    """A side's MFU with the dtypes whose peaks it is measured against: a precision change moves the peak."""
+    if s.get("mfu_pct") is None:
+        return "–"
+    dtypes = "+".join(s.get("mfu_dtypes") or [])
+    return pct(s["mfu_pct"]) + (f" ({dtypes})" if dtypes else "")
 
 
 def _rel(b, a):

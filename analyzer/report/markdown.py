@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from gpuadvise.analyzer.model.report import TraceReport, overhead_words
+from gpuadvise.analyzer.model.report import TraceReport, overhead_words, per_gpu_words
 from gpuadvise.analyzer.model.findings import Finding
 from gpuadvise.analyzer.model.summary import TraceSummary, summarize
-from . import evidence
+from . import evidence, flops
 from .finding import finding_lines, saving
 from .longrun import markdown_section as run_section, shown
 from .safe import md, md_cell, md_code, md_text, short
@@ -36,6 +36,9 @@ def render(reports: list[TraceReport], charts: dict | None = None) -> str:
     job = summary.job
     if job is not None:
         out += _job_section(job)
+        job_mfu = flops.job_line(summary.figures)
+        if job_mfu:
+            out += [f"The {md_text(job_mfu)}.", ""]
     runs = summary.long_runs
     for i, run in enumerate(runs):
         if shown(run):
@@ -43,6 +46,8 @@ def render(reports: list[TraceReport], charts: dict | None = None) -> str:
     for i, r in enumerate(reports):
         steps = _steps_table(r, len(reports) > 1)
         out += steps + (charts.get(i, []) if steps else [])
+    for t in summary.traces:
+        out += _flops_section(t, len(reports) > 1)
     for t in summary.traces:
         out += _memory_section(t, len(reports) > 1)
     if findings:
@@ -140,10 +145,40 @@ def _trace_header(t: TraceSummary) -> list[str]:
                      f"({md_text(s.profiler_calibration or '')})")
     if s.gpu_busy_pct is not None:
         in_steps = f", {s.gpu_busy_in_steps_pct:.1f} % inside the steps" if s.steps else ""
-        lines.append(f"- **GPU busy:** {s.gpu_busy_pct:.1f} % of the GPU's active span{in_steps}")
+        which = f"the average of its {len(s.gpus)} GPUs: " if s.gpus else ""
+        lines.append(f"- **GPU busy:** {which}{s.gpu_busy_pct:.1f} % of the GPU's active span{in_steps}")
+        if s.gpus:
+            lines.append(f"- **Per GPU:** {md_text(per_gpu_words(s))}")
     else:
         lines.append("- **GPU busy:** no GPU activity recorded")
+    mfu = flops.labelled(s.flops)
+    if mfu:
+        lines.append(f"- **{mfu[0]}:** {md_text(mfu[1])}")
     return lines + [""]
+
+
+def _flops_section(t: TraceSummary, multi: bool) -> list[str]:
+    """The MFU's arithmetic: FLOPs per step by op family and pass, the dtype and peak each is measured
+    against, the kernels' time and rate, each step's MFU, and what qualifies it."""
+    f = t.figures.flops if t.timed else None
+    rows = flops.table(f)
+    if not rows:
+        return []
+    title = "## FLOPs and MFU" + (f" — {md(t.source)}" if multi else "")
+    out = [title, "", md_text(f.basis) + ".", "",
+           "| " + " | ".join(flops.TABLE_HEADER) + " |", "|---|---:|---|---:|---:|---:|---:|---:|"]
+    out += ["| " + " | ".join(md_text(c) for c in row) + " |" for row in rows]
+    out.append("")
+    out.append("FLOPs as PyTorch's FlopCounterMode counts them (2 per multiply-add), from the shapes the trace recorded. "
+               "Model FLOPs are the forward and backward without recompute, hardware FLOPs what the kernels computed, "
+               "recompute included (\"=\": the same; PaLM's MFU and HFU); a kernel's rate is its hardware FLOPs over "
+               "its time; the peak is the device's dense peak of the dtype each op ran in.")
+    step = flops.per_step(f)
+    extra = ([step] if step else []) + flops.qualifiers(f)
+    if extra:
+        out.append("")
+        out += [f"- {md_text(x)}" for x in extra]
+    return out + [""]
 
 
 def _steps_table(r: TraceReport, multi: bool) -> list[str]:

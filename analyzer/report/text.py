@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import textwrap
 
-from gpuadvise.analyzer.model.report import overhead_words
+from gpuadvise.analyzer.model.report import overhead_words, per_gpu_words
 from gpuadvise.analyzer.model.summary import TraceSummary, summarize
+from . import flops
 from .longrun import shown, text_lines as run_lines
 from .safe import short, terminal
 
@@ -23,6 +24,8 @@ def render(reports, top: int = 5, prefix: str = "") -> str:
             continue
         busy = s.gpu_busy_in_steps_pct if s.steps else s.gpu_busy_pct
         busy_txt = f"GPU busy {busy:.1f}%" if busy is not None else "no GPU activity recorded"
+        if s.gpus and busy is not None:  # one process, several GPUs: the average device, then each one
+            busy_txt = f"{len(s.gpus)} GPUs, busy {busy:.1f}% on average"
         if s.steps == 1:  # one step has no median to speak of
             steps = f"1 step, {s.median_step_ms:.1f} ms"
         else:
@@ -33,12 +36,22 @@ def render(reports, top: int = 5, prefix: str = "") -> str:
             steps += f" (unprofiled {s.unprofiled_median_step_ms:.1f} ms: {overhead_words(s.profiler_overhead_x)})"
         dev = terminal(s.device_description or s.device or "device not recorded")
         out.append(f"{head}\n  {dev} · {steps} · {busy_txt}")
+        if s.gpus:
+            out += [f"  {line}" for line in textwrap.wrap(per_gpu_words(s), 98)]
+        mfu = flops.headline(s.flops)
+        if mfu:
+            out += [f"  {line}" for line in textwrap.wrap(terminal(mfu), 98, subsequent_indent="  ")]
+            if len(summary.traces) == 1 or t is summary.head:  # what qualifies it: once, for the heading trace
+                out += [f"    {line}" for q in flops.qualifiers(s.flops) for line in textwrap.wrap(terminal(q), 96)]
         if s.one_time_note:
             out += [f"  {line}" for line in textwrap.wrap(terminal(s.one_time_note), 98)]
         out += _memory_line(t)
     job = summary.job
     if job is not None:
         out += _job_lines(job)
+        job_mfu = flops.job_line(summary.figures)
+        if job_mfu:
+            out += [f"  {line}" for line in textwrap.wrap(terminal(job_mfu), 98, subsequent_indent="  ")]
     for run in summary.long_runs:
         if shown(run):
             out += run_lines(run, len(summary.long_runs) > 1)

@@ -3,6 +3,8 @@ calibration while the events are still there; the renderers and a compact report
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from gpuadvise.analyzer.measure.calibration import Calibration
@@ -12,15 +14,18 @@ from gpuadvise.analyzer.measure.metrics import Metrics
 from gpuadvise.analyzer.measure.slowsteps import slow_steps
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.measure import intervals as iv
-from gpuadvise.analyzer.model.report import LeftOutStep, StepTime, TraceFigures
+from gpuadvise.analyzer.measure.tables import device_table
+from gpuadvise.analyzer.model.report import FlopFigures, GpuFigures, LeftOutStep, StepTime, TraceFigures
 from gpuadvise.analyzer.model.trace import TraceModel
 
 BREAKDOWN_COLUMNS = ("dur_us", "kernel_us", "comm_us", "memcpy_us", "memset_us", "dataloader_us", "sync_us", "idle_us")
 
 
-def trace_figures(model: TraceModel, m: Metrics, calibration: Calibration | None, facts: dict | None = None) -> TraceFigures:
+def trace_figures(model: TraceModel, m: Metrics, calibration: Calibration | None, facts: dict | None = None,
+                  flops: FlopFigures | None = None) -> TraceFigures:
     meta, dev, ps = model.meta, model.device, m.per_step
     cal = calibration
+    unprofiled_ms = _r(cal.unprofiled_step_us / 1e3, 3) if cal is not None and cal.unprofiled_step_us else None
     return TraceFigures(
         device=dev.name if dev else None,
         # the one device description every format prints: run.json first, then the trace
@@ -34,7 +39,7 @@ def trace_figures(model: TraceModel, m: Metrics, calibration: Calibration | None
         median_step_cpu_ms=round(m.median_cpu_step_us / 1e3, 3),
         median_step_gpu_ms=round(m.median_gpu_step_us / 1e3, 3),
         step_time_basis=_step_basis(m),
-        unprofiled_median_step_ms=_r(cal.unprofiled_step_us / 1e3, 3) if cal is not None and cal.unprofiled_step_us else None,
+        unprofiled_median_step_ms=unprofiled_ms,
         profiler_overhead_x=_r(cal.overhead_x) if cal is not None else None,
         profiler_calibration=cal.describe() if cal is not None else None,
         # the step table's times: one-time costs cut out of a step that could not be left out stay out here too
@@ -57,7 +62,25 @@ def trace_figures(model: TraceModel, m: Metrics, calibration: Calibration | None
                         for st in m.left_out_steps],
         one_time_note=one_time_note(m),
         slow_steps=slow_steps(model, m),
+        flops=_unprofiled(flops, unprofiled_ms),
+        gpus=gpu_figures(model, m),
     )
+
+
+def _unprofiled(flops: FlopFigures | None, unprofiled_ms: float | None) -> FlopFigures | None:
+    """The MFU at run.json's unprofiled step: the same FLOPs, the step the profiler did not slow."""
+    if flops is None or not unprofiled_ms or flops.mfu_pct is None or not flops.peak_tflops:
+        return flops
+    return replace(flops, unprofiled_step_ms=unprofiled_ms,
+                   unprofiled_mfu_pct=_r(100 * flops.model_flops / (unprofiled_ms / 1e3) / (flops.peak_tflops * 1e12)))
+
+
+def gpu_figures(model: TraceModel, m: Metrics) -> list[GpuFigures]:
+    """Each GPU's own figures when one process drove several (empty for one GPU)."""
+    return [GpuFigures(device=int(row.device), ops=int(row.ops), busy_pct=round(float(row.busy_pct), 2),
+                       busy_in_steps_pct=round(float(row.busy_in_steps_pct), 2) if m.steps else None,
+                       idle_ms=round(perstep.median(row.idle_us) / 1e3, 3))
+            for row in device_table(model, m.steps, m.window, m.one_time_cut).itertuples()]
 
 
 def one_time_note(m: Metrics) -> str | None:

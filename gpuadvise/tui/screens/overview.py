@@ -10,6 +10,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from gpuadvise.analyzer.model.report import overhead_words
+from gpuadvise.analyzer.report import flops
 from gpuadvise.analyzer.report.longrun import headline, sparkline
 
 from ..text import clean, ms, pct, short_source
@@ -128,6 +129,9 @@ idle; and GPU busy % per step (0–100 % scale).
                        f"compute {pct(temporal.get('compute_pct'))} · idle {pct(temporal.get('idle_pct'))}")
         else:
             row("GPU", Text("no GPU activity in this trace", style="yellow"))
+        mfu = flops.labelled(s.flops)
+        if mfu:  # MFU with its denominator, or the FLOPs where there is no peak, or what is missing
+            row(mfu[0], clean(" ".join([mfu[1], *flops.qualifiers(s.flops)])))
         row("Events", f"{s.events:,} · {s.kernels:,} kernels of {len(m.kernels):,} kinds · "
                       f"{len(r.model.copies):,} copies")
         run = self.data.long_run_of()
