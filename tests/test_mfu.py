@@ -100,6 +100,13 @@ def test_without_shapes_the_report_says_what_is_missing_and_how_to_get_it(tmp_pa
     assert f.note in " ".join(text.render(reports).split())  # wrapped to the terminal's width
 
 
+def test_ops_whose_kernels_cannot_be_linked_get_no_mfu(tmp_path):
+    b = tr.gpt_step(steps=3)
+    b.events = [e for e in b.events if e.get("cat") != "cuda_runtime"]  # no launch to link a kernel by
+    f = _analyzed(tmp_path, "unlinked", b)[0].figures.flops
+    assert f.state == "no kernels" and f.mfu_pct is None and "no kernel" in f.note
+
+
 def test_a_matrix_kernel_without_shapes_makes_the_mfu_a_lower_bound(tmp_path):
     b = tr.gpt_step(steps=3)
     for ev in b.events:  # the fc layers' addmm lost its shapes (as a Triton template or a graph replay would)

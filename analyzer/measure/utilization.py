@@ -58,6 +58,9 @@ def utilization(model: TraceModel, m: Metrics, spec: Spec | None, facts: dict | 
     gpu = m.has_gpu
     spec = spec if gpu else None
     kernels = op_kernels(model, ops) if gpu else pd.DataFrame()
+    if gpu and kernels.empty:
+        return FlopFigures(state="no kernels", note=("No MFU: the ops that recorded their shapes launched no kernel "
+                                                     "this trace holds (it has no runtime calls to link them by)."))
     peak_dtype = _peak_dtypes(ops, kernels, spec)
     placed = _placed(ops, kernels, peak_dtype, gpu)
     ts = placed["ts"]
@@ -97,7 +100,7 @@ def utilization(model: TraceModel, m: Metrics, spec: Spec | None, facts: dict | 
         peaks=_shares(placed, peaks, stand_ins) if has_peak else [],
         classes=_classes(m, placed, ops, gpu),
         steps=steps,
-        whole_model_flops=med_whole if whole_differs else None,
+        whole_model_flops=float(med_whole) if whole_differs else None,
         whole_mfu_pct=_pct(med_whole, med_us, peak_model) if whole_differs else None,
         coverage_pct=coverage, uncounted=uncounted,
     )
@@ -170,13 +173,11 @@ def _placed(ops: pd.DataFrame, kernels: pd.DataFrame, peak_dtype: np.ndarray, gp
     recompute = (ops["pass"] == "recompute").to_numpy()
     op_model = np.where(recompute, 0.0, op_flops - ops["recomputed"].to_numpy(dtype=float))
     whole_per_flop = np.where(op_flops > 0, ops["whole"].to_numpy(dtype=float) / np.where(op_flops > 0, op_flops, 1.0), 1.0)
-    if gpu and len(kernels):
+    if gpu:
         i = kernels["op"].to_numpy()
         share = kernels["flops"].to_numpy(dtype=float) / np.where(op_flops[i] > 0, op_flops[i], 1.0)
         out = pd.DataFrame({"ts": kernels["ts"].to_numpy(dtype=float), "flops": kernels["flops"].to_numpy(dtype=float),
                             "model": op_model[i] * share, "dur": kernels["dur"].to_numpy(dtype=float), "op": i})
-    elif gpu:  # a GPU trace whose kernels cannot be linked to their ops: none is placed
-        return pd.DataFrame(columns=cols)
     else:
         i = np.arange(len(ops))
         out = pd.DataFrame({"ts": ops["ts"].to_numpy(dtype=float), "flops": op_flops, "model": op_model,

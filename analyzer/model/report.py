@@ -77,7 +77,8 @@ class FlopFigures:
     """A trace's FLOPs per step and its model FLOPs utilization (measure/utilization.py says how), as plain
     data: every output's header line and its arithmetic."""
 
-    state: str  # "counted", "no shapes" (matrix work ran, its shapes were not recorded)
+    state: str  # "counted"; "no shapes" (matrix work ran, its shapes were not recorded); "no kernels" (shaped
+    # ops, but none of their kernels can be linked to them)
     note: str | None = None  # what is missing and how to get it, or why there is no MFU (a CPU run, an unknown GPU)
     model_flops: float | None = None  # per step, forward + backward, no recompute (PaLM's model FLOPs)
     hardware_flops: float | None = None  # per step, what ran: recompute included
