@@ -105,7 +105,7 @@ def rank_stats(report) -> RankStats | None:
         dur_us=col("dur_us"),
         busy_pct=col("gpu_busy_pct"),
         compute_us=col("kernel_us"),
-        comm_us=[float(x) for x in comm_in],
+        comm_us=col("comm_us"),  # the per-step table's time inside collectives: the Steps table's figure
         exposed_comm_us=[float(x) for x in np.clip(comm_in - overlap_in, 0, None)],
         dataloader_us=col("dataloader_us"),
         comm_total_us=float(comm_total),
@@ -174,7 +174,6 @@ class JobView:
                    "exposed_comm_ms": _ms(np.median(r.exposed_comm_us)) if r.exposed_comm_us else 0.0,
                    "comm_overlap_pct": _round(r.overlap_pct)}
             if self.steps and self.matched is not None:
-                row["comm_ms"] = _ms(np.median(g["wait_us"][i] + g["transfer_us"][i]))
                 row["exposed_comm_ms"] = _ms(np.median(g["wait_us"][i] + g["exposed_transfer_us"][i]))
             if self.steps:
                 row["wait_ms"] = _ms(np.median(g["wait_us"][i]))
@@ -237,7 +236,7 @@ def build_view(stats: list[RankStats]) -> JobView | None:
     ids = [int(s.rank) for s in stats]
     return JobView(ranks=stats, steps=steps, grid=grid, stragglers=_stragglers(grid, stats, steps), world_size=world,
                    notes=notes, matched=matched,
-                   collectives=waits.by_collective(matched, ids, steps) if matched is not None else [])
+                   collectives=waits.by_collective(matched, ids, steps, grid["dur_us"]) if matched is not None else [])
 
 
 WHOLE_TRACE = -1  # the step number of a trace without ProfilerStep (its whole trace, measure/perstep.py)
@@ -257,7 +256,7 @@ def _grid(stats: list[RankStats], steps: list[int], matched: waits.Matched | Non
         grid[col] = np.array(rows, dtype=float).reshape(len(stats), len(steps))
     if matched is not None:
         grid["wait_us"] = np.minimum(waits.exposed_per_step(matched, steps, "wait"), grid["dur_us"])
-        grid["transfer_us"] = waits.per_step(matched.transfer, matched.step, steps)
+        grid["transfer_us"] = waits.exposed_per_step(matched, steps, "transfer", less_own_work=False)
         grid["exposed_transfer_us"] = waits.exposed_per_step(matched, steps, "transfer")
         grid["caused_us"] = waits.caused(matched, steps)
     else:  # communication kernels that cannot be matched one by one: the least exposed comm is the transfer
