@@ -391,6 +391,35 @@ def usable_cpus(facts: dict) -> int | None:
     return int(min(usable, limit)) if limit else int(usable)
 
 
+@dataclass(frozen=True)
+class Cores:
+    """The CPU cores one rank of the job has: what the process could use, shared by the ranks on its node."""
+
+    usable: int  # the process's affinity, capped by a cgroup quota (`usable_cpus`)
+    ranks_on_node: int  # the job's local world size (1 outside a job, or when run.json does not say)
+
+    @property
+    def per_rank(self) -> int:
+        """Each rank's share of the node's cores (at least one)."""
+        return max(1, self.usable // max(1, self.ranks_on_node))
+
+    def words(self) -> str:
+        """"2 usable, 2 ranks on this node: 1 per rank" / "8 usable"."""
+        if self.ranks_on_node > 1:
+            return f"{self.usable} usable, {self.ranks_on_node} ranks on this node: {self.per_rank} per rank"
+        return f"{self.usable} usable"
+
+
+def cores(facts: dict) -> Cores | None:
+    """The cores each rank of the job has (run.json's `environment.machine.cpu` and `distributed`): None
+    without the machine's count. Ranks on one node share its cores: their number is the local world size."""
+    usable = usable_cpus(facts)
+    if usable is None:
+        return None
+    local = job(facts).local_world_size
+    return Cores(usable=usable, ranks_on_node=local if local and local > 0 else 1)
+
+
 def loader_profile(facts: dict) -> dict | None:
     """run.json's `capture.loader`, numbers checked: None without a measured batch build time."""
     lp = _dict(_dict(facts.get("capture")).get("loader"))
