@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import intervals as iv, waits
-from .collectives import RankCollectives, rank_collectives
+from .collectives import RankCollectives, own_work, rank_collectives
+from .gradients import reduction_room_per_step
 from .ranktime import thread_time
 from .perstep import count_of
 from gpuadvise.analyzer.model.kernels import is_comm
@@ -65,6 +66,9 @@ class RankStats:
     op_us: list[float] = field(default_factory=list)
     untraced_us: list[float] = field(default_factory=list)
     gap_before: list[str] = field(default_factory=list)
+    # per step: the rank's own work after its first gradient is ready (measure/gradients.py), what a reduction
+    # can hide behind; [] when the trace records no gradient accumulation (unknown)
+    reduction_room_us: list[float] = field(default_factory=list)
 
     @property
     def overlap_pct(self) -> float | None:
@@ -121,7 +125,15 @@ def rank_stats(report) -> RankStats | None:
         op_us=thread.op_us,
         untraced_us=thread.untraced_us,
         gap_before=thread.gap_before,
+        reduction_room_us=_reduction_room(model, m),
     )
+
+
+def _reduction_room(model, m) -> list[float]:
+    base = float(model.meta.base_ts_us)
+    work_lo, work_hi = own_work(model)
+    room = reduction_room_per_step(model, m, (work_lo - base, work_hi - base))
+    return [] if room is None else room
 
 
 @dataclass
@@ -273,6 +285,10 @@ def _grid(stats: list[RankStats], steps: list[int], matched: waits.Matched | Non
         grid["caused_us"] = caused
     grid["work_us"] = grid["dur_us"] - grid["wait_us"]
     grid["late_us"] = _late_starts(stats, steps, matched)
+    # what a reduction can hide behind, per rank and step (inf: unknown, a trace without autograd's ops)
+    grid["reduction_room_us"] = np.array(
+        [[dict(zip(s.steps, s.reduction_room_us)).get(n, 0.0) if s.reduction_room_us else np.inf for n in steps]
+         for s in stats], dtype=float).reshape(len(stats), len(steps))
     return grid
 
 
@@ -314,9 +330,10 @@ def _round(v, nd: int = 1):
 class JobAnalysis:
     """What a job-level rule sees (`requires = ("ranks",)`): the job view, and each rank's own findings."""
 
-    def __init__(self, view: JobView, rank_findings: dict | None = None):
+    def __init__(self, view: JobView, rank_findings: dict | None = None, facts: dict | None = None):
         self.job = view
         self.rank_findings = rank_findings or {}  # rank → its per-rank findings
+        self.facts = facts or {}  # the first rank's run.json (read through runfacts): how the job was set up
 
     def has(self, need: str) -> bool:
         return need == "ranks" and self.job is not None and len(self.job.ranks) >= 2

@@ -478,6 +478,8 @@ class DDPFact:
     params: int | None
     params_without_grad: int | None  # the most parameters without a gradient after an optimizer step
     unused_parameter_bytes: int | None  # DDP's logging data: bytes of parameters its search found unused
+    buckets: int | None = None  # DDP's logging data: gradient buckets (as rebuilt after the first step)
+    parameter_bytes: int | None = None  # DDP's logging data: the parameters' bytes
 
     def as_dict(self) -> dict:
         return {"created_at": self.created_at, "find_unused_parameters": self.find_unused_parameters,
@@ -499,7 +501,8 @@ def ddp(facts: dict) -> list[DDPFact]:
                            gradient_as_bucket_view=_bool(e.get("gradient_as_bucket_view")), comm_hooks=hooks,
                            no_sync_calls=_int(e.get("no_sync_calls")), params=_int(e.get("params")),
                            params_without_grad=_int(e.get("params_without_grad")),
-                           unused_parameter_bytes=_int(e.get("unused_parameter_bytes"))))
+                           unused_parameter_bytes=_int(e.get("unused_parameter_bytes")),
+                           buckets=_int(e.get("buckets")), parameter_bytes=_int(e.get("parameter_bytes"))))
     return out
 
 
