@@ -116,6 +116,9 @@ class DataloaderStall(Rule):
     name = "dataloader-stall"
     title = "Training waits on the DataLoader"
     thresholds = {"min_step_share_pct": 5.0, "worker_cpu_contention": 1.10, "outlier_x": 3.0, "handover_max_ms": 2.0}
+    fix_facts = ("dataloader[*].num_workers", "dataloader[*].pin_memory", "dataloader[*].persistent_workers",
+                 "dataloader[*].prefetch_factor", "framework.settings.dataloader_num_workers",
+                 "framework.settings.dataloader_pin_memory")
 
     def state(self, a: Analysis) -> "LoaderState | None":
         """The loading in the median step's terms and what its fix leaves of the waits (the scenario this
