@@ -162,7 +162,12 @@ class DataloaderStall(Rule):
         plan = (more_workers(measured, cores, wait_b_ms, between_b_ms, build_b_ms, single, floor / per_step / 1e3,
                              handover_ms) if measured else None)
         if plan is None and single and cores is not None and cores.per_rank <= 1:
-            plan = no_core_plan(cores, wait_b_ms)  # unmeasured loading, but the rank has no core to give a worker
+            plan = no_change_plan(f"no free core for a worker ({cores.words()}; the training process uses it)",
+                                  wait_b_ms, cores)  # unmeasured loading, but the rank has no core to give a worker
+        elif plan is None and single and wait_b_ms <= handover_ms:  # unmeasured, and each wait is under a hand-over
+            plan = no_change_plan(f"workers would not pay: each wait ({wait_b_ms:.2f} ms a batch) is shorter than "
+                                  f"receiving a ready batch from a worker can take (up to {handover_ms:g} ms)",
+                                  wait_b_ms, cores)
         if plan is not None:  # the measured build time and free cores say what more workers leave of the wait
             left = plan["wait_left"]
             scenario = Scenario(plan["scenario"] + left_out, cpu_shrink=(wait_spans, left))
@@ -406,9 +411,8 @@ def more_workers(measured: dict, cores, wait_ms: float, between_ms: float, build
                                                  else ""))}
 
 
-def no_core_plan(cores, wait_ms: float) -> dict:
-    """Loading not measured, but the rank has no core to give a worker: no change to predict from workers."""
-    why = f"no free core for a worker ({cores.words()}; the training process uses it)"
+def no_change_plan(why: str, wait_ms: float, cores) -> dict:
+    """Loading not measured, and no worker to advise (`why`): nothing predicted from workers."""
     return {"free_cores": 0, "workers_now": 0, "workers": 0, "keeps_up": 1, "wait_now_ms": wait_ms, "cores": cores,
             "wait_left": 1.0, "why": why, "scenario": why}
 

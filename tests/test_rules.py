@@ -314,6 +314,24 @@ def test_cpu_only_and_no_cuda_findings_are_complete(load_built):
 # Targeted behaviours
 
 
+def test_dataloader_waits_shorter_than_a_workers_hand_over_get_no_workers(load_built):
+    """A 0.5 ms wait per batch in a 5 ms step (10 %): receiving a ready batch from a worker can take 2 ms, so
+    the replay says workers would cost time; nothing is predicted from them and neither the advice nor the
+    fix block asks for them."""
+    b = TraceBuilder()
+    for _ in range(4):
+        with b.step():
+            b.cpu(SINGLE, 500)
+            for _ in range(15):
+                b.kernel("ampere_tf32_s1688gemm_64x64_nn", 300)
+            b.sync()
+    b.finish()
+    f = next(f for f in analyze(b, load_built).findings if f.topic == "dataloader-stall")
+    assert f.impact.est_step_saving_pct == 0 and f.severity == "low"
+    assert "workers would not pay" in f.advice and "use num_workers=" not in f.advice.lower()
+    assert "num_workers=" not in f.fix.split("```python", 1)[1].split("```", 1)[0]
+
+
 def test_dataloader_saving_counts_overlap_not_share(load_built):
     """The loader runs while the previous launches still execute: removing it gets back only the part
     the GPU did not cover, far less than the loader's share of the step."""
