@@ -128,9 +128,14 @@ class CommOverlap(JobRule):
                      **({"compute_after_first_gradient_ms": round(room_ms, 3)} if known else {})},
         )
         if known and saving < self.thresholds["min_exposed_share_pct"]:
-            advice = ("Little compute is left once the first gradient is ready, so overlap cannot hide this transfer: "
-                      "communicate less or less often (larger batches per step; with gradient accumulation, "
-                      "`no_sync()` on all but the last micro-batch; bf16 gradients through a DDP comm hook).")
+            why = ("DDP reduces every gradient at once (one bucket)" if unsplit is not None else
+                   "Little compute is left once the first gradient is ready")
+            acc = runfacts.accumulation(a.facts)
+            skips = acc is not None and acc.synced_backward_per_step < acc.backward_per_step  # no_sync() already
+            less = ["larger batches per step"] + ([] if skips else [
+                "with gradient accumulation, `no_sync()` on all but the last micro-batch"]) + [
+                "bf16 gradients through a DDP comm hook"]
+            advice = f"{why}, so overlap cannot hide this transfer: communicate less or less often ({'; '.join(less)})."
         else:
             advice = ("Start the gradient reduction during the backward pass and keep it going while compute runs: "
                       "DDP buckets, FSDP prefetch, no syncs inside backward.")

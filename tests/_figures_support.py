@@ -341,7 +341,7 @@ def wording(text: str, where: str) -> list[str]:
     for m in OVERHEAD.finditer(flat):
         if float(m.group(1)) <= NOISE:
             out.append(f"{where}: an overhead within noise called slower: {m.group(0)!r}")
-    for sentence in re.split(r"(?<=[.;])\s", flat):
+    for sentence in (x for line in text.replace("\\", "").splitlines() for x in re.split(r"(?<=[.;])\s", line)):
         if "no measurable profiler overhead" in sentence:
             for x in re.findall(NUM + r"×", sentence):
                 if float(x) > NOISE:
