@@ -60,7 +60,8 @@ C, the time the step takes between batches (the median step less its wait, per b
 deliver one batch every B/k ms, so the step waits max(0, B/k − C) per batch, plus what workers cannot
 take: the hand-over, and from `num_workers=0` the part of the wait that is not the build (the sampler,
 the iterator: they stay in the training process). k is the number that keeps up (⌈B/C⌉), capped by the
-free cores (the rank's cores − the training process − the workers already running); the replay
+free cores (the rank's cores − the training process − the workers already running, each worker counted
+as the CPU share of its build: `build_cpu_ms_per_batch`, a build that sleeps on I/O needs little); the replay
 shrinks each wait to what is left. No free core, or workers that would hide less than the hand-over
 costs: no change is advised and no saving predicted from workers; more workers than the rank's cores
 that keep up with fewer: the advice is the count that keeps up. The message names the
@@ -380,12 +381,17 @@ def more_workers(measured: dict, cores, wait_ms: float, between_ms: float, build
     the wait that is not the build (the sampler, the iterator: they stay in the training process).
     Workers added = what keeps up (⌈B/C⌉), capped by the free cores: the cores each rank has (`cores`:
     the usable ones shared by the ranks on the node) less the training process and the workers already
-    there. No change is advised where no core is free or where the workers would hide less than the
-    hand-over costs. None when the count of workers is unknown."""
+    there, each worker counted as the CPU share of its build (a build that sleeps on a disk needs little
+    of a core; at least MIN_CPU_SHARE), and none where the rank has no whole core to spare. No change is
+    advised where no core is free or where the workers would hide less than the hand-over costs. None
+    when the count of workers is unknown."""
     workers = measured["num_workers"]
     if workers is None:
         return None
-    free = max(0, cores.per_rank - 1 - workers) if cores is not None else 0
+    # the CPU a worker needs: the build's CPU share (a build that sleeps on a disk or the network needs little)
+    cpu_share = cpu_share_of_build(measured)
+    spare = cores.per_rank - 1 - workers * cpu_share if cores is not None else 0.0
+    free = max(0, int(spare / max(cpu_share, MIN_CPU_SHARE) + 1e-9)) if spare >= 1 else 0
     keeps_up = int(max(1, -(-build_ms // max(between_ms, 1e-3))))  # ceil(B / C)
     target = int(max(workers, min(workers + free, keeps_up)))
     stays = (max(0.0, wait_ms - build_ms) + handover_ms) if single else floor_ms
@@ -409,6 +415,16 @@ def more_workers(measured: dict, cores, wait_ms: float, between_ms: float, build
                          f"{build_ms:.1f} ms to build), the step uses one every {between_ms:.1f} ms; {free} free "
                          f"core(s) ({where})" + (f"; the hand-over of a ready batch up to {handover_ms:g} ms" if single
                                                  else ""))}
+
+
+MIN_CPU_SHARE = 0.05  # a worker is counted as at least a twentieth of a core (its hand-overs, its Python)
+
+
+def cpu_share_of_build(measured: dict) -> float:
+    """The part of a batch's build its thread spent on a CPU (run.json `build_cpu_ms_per_batch`; all of it
+    where an older run.json does not say)."""
+    cpu, build = measured.get("build_cpu_ms_per_batch"), measured["build_ms_per_batch"]
+    return min(1.0, cpu / build) if cpu is not None and build else 1.0
 
 
 def no_change_plan(why: str, wait_ms: float, cores) -> dict:

@@ -136,7 +136,7 @@ def test_stall_finding_names_the_slow_function_and_the_build_time(tmp_path, work
 
 # -- the "more workers" prediction ---------------------------------------------------------------------
 def _run_folder(tmp_path: Path, usable_cpus: int, workers: int = 0, ranks_on_node: int | None = None,
-                build_ms: float = 20.0) -> Path:
+                build_ms: float = 20.0, build_cpu_ms: float | None = None) -> Path:
     """The rule's positive trace (20 ms waits in ~32 ms steps: 12 ms between batches) with run.json's machine
     and measured loading: the build takes `build_ms` of the 20 ms wait the probe saw over the same batches."""
     from gpuadvise.rules import find_rule
@@ -151,10 +151,12 @@ def _run_folder(tmp_path: Path, usable_cpus: int, workers: int = 0, ranks_on_nod
                    "functions": [{"function": "decode_image", "file": "dataset.py", "line": 41, "share_pct": 71.0,
                                   "ms_per_batch": 14.2}]}},
     }
+    if build_cpu_ms is not None:
+        b.facts["capture"]["loader"]["build_cpu_ms_per_batch"] = build_cpu_ms
     if ranks_on_node:
         b.facts["distributed"] = {"world_size": ranks_on_node, "rank": 0, "local_world_size": ranks_on_node,
                                   "backend": "gloo"}
-    return b.write_run_folder(tmp_path / f"run{usable_cpus}-{ranks_on_node}-{build_ms:g}")
+    return b.write_run_folder(tmp_path / f"run{usable_cpus}-{ranks_on_node}-{build_ms:g}-{build_cpu_ms}")
 
 
 def _code(fix: str) -> str:
@@ -187,6 +189,17 @@ def test_more_workers_prediction_follows_the_cores_each_rank_has(tmp_path):
     ddp = _stall(_run_folder(tmp_path, 2, ranks_on_node=2))
     assert "2 usable, 2 ranks on this node: 1 per rank" in ddp.recommendation
     assert ddp.evidence["numbers"]["cores_per_rank"] == 1
+
+
+def test_a_build_that_waits_on_io_needs_little_of_a_core(tmp_path):
+    """A 20 ms build of which 1 ms is CPU (the rest sleeps on a disk): on 2 cores one core is spare, and each
+    worker needs a twentieth of it, so the 2 that keep up fit where a CPU-bound build allows one; with two
+    ranks on the two cores no core is spare, whatever the build."""
+    io, cpu = _stall(_run_folder(tmp_path, 2, build_cpu_ms=1.0)), _stall(_run_folder(tmp_path, 2, build_cpu_ms=20.0))
+    assert io.evidence["numbers"]["suggested_num_workers"] == 2 and cpu.evidence["numbers"]["suggested_num_workers"] == 1
+    assert io.saving_pct > cpu.saving_pct
+    ddp = _stall(_run_folder(tmp_path, 2, ranks_on_node=2, build_cpu_ms=1.0))
+    assert ddp.evidence["numbers"]["suggested_num_workers"] == 0 and ddp.saving_pct == 0
 
 
 def test_no_workers_where_receiving_a_batch_costs_more_than_building_it(tmp_path):

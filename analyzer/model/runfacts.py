@@ -426,7 +426,8 @@ def loader_profile(facts: dict) -> dict | None:
     build = _num(lp.get("build_ms_per_batch"))
     if not build:
         return None
-    out = {k: _num(lp.get(k)) for k in ("build_ms_per_batch", "fetch_ms_per_batch", "fetch_ms_per_sample",
+    out = {k: _num(lp.get(k)) for k in ("build_ms_per_batch", "build_cpu_ms_per_batch", "fetch_ms_per_batch",
+                                         "fetch_ms_per_sample",
                                          "collate_ms_per_batch", "wait_ms_per_batch", "between_batches_ms",
                                          "batches_built", "samples")}
     workers = lp.get("num_workers")
