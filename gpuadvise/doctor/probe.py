@@ -15,10 +15,12 @@ does not expose it), read as a file.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
 import sys
+import threading
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -152,10 +154,48 @@ def load_torch():
         return None, f"import failed: {type(exc).__name__}: {exc}"
 
 
+@contextlib.contextmanager
+def warnings_held(record: bool = False):
+    """Ignore (with `record`: collect, as a list of `warnings.WarningMessage`) the warnings the body raises,
+    and leave the script's own warnings as they were.
+
+    `catch_warnings`, `simplefilter` and `filterwarnings` cannot do that inside a running script: each change
+    to the filters bumps the warnings module's version, which empties every module's record of the warnings
+    it has shown, so every once-per-location warning the script already printed prints again (a run.json
+    write a step did that to each of them). Here one filter goes in front of the list in place and comes out
+    again, the version untouched: "ignore" and "always" leave no record behind, so a warning the body
+    raised still shows when the script raises it. Another thread's warning in those microseconds is
+    ignored (it shows the next time it is raised) or, while recording, shown."""
+    filters = warnings.filters
+    entry = ("always" if record else "ignore", None, Warning, None, 0)
+    caught: list = []
+    shown = getattr(warnings, "_showwarnmsg", None)  # what the C warnings code calls to show one
+    record = record and callable(shown)
+    me = threading.get_ident()
+
+    def keep(msg):
+        if threading.get_ident() == me:
+            caught.append(msg)
+        else:
+            shown(msg)
+
+    filters.insert(0, entry)
+    if record:
+        warnings._showwarnmsg = keep
+    try:
+        yield caught
+    finally:
+        if record:
+            warnings._showwarnmsg = shown
+        for i, f in enumerate(filters):
+            if f is entry:
+                del filters[i]
+                break
+
+
 def _get(fn, default=None):
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # deprecation notes of the TF32 getters and the like
+        with warnings_held():  # deprecation notes of the TF32 getters and the like
             return fn()
     except Exception:
         return default
@@ -165,8 +205,7 @@ def cuda_available(torch) -> tuple[bool, str | None]:
     """Whether torch can use a GPU, and torch's own explanation when it cannot (the warning
     `torch.cuda.is_available()` raises on a driver/runtime mismatch)."""
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with warnings_held(record=True) as caught:
             ok = bool(torch.cuda.is_available())
     except Exception as exc:
         return False, f"{type(exc).__name__}: {exc}"
