@@ -338,7 +338,9 @@ def test_dataloader_saving_counts_overlap_not_share(load_built):
 
 
 def test_dataloader_without_overlap_saves_about_its_share(load_built):
-    """Control for the test above: with nothing to overlap, the saving is close to the share."""
+    """Control for the test above: with nothing to overlap, the saving is close to the share, less what
+    workers cannot take from the training process: the hand-over of each ready batch (its upper end, 2 ms
+    of each 20 ms wait)."""
     b = TraceBuilder()
     for _ in range(4):
         with b.step():
@@ -351,7 +353,8 @@ def test_dataloader_without_overlap_saves_about_its_share(load_built):
     m = report.metrics
     share = 100 * m.per_step["dataloader_us"].sum() / m.per_step["dur_us"].sum()
     f = next(f for f in report.findings if f.topic == "dataloader-stall")
-    assert abs(f.impact.est_step_saving_pct - share) < 3, (f.impact.est_step_saving_pct, share)
+    handover = 2.0 / 20.0  # of each wait
+    assert abs(f.impact.est_step_saving_pct - share * (1 - handover)) < 3, (f.impact.est_step_saving_pct, share)
 
 
 def _gemm_trace(device, compute, gemm):

@@ -9,6 +9,7 @@ import pandas as pd
 
 from . import intervals as iv
 from .steps import Step, cpu_windows, launch_steps, step_of, step_windows
+from gpuadvise.analyzer.model import collectives as coll
 from gpuadvise.analyzer.model.calls import COPY_CALLS, COPY_NAME, LAUNCH_CALLS
 from gpuadvise.analyzer.model.kernels import is_comm, is_matmul_like, precision_class
 from gpuadvise.analyzer.model.trace import TraceModel, names_in
@@ -71,14 +72,17 @@ def per_step_table(model, steps, window, gpu_union, dataloader, syncs, cut=None)
         "gpu_bound": [s.gpu_bound for s in steps] if steps else [False],
     })
     out["gpu_busy_us"] = covered(gpu_union, lo, hi)
+    # time inside collectives: their kernels on the GPU and a CPU backend's (gloo's) spans from the call that
+    # issued each, the one figure of the rank's communication per step (the job's view reads it too)
+    host_ts, host_end = coll.host_spans(model.comms)
     for kind in ("kernel", "memcpy", "memset"):
         part = gpu[gpu["kind"] == kind]
-        if kind == "kernel" and len(part):
-            comm = part["name"].map(lambda n: is_comm(str(n))).astype(bool).to_numpy()
-            out["comm_us"] = covered(iv.union(part["ts"][comm], part["end"][comm]), lo, hi)
+        if kind == "kernel":
+            comm = (part["name"].map(lambda n: is_comm(str(n))).astype(bool).to_numpy() if len(part)
+                    else np.zeros(0, dtype=bool))
+            out["comm_us"] = covered(iv.union(np.concatenate([part["ts"].to_numpy(dtype=float)[comm], host_ts]),
+                                              np.concatenate([part["end"].to_numpy(dtype=float)[comm], host_end])), lo, hi)
             part = part[~comm]
-        elif kind == "kernel":
-            out["comm_us"] = 0.0
         out[f"{kind}_us"] = covered(iv.union(part["ts"], part["end"]), lo, hi)
     out["dataloader_us"] = covered(iv.union(dataloader["ts"], dataloader["end"]), clo, chi) if len(dataloader) else 0.0
     blocking = syncs[~syncs["profiler_sync"]] if len(syncs) else syncs

@@ -391,6 +391,35 @@ def usable_cpus(facts: dict) -> int | None:
     return int(min(usable, limit)) if limit else int(usable)
 
 
+@dataclass(frozen=True)
+class Cores:
+    """The CPU cores one rank of the job has: what the process could use, shared by the ranks on its node."""
+
+    usable: int  # the process's affinity, capped by a cgroup quota (`usable_cpus`)
+    ranks_on_node: int  # the job's local world size (1 outside a job, or when run.json does not say)
+
+    @property
+    def per_rank(self) -> int:
+        """Each rank's share of the node's cores (at least one)."""
+        return max(1, self.usable // max(1, self.ranks_on_node))
+
+    def words(self) -> str:
+        """"2 usable, 2 ranks on this node: 1 per rank" / "8 usable"."""
+        if self.ranks_on_node > 1:
+            return f"{self.usable} usable, {self.ranks_on_node} ranks on this node: {self.per_rank} per rank"
+        return f"{self.usable} usable"
+
+
+def cores(facts: dict) -> Cores | None:
+    """The cores each rank of the job has (run.json's `environment.machine.cpu` and `distributed`): None
+    without the machine's count. Ranks on one node share its cores: their number is the local world size."""
+    usable = usable_cpus(facts)
+    if usable is None:
+        return None
+    local = job(facts).local_world_size
+    return Cores(usable=usable, ranks_on_node=local if local and local > 0 else 1)
+
+
 def loader_profile(facts: dict) -> dict | None:
     """run.json's `capture.loader`, numbers checked: None without a measured batch build time."""
     lp = _dict(_dict(facts.get("capture")).get("loader"))
@@ -449,6 +478,8 @@ class DDPFact:
     params: int | None
     params_without_grad: int | None  # the most parameters without a gradient after an optimizer step
     unused_parameter_bytes: int | None  # DDP's logging data: bytes of parameters its search found unused
+    buckets: int | None = None  # DDP's logging data: gradient buckets (as rebuilt after the first step)
+    parameter_bytes: int | None = None  # DDP's logging data: the parameters' bytes
 
     def as_dict(self) -> dict:
         return {"created_at": self.created_at, "find_unused_parameters": self.find_unused_parameters,
@@ -470,7 +501,8 @@ def ddp(facts: dict) -> list[DDPFact]:
                            gradient_as_bucket_view=_bool(e.get("gradient_as_bucket_view")), comm_hooks=hooks,
                            no_sync_calls=_int(e.get("no_sync_calls")), params=_int(e.get("params")),
                            params_without_grad=_int(e.get("params_without_grad")),
-                           unused_parameter_bytes=_int(e.get("unused_parameter_bytes"))))
+                           unused_parameter_bytes=_int(e.get("unused_parameter_bytes")),
+                           buckets=_int(e.get("buckets")), parameter_bytes=_int(e.get("parameter_bytes"))))
     return out
 
 

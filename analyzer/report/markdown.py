@@ -83,15 +83,15 @@ def _job_section(job) -> list[str]:
                    f"{row['exposed_comm_ms']:.2f} | {_opt(row['comm_overlap_pct'], '.1f', ' %')} |")
     out += ["", "Per step medians. Wait is the time a rank spent inside collectives waiting for the last rank to arrive "
                 "(collectives lined up across the ranks, clocks aligned by them) with nothing else to do; work is the "
-                "step time minus that wait; others waited for it is the wait it caused by arriving last. "
-                "Comm/compute overlap is HTA's (communication-kernel time that overlaps compute kernels, over the "
+                "step time minus that wait; others waited for it is the wait it caused by arriving last; comm is the time "
+                "inside collectives (the Steps table's). Comm/compute overlap is HTA's (communication-kernel time that overlaps compute kernels, over the "
                 "whole trace).", ""]
     if v.stragglers:
         out += ["**The rank the job waited for, per step**", "",
-                "| Step | Rank | Others waited for it (ms) | Work (ms) | Median of the other ranks (ms) | Slower by |",
+                "| Step | Rank | Others waited for it (ms) | Work (ms) | Median of the other ranks (ms) | Work vs the others |",
                 "|---:|---:|---:|---:|---:|---:|"]
         out += [f"| {v.step_label(s.step)} | {s.rank} | {s.caused_us / 1e3:.2f} | {s.work_us / 1e3:.2f} | "
-                f"{s.others_median_us / 1e3:.2f} | {s.slower_pct:.1f} % |" for s in v.stragglers]
+                f"{s.others_median_us / 1e3:.2f} | {_signed_pct(s.slower_pct)} |" for s in v.stragglers]
         out.append("")
     if v.collectives:
         ids = [r["rank"] for r in v.collectives[0]["ranks"]]
@@ -103,6 +103,12 @@ def _job_section(job) -> list[str]:
             out.append(f"| {c['collective']} | {c['group'] or '–'} | {c['per_step']:g} | {cells} |")
         out.append("")
     return out
+
+
+def _signed_pct(v: float) -> str:
+    """+2.9 % / −2.2 %: a difference whose sign is the direction (a rank the others waited for may have had
+    less work than they: it arrived late)."""
+    return "0.0 %" if round(v, 1) == 0 else f"{v:+.1f} %".replace("-", "−")
 
 
 def _opt(v, spec: str, unit: str = "") -> str:
@@ -158,9 +164,11 @@ def _steps_table(r: TraceReport, multi: bool) -> list[str]:
         out.append(f"| {step} | {row.dur_us / 1e3:.2f} | {row.cpu_dur_us / 1e3:.2f} | {row.gpu_busy_pct:.1f} % | "
                    f"{row.kernel_us / 1e3:.2f} | {row.comm_us / 1e3:.2f} | {row.memcpy_us / 1e3:.2f} | "
                    f"{row.dataloader_us / 1e3:.2f} | {row.sync_us / 1e3:.2f} | {row.idle_us / 1e3:.2f} |")
+    host_comm = (" Comm is the time inside a CPU backend's (gloo's) collectives, from the call that issued each "
+                 "(the job table's Comm)." if not m.has_gpu and bool(m.per_step["comm_us"].to_numpy().any()) else "")
     return out + ["", "Times in ms. A step's time is the slower of its CPU span (ProfilerStep) and its GPU time (from "
                       "the first GPU activity it launched to the next step's); GPU columns are the union of GPU activity "
-                      "in that window, DataLoader and sync columns are measured in the CPU span.", ""]
+                      "in that window, DataLoader and sync columns are measured in the CPU span." + host_comm, ""]
 
 
 def _memory_section(t: TraceSummary, multi: bool) -> list[str]:
