@@ -70,6 +70,19 @@ def test_short_format_flag(capsys, stall_trace):
     looks_like("md", out)
 
 
+@pytest.mark.parametrize("name", ["md", "markdown"])
+def test_every_command_takes_both_names_for_markdown(capsys, stall_trace, name):
+    rc, out, err = call_main(capsys, "analyze", stall_trace, "--format", name)
+    assert rc == 0, err
+    looks_like("md", out)
+    rc, out, err = call_main(capsys, "compare", stall_trace, stall_trace, "--format", name)
+    assert rc == 0, err
+    assert out.lstrip().startswith("#"), out[:200]
+    rc, out, err = call_main(capsys, "rules", "--format", name)
+    assert rc == 0, err
+    assert out.startswith("| code | topic |") and "[GA102](dataloader-stall.md)" in out, out[:200]
+
+
 def test_text_is_the_default_format(capsys, stall_trace):
     rc, out, err = call_main(capsys, "analyze", stall_trace)
     assert rc == 0, err
