@@ -158,6 +158,8 @@ def _steps_table(r: TraceReport, multi: bool) -> list[str]:
     if m is None or m.per_step.empty:
         return []
     title = "## Steps" + (f" — {md(r.source)}" if multi else "")
+    if r.figures is not None and r.figures.cpu_steps:
+        return _cpu_steps_table(title, r.figures.cpu_steps)
     out = [title, "", "| Step | Time (ms) | CPU span | GPU busy | Compute | Comm | Memcpy | DataLoader | Sync wait | GPU idle |",
            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in m.per_step.itertuples():
@@ -170,6 +172,20 @@ def _steps_table(r: TraceReport, multi: bool) -> list[str]:
     return out + ["", "Times in ms. A step's time is the slower of its CPU span (ProfilerStep) and its GPU time (from "
                       "the first GPU activity it launched to the next step's); GPU columns are the union of GPU activity "
                       "in that window, DataLoader and sync columns are measured in the CPU span." + host_comm, ""]
+
+
+def _cpu_steps_table(title: str, steps) -> list[str]:
+    """A run without a GPU timeline: each step's CPU time, where the training thread spent it."""
+    out = [title, "", "| Step | Time (ms) | In ops | Outside ops | DataLoader | Comm |", "|---:|---:|---:|---:|---:|---:|"]
+    for s in steps:
+        out.append(f"| {f'#{s.step}' if s.step >= 0 else 'all'} | {s.ms:.2f} | {s.in_ops_ms:.2f} | {s.outside_ops_ms:.2f} | "
+                   f"{s.dataloader_ms:.2f} | {s.comm_ms:.2f} |")
+    return out + ["", "Times in ms, of the training thread: no GPU timeline was recorded, so a step is CPU time. In ops: "
+                      "inside recorded torch ops (forward, backward, optimizer, a single-process loader's collate); "
+                      "outside ops: inside none of them and no collective (Python between ops); DataLoader: waiting "
+                      "for the next batch; Comm: inside a CPU backend's (gloo's) collectives, which run beside the "
+                      "thread's ops. In ops and outside ops never overlap; the DataLoader's and Comm's time overlaps "
+                      "them.", ""]
 
 
 def _memory_section(t: TraceSummary, multi: bool) -> list[str]:

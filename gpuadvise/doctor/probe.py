@@ -263,6 +263,9 @@ def backend_flags(torch) -> dict:
         "deterministic_warn_only": _get(lambda: bool(torch.is_deterministic_algorithms_warn_only_enabled())),
         "anomaly_detection": _get(lambda: bool(torch.is_anomaly_enabled())),
         "anomaly_check_nan": _get(lambda: bool(torch.is_anomaly_check_nan_enabled())),
+        # the threads torch runs an op on, and those between ops (inter-op), as the script set them
+        "num_threads": _get(lambda: torch.get_num_threads()),
+        "num_interop_threads": _get(lambda: torch.get_num_interop_threads()),
     }
 
 
@@ -376,6 +379,12 @@ def _cgroup_cpus() -> float | None:
     return round(q / p, 2) if q > 0 and p > 0 else None
 
 
+# the CPU flags that say which 16-bit float types the CPU computes in (Linux /proc/cpuinfo's names): x86's
+# AVX-512 and AMX bf16/fp16 instructions, Arm's BF16 and half-precision SIMD; the vector extensions beside them
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16", "amx_tile",
+             "bf16", "asimdhp", "fphp", "sve")
+
+
 def cpu_facts() -> dict:
     usable = None
     if hasattr(os, "sched_getaffinity"):
@@ -383,7 +392,28 @@ def cpu_facts() -> dict:
             usable = len(os.sched_getaffinity(0))
         except OSError:
             usable = None
-    return {"logical": os.cpu_count(), "usable": usable, "cgroup_limit": _cgroup_cpus()}
+    return {"logical": os.cpu_count(), "usable": usable, "cgroup_limit": _cgroup_cpus(), **_cpu_model()}
+
+
+def _cpu_model(path: str = "/proc/cpuinfo") -> dict:
+    """The CPU's model name and which of CPU_FLAGS it has ("flags": None where /proc/cpuinfo is not there
+    to read: not Linux)."""
+    try:  # the first core's block: a few KB, its flags line the longest (the AMX flags come last)
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read(1 << 16)
+    except OSError:
+        text = None
+    if not text:
+        return {"model": platform.processor() or None, "flags": None}
+    model, flags = None, set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key in ("model name", "cpu model") and model is None:
+            model = value.strip() or None
+        elif key in ("flags", "features") and not flags:  # x86's flags, Arm's features: the first core's
+            flags = set(value.split())
+    return {"model": model, "flags": sorted(f for f in CPU_FLAGS if f in flags)}
 
 
 def shm_facts(path: str = "/dev/shm") -> dict | None:
