@@ -27,9 +27,12 @@ for x, y in loader:
 If workers are already in use and still stall, the per-sample work is too heavy: decode or augment
 on the GPU (torchvision.transforms.v2 on tensors, NVIDIA DALI), store pre-processed data, or read from
 faster storage.
+
 Under transformers' Trainer the switch is `TrainingArguments(dataloader_num_workers=…,
-dataloader_pin_memory=True)`; under Lightning, the `DataLoader` your `train_dataloader()` (or
-LightningDataModule) returns; the advice names the one the run used, at your line.
+dataloader_pin_memory=True)`; the advice names it, at your line.
+
+Under Lightning, the switch is the `DataLoader` your `train_dataloader()` (or `LightningDataModule`)
+returns; the advice names it, at your line.
 
 ## Thresholds
 Fires when the DataLoader takes at least 5 % of the median step (the PyTorch TensorBoard plugin's
@@ -284,7 +287,13 @@ class DataloaderStall(Rule):
         pays or no core is free), no pinned memory or non-blocking copy on a run without a GPU or a loader
         that pins already."""
         out = []
+        code = False
         for line in self.fix.splitlines():
+            if line.strip().startswith("```"):
+                code = not code
+            if not code:  # prose says what each switch is; only the code is the instance's
+                out.append(line)
+                continue
             if no_change and "LOCAL_WORLD_SIZE" in line and "num_workers=" not in line:
                 continue  # the comment on the count
             if "num_workers=" in line and ("len(os.sched_getaffinity" in line):

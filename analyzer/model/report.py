@@ -29,6 +29,20 @@ class StepTime:
 
 
 @dataclass(frozen=True)
+class CpuStep:
+    """One step of a run without a GPU timeline, as its training thread spent it (ms): inside recorded ops,
+    outside every op and collective (Python, a single-process loader's own Python), waiting for the
+    DataLoader's next batch, inside a CPU backend's collectives (measure/ranktime.py, metrics.per_step)."""
+
+    step: int
+    ms: float
+    in_ops_ms: float
+    outside_ops_ms: float
+    dataloader_ms: float
+    comm_ms: float
+
+
+@dataclass(frozen=True)
 class LeftOutStep:
     """A ProfilerStep left out of every figure: it holds one-time costs (measure/warmup.py)."""
 
@@ -76,6 +90,8 @@ class TraceFigures:
     # steps far slower than the others and what their extra time went to (measure/slowsteps.py): how a
     # long run's window names the periodic stall it recorded
     slow_steps: list[dict] = field(default_factory=list)
+    # a run without a GPU timeline (a CPU run): each step's CPU time, what its steps table shows; [] otherwise
+    cpu_steps: list[CpuStep] = field(default_factory=list)
 
 
 @dataclass

@@ -97,6 +97,28 @@ def autocast_dtypes(facts: dict) -> list[str]:
     return [str(e["dtype"]) for e in _entries(facts, "autocast") if e.get("dtype")]
 
 
+@dataclass(frozen=True)
+class AutocastFact:
+    """One autocast context the script entered: `device_type` ("cuda", "cpu"), `dtype` ("torch.bfloat16"),
+    `enabled` (False: built with enabled=False, so nothing ran in 16-bit), `created_at` (the user's line)."""
+
+    device_type: str | None
+    dtype: str
+    enabled: bool
+    created_at: str | None
+
+
+def autocasts(facts: dict) -> list[AutocastFact]:
+    """The autocast contexts the script entered (a run.json without `enabled` counts them as enabled)."""
+    out = []
+    for e in _entries(facts, "autocast"):
+        if not _str(e.get("dtype")):
+            continue
+        out.append(AutocastFact(device_type=_str(e.get("device_type")), dtype=str(e["dtype"]),
+                                enabled=e.get("enabled") is not False, created_at=site(e.get("created_at"))))
+    return out
+
+
 def _str(v) -> str | None:
     return v if isinstance(v, str) else None
 
@@ -389,6 +411,42 @@ def usable_cpus(facts: dict) -> int | None:
     if usable is None:
         return None
     return int(min(usable, limit)) if limit else int(usable)
+
+
+# the CPU flags (`environment.machine.cpu.flags`, /proc/cpuinfo's names) that give a 16-bit float type its
+# own arithmetic: x86's AVX-512 and AMX instructions, Arm's BF16 and half-precision SIMD. Without one the CPU
+# converts to float32 and back around each operation.
+NATIVE_16BIT = {"bfloat16": ("avx512_bf16", "amx_bf16", "bf16"), "float16": ("avx512_fp16", "amx_fp16", "asimdhp")}
+
+
+def cpu_16bit(facts: dict) -> dict[str, bool] | None:
+    """Whether the CPU computes in each 16-bit float type ("bfloat16", "float16"): None when run.json did
+    not record the CPU's flags (not Linux, or written before they were recorded)."""
+    flags = _dict(machine(facts).get("cpu")).get("flags")
+    if not isinstance(flags, list):
+        return None
+    have = {f for f in flags if isinstance(f, str)}
+    return {dtype: any(f in have for f in native) for dtype, native in NATIVE_16BIT.items()}
+
+
+def cpu_matmul_ms(facts: dict) -> tuple[int, dict[str, float]] | None:
+    """`gpuadvise profile`'s timing of one n-square matmul on the CPU in float32 and in each 16-bit type the
+    script autocast to there (`environment.machine.cpu.matmul`: n, ms by type name): (n, {"float32": ms, …});
+    None when not recorded (a run without CPU autocast, or an older run.json)."""
+    mm = _dict(_dict(machine(facts).get("cpu")).get("matmul"))
+    times = {k: float(v) for k, v in _dict(mm.get("ms")).items() if isinstance(k, str) and _num(v)}
+    n = _int(mm.get("n"))
+    return (n, times) if n and "float32" in times else None
+
+
+def cpu_model(facts: dict) -> str | None:
+    return _str(_dict(machine(facts).get("cpu")).get("model"))
+
+
+def threads(facts: dict) -> int | None:
+    """torch.get_num_threads() as the window ended: the threads one op runs on (intra-op)."""
+    v = settings(facts).get("num_threads")
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ from gpuadvise.analyzer.measure.metrics import Metrics
 from gpuadvise.analyzer.measure.slowsteps import slow_steps
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.measure import intervals as iv
-from gpuadvise.analyzer.model.report import LeftOutStep, StepTime, TraceFigures
+from gpuadvise.analyzer.measure.ranktime import thread_time
+from gpuadvise.analyzer.model.report import CpuStep, LeftOutStep, StepTime, TraceFigures
 from gpuadvise.analyzer.model.trace import TraceModel
 
 BREAKDOWN_COLUMNS = ("dur_us", "kernel_us", "comm_us", "memcpy_us", "memset_us", "dataloader_us", "sync_us", "idle_us")
@@ -57,7 +58,21 @@ def trace_figures(model: TraceModel, m: Metrics, calibration: Calibration | None
                         for st in m.left_out_steps],
         one_time_note=one_time_note(m),
         slow_steps=slow_steps(model, m),
+        cpu_steps=cpu_steps(model, m),
     )
+
+
+def cpu_steps(model: TraceModel, m: Metrics) -> list[CpuStep]:
+    """Each step's CPU time, for a trace without a GPU timeline (its step is all CPU time: a table of GPU
+    busy and GPU idle would say nothing); [] for a trace with one."""
+    ps = m.per_step
+    if m.has_gpu or ps.empty:
+        return []
+    t = thread_time(model, m)
+    return [CpuStep(step=int(step), ms=round(dur / 1e3, 3), in_ops_ms=round(ops / 1e3, 3),
+                    outside_ops_ms=round(out / 1e3, 3), dataloader_ms=round(dl / 1e3, 3), comm_ms=round(comm / 1e3, 3))
+            for step, dur, ops, out, dl, comm in zip(ps["step"], ps["dur_us"], t.op_us, t.untraced_us,
+                                                     ps["dataloader_us"], ps["comm_us"])]
 
 
 def one_time_note(m: Metrics) -> str | None:
