@@ -19,6 +19,13 @@ class InputError(Exception):
         super().__init__(f"{self.path}: {problem}" if self.path else problem)
 
 
+class AnalysisCancelled(BaseException):
+    """Raised by a progress callback to stop an analysis at once: whoever asked for it has given up (an
+    assistant's cancelled request). Like KeyboardInterrupt it is no error: no handler of errors catches it
+    (a progress display's, a rule's), the reader's forked workers are stopped on the way out, and nothing
+    is cached."""
+
+
 def human_size(n: float) -> str:
     """A byte count as people read it in an error message (1.5 GiB)."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):

@@ -9,6 +9,7 @@
 | view | gpuadvise/tui/cli.py | the Textual browser of an analysis |
 | doctor | gpuadvise/doctor/cli.py | the machine and torch build checks (facts shared with run.json) |
 | rules, explain | rules/cli.py | the rule catalog |
+| mcp | gpuadvise/mcp/cli.py | the same analysis as tools an AI assistant calls (Model Context Protocol, stdio) |
 
 A subcommand module exposes `main(argv) -> int`; it raises `InputError` for a user
 mistake, which becomes one line on stderr and exit 2; anything else it lets escape is our bug (exit 3).
@@ -34,6 +35,7 @@ COMMANDS = {
     "doctor": ("gpuadvise.doctor.cli", "main", "check this machine and its torch build: versions, GPUs, flags, env vars"),
     "rules": ("gpuadvise.rules.cli", "rules_main", "list the rule catalog"),
     "explain": ("gpuadvise.rules.cli", "explain_main", "show one rule's documentation"),
+    "mcp": ("gpuadvise.mcp.cli", "main", "serve the analysis to an AI assistant: an MCP server over stdio"),
 }
 
 USAGE = "usage: gpuadvise [-h] [--version] COMMAND [ARGS ...]"
@@ -78,7 +80,7 @@ def run_guarded(command) -> int:
     try:
         return command()
     except InputError as exc:
-        print(f"gpuadvise: error: {exc}", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         return EXIT_INPUT
     except KeyboardInterrupt:
         print("gpuadvise: interrupted", file=sys.stderr)
@@ -90,9 +92,15 @@ def run_guarded(command) -> int:
     except Exception as exc:  # our bug: say so in one line, keep the traceback for GPUADVISE_DEBUG
         if os.environ.get("GPUADVISE_DEBUG"):
             raise
-        print(f"gpuadvise: internal error: {type(exc).__name__}: {exc} (set GPUADVISE_DEBUG=1 for details)",
-              file=sys.stderr)
+        print(f"{error_line(exc)} (set GPUADVISE_DEBUG=1 for details)", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def error_line(exc: BaseException) -> str:
+    """The one line a command's failure is told in: the user's mistake (`InputError`), or our bug."""
+    if isinstance(exc, InputError):
+        return f"gpuadvise: error: {exc}"
+    return f"gpuadvise: internal error: {type(exc).__name__}: {exc}"
 
 
 # Commands whose process has nothing left to do once `main` returns: their output is written (atomically)

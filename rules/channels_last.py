@@ -197,9 +197,9 @@ def _fix(a: Analysis) -> str:
 
 
 def _library(a: Analysis) -> str:
-    """The convolution library in the GPU's vendor's name: MIOpen on AMD, cuDNN elsewhere."""
-    dev = a.model.device if a.model is not None else None
-    return "MIOpen" if dev is not None and dev.vendor == "amd" else "cuDNN"
+    """The convolution library in the GPU's vendor's name: MIOpen on AMD (a device the trace does not name
+    included: its runtime calls or kernels say), cuDNN elsewhere."""
+    return "MIOpen" if a.vendor == "amd" else "cuDNN"
 
 
 def _convnet(channels_last: bool) -> TraceBuilder:

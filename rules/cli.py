@@ -66,12 +66,21 @@ def rules_main(argv: list[str]) -> int:
 
 
 def explain_main(argv: list[str]) -> int:
-    key = build_explain_parser().parse_args(argv).rule
+    print(explain(build_explain_parser().parse_args(argv).rule))
+    return EXIT_OK
+
+
+def named_rule(key: str):
+    """The rule a code (GA102) or name (dataloader-stall) names; an unknown one is the user's mistake."""
     rule = find_rule(key)
     if rule is None:
         known = ", ".join(r.name for r in all_rules())
         raise InputError(None, f"unknown rule {key!r}; known rules: {known}")
+    return rule
+
+
+def explain(key: str) -> str:
+    """`gpuadvise explain RULE`'s text: the rule's code, name, topic and inputs, then its documentation."""
+    rule = named_rule(key)
     kind = "job rule, on ≥2 ranks" if rule.job_level else f"reads: {', '.join(rule.requires)}"
-    print(f"{rule.code} {rule.name} (topic: {rule.topic}; {kind})\n")
-    print(rule.docs)
-    return EXIT_OK
+    return f"{rule.code} {rule.name} (topic: {rule.topic}; {kind})\n\n{rule.docs}"

@@ -181,7 +181,7 @@ def test_renderers_never_import_the_rule_catalog():
 # The consumers of an analysis get it from run/'s package API (`run.analyze`, `run.resolve_inputs`) and
 # read the model's types; they never read traces, measure or run rules themselves. run.gate (the CI
 # gate's argument parsing) and run.cli (the analyze subcommand) are not analysis.
-CONSUMERS = ("gpuadvise.tui", "gpuadvise.analyzer.compare", "gpuadvise.harness", "gpuadvise.api")
+CONSUMERS = ("gpuadvise.tui", "gpuadvise.mcp", "gpuadvise.analyzer.compare", "gpuadvise.harness", "gpuadvise.api")
 PAST_RUN = ("gpuadvise.analyzer.read", "gpuadvise.analyzer.measure", "gpuadvise.analyzer.run")
 RUN_ALLOWED = ("gpuadvise.analyzer.run", "gpuadvise.analyzer.run.gate")
 # What the timeline draws with, not analysis: interval arithmetic (the call-name lists that lanes are

@@ -336,7 +336,7 @@ def test_steady_h100_runs_leave_no_step_out():
     if not runs:
         pytest.skip(f"no H100 run folders at {h100}")
     for run in runs[:: max(1, len(runs) // 8)]:  # a spread of them: each takes a second on two cores
-        r = analyze_source(resolve([str(run)])[0])
+        [r] = analyze_source(resolve([str(run)])[0])
         assert r.figures.steps_left_out == [] and r.figures.one_time_note is None, run.name
 
 

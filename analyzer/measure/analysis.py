@@ -52,6 +52,15 @@ class Analysis:
         return devices.spec(self.device, platform, names)
 
     @property
+    def vendor(self) -> str:
+        """The GPU's vendor ("nvidia", "amd", "unknown"): the traced device's name, else the platform's
+        runtime calls or the libraries its kernels come from (devices.spec)."""
+        dev = self.device
+        if dev is not None and dev.name:
+            return dev.vendor
+        return self.device_spec.vendor
+
+    @property
     def matrix_units(self) -> bool | None:
         return self.device_spec.has_matrix_units
 

@@ -54,25 +54,42 @@ def explain_idle(model: TraceModel, metrics: Metrics, top: int = 8) -> pd.DataFr
     launch, op, python), ms per step (the median over the steps, the report's statistic: `perstep`), and
     that time's share of the median step's idle time (the same statistic: a cause that fills one step's
     idle time is not the typical step's)."""
-    gaps = idle_gaps(metrics)
-    total = iv.total(*gaps)
-    if total <= 0 or metrics.launches.empty:
+    causes = idle_causes(model, metrics)
+    if causes is None:
         return pd.DataFrame(columns=COLUMNS)
+    return cause_table(*causes, top=top)
+
+
+def cause_table(per: dict, idle: np.ndarray, index: int | None = None, top: int = 8) -> pd.DataFrame:
+    """`idle_causes`' figures as `explain_idle`'s table: over the median step, or (`index`: a row of
+    `per_step`) in that step, each cause's ms and its share of that step's idle time."""
+    def value(us: np.ndarray) -> float:
+        return perstep.median(us) if index is None else float(us[index])
+
+    out = pd.DataFrame([(w, k, float(us.sum() if index is None else us[index]), value(us)) for (w, k), us in per.items()],
+                       columns=["what", "kind", "us", "median_us"])
+    out = out[out["us"] > 0].sort_values(["median_us", "us"], ascending=False, ignore_index=True)
+    out["ms_per_step"] = (out["median_us"] / 1e3).round(3)
+    idle_us = value(idle)
+    share = 100 * out["median_us"] / idle_us if idle_us > 0 else 0.0 * out["median_us"]
+    out["share_of_idle_pct"] = np.minimum(share, 100.0).round(1)
+    return out.head(top)[COLUMNS]
+
+
+def idle_causes(model: TraceModel, metrics: Metrics) -> tuple[dict, np.ndarray] | None:
+    """Each cause's idle GPU time in each step, µs in `per_step` row order, by (what, kind), and each
+    step's idle time inside the steps (µs); None when the GPU is never idle or nothing was launched."""
+    gaps = idle_gaps(metrics)
+    if iv.total(*gaps) <= 0 or metrics.launches.empty:
+        return None
     lo, hi = perstep.windows(metrics)
-    idle_median = perstep.median(iv.covered(*gaps, lo, hi))
     rows: list[tuple[str, str, np.ndarray]] = []
     for tid, mine in _gaps_by_thread(metrics, gaps).items():
         rows += _explain_thread(model, metrics, tid, mine)
     per: dict[tuple[str, str], np.ndarray] = {}
     for what, kind, us in rows:
         per[(what, kind)] = per.get((what, kind), 0.0) + us
-    out = pd.DataFrame([(w, k, float(us.sum()), perstep.median(us)) for (w, k), us in per.items()],
-                       columns=["what", "kind", "us", "median_us"])
-    out = out[out["us"] > 0].sort_values(["median_us", "us"], ascending=False, ignore_index=True)
-    out["ms_per_step"] = (out["median_us"] / 1e3).round(3)
-    share = 100 * out["median_us"] / idle_median if idle_median > 0 else 0.0 * out["median_us"]
-    out["share_of_idle_pct"] = np.minimum(share, 100.0).round(1)
-    return out.head(top)[COLUMNS]
+    return per, iv.covered(*gaps, lo, hi)
 
 
 def _gaps_by_thread(metrics: Metrics, gaps) -> dict:

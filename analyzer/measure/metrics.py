@@ -12,6 +12,11 @@ Definitions follow Holistic Trace Analysis (HTA) where HTA has one:
   the op started after the previous op on the stream ended; else *kernel wait* when the gap is shorter
   than 30 µs (HTA's `consecutive_kernel_delay`, which HTA documents as ns but applies in µs); else *other*.
 - launch stats: runtime call ↔ GPU op by correlation; launch delay = op start − runtime call end.
+- one process on several GPUs (DataParallel, model parallel by hand): every GPU time of the temporal
+  breakdown and of the per-step table (busy, kernel, comm, memcpy, memset, idle) is the average device's:
+  each device's own union, averaged over the devices. The union over devices would call four GPUs busy
+  whenever any one of them is (tables.device_table has each device's figures). `gpu_union` stays the
+  union: the time some GPU of the process was busy.
 
 Steps are measured on the GPU timeline as well as the CPU one (steps.py says how); every per-step figure
 and every share of step time uses `Step.dur`.

@@ -30,11 +30,14 @@ def temporal_breakdown(model: TraceModel, excluded=None) -> dict:
     if excluded is not None:
         region = iv.subtract(region, excluded)
     span = max(iv.total(*region), 1e-9)
-    busy = inside(iv.union(gpu["ts"], gpu["end"]))
-    kernels = gpu[gpu["kind"] == "kernel"]
-    comm = kernels["name"].map(lambda n: is_comm(str(n))).astype(bool) if len(kernels) else pd.Series([], dtype=bool)
-    compute = kernels[~comm.to_numpy()] if len(kernels) else kernels
-    compute_us = inside(iv.union(compute["ts"], compute["end"]))
+    busy = compute_us = 0.0
+    devices = per_device(gpu)
+    for ops in devices:  # one process on several GPUs: each device's time, averaged over them
+        busy += inside(iv.union(ops["ts"], ops["end"])) / len(devices)
+        kernels = ops[ops["kind"] == "kernel"]
+        comm = kernels["name"].map(lambda n: is_comm(str(n))).astype(bool) if len(kernels) else pd.Series([], dtype=bool)
+        compute = kernels[~comm.to_numpy()] if len(kernels) else kernels
+        compute_us += inside(iv.union(compute["ts"], compute["end"])) / len(devices)
     idle = span - busy
     return {
         "kernel_time_us": span,
@@ -71,25 +74,68 @@ def per_step_table(model, steps, window, gpu_union, dataloader, syncs, cut=None)
         "gpu_dur_us": [s.gpu_dur for s in steps] if steps else [dur[0]],
         "gpu_bound": [s.gpu_bound for s in steps] if steps else [False],
     })
-    out["gpu_busy_us"] = covered(gpu_union, lo, hi)
+    devices = per_device(gpu)
+    # one process on several GPUs: each GPU column is the time of the average device (metrics.py)
+    out["gpu_busy_us"] = covered(gpu_union, lo, hi) if len(devices) == 1 else \
+        sum(covered(iv.union(ops["ts"], ops["end"]), lo, hi) for ops in devices) / len(devices)
     # time inside collectives: their kernels on the GPU and a CPU backend's (gloo's) spans from the call that
     # issued each, the one figure of the rank's communication per step (the job's view reads it too)
     host_ts, host_end = coll.host_spans(model.comms)
     for kind in ("kernel", "memcpy", "memset"):
-        part = gpu[gpu["kind"] == kind]
         if kind == "kernel":
-            comm = (part["name"].map(lambda n: is_comm(str(n))).astype(bool).to_numpy() if len(part)
-                    else np.zeros(0, dtype=bool))
-            out["comm_us"] = covered(iv.union(np.concatenate([part["ts"].to_numpy(dtype=float)[comm], host_ts]),
-                                              np.concatenate([part["end"].to_numpy(dtype=float)[comm], host_end])), lo, hi)
-            part = part[~comm]
-        out[f"{kind}_us"] = covered(iv.union(part["ts"], part["end"]), lo, hi)
+            out["comm_us"] = 0.0
+        out[f"{kind}_us"] = 0.0
+        for ops in devices:
+            part = ops[ops["kind"] == kind]
+            if kind == "kernel":
+                comm = (part["name"].map(lambda n: is_comm(str(n))).astype(bool).to_numpy() if len(part)
+                        else np.zeros(0, dtype=bool))
+                out["comm_us"] += covered(iv.union(np.concatenate([part["ts"].to_numpy(dtype=float)[comm], host_ts]),
+                                                   np.concatenate([part["end"].to_numpy(dtype=float)[comm], host_end])),
+                                          lo, hi) / len(devices)
+                part = part[~comm]
+            out[f"{kind}_us"] += covered(iv.union(part["ts"], part["end"]), lo, hi) / len(devices)
     out["dataloader_us"] = covered(iv.union(dataloader["ts"], dataloader["end"]), clo, chi) if len(dataloader) else 0.0
     blocking = syncs[~syncs["profiler_sync"]] if len(syncs) else syncs
     out["sync_us"] = covered(iv.union(blocking["ts"], blocking["end"]), clo, chi) if len(blocking) else 0.0
     out["gpu_busy_pct"] = 100 * out["gpu_busy_us"] / np.maximum(dur, 1e-9)
     out["idle_us"] = dur - out["gpu_busy_us"]
     return out
+
+
+def per_device(gpu: pd.DataFrame) -> list[pd.DataFrame]:
+    """The GPU ops by the device they ran on, devices ascending: one frame (all of `gpu`) for a trace of
+    one GPU."""
+    dev = gpu["device"].to_numpy()
+    ids = np.unique(dev)
+    return [gpu] if len(ids) < 2 else [gpu[dev == d] for d in ids.tolist()]
+
+
+def device_table(model: TraceModel, steps: list[Step], window, cut=None) -> pd.DataFrame:
+    """One row per GPU of a process that drove several (empty for one): `device`, `ops` (kernels, copies
+    and memsets), `busy_pct` (its busy time over the GPU span of the whole trace, every device's, time in
+    `cut` left out: the temporal breakdown's figure), `busy_in_steps_pct` (over the steps' windows) and
+    `idle_us` (its idle time in each step, a list in step order)."""
+    cols = ["device", "ops", "busy_pct", "busy_in_steps_pct", "idle_us"]
+    gpu = model.gpu
+    devices = per_device(gpu) if len(gpu) else []
+    if len(devices) < 2:
+        return pd.DataFrame(columns=cols)
+    lo, hi = step_windows(steps, window)
+    region = iv.union([float(gpu["ts"].min())], [float(gpu["end"].max())])
+    if cut is not None:
+        region = iv.subtract(region, cut)
+    span = max(iv.total(*region), 1e-9)
+    dur = hi - lo - (iv.covered(*cut, lo, hi) if cut is not None else 0.0)
+    rows = []
+    for ops in devices:
+        busy = iv.union(ops["ts"], ops["end"])
+        if cut is not None:
+            busy = iv.subtract(busy, cut)
+        in_steps = iv.covered(*busy, lo, hi)
+        rows.append((int(ops["device"].iloc[0]), len(ops), 100 * iv.total(*iv.intersect(busy, region)) / span,
+                     100 * float(in_steps.sum()) / max(float(dur.sum()), 1e-9), [float(x) for x in dur - in_steps]))
+    return pd.DataFrame(rows, columns=cols)
 
 
 GAP_KINDS = ("host_wait", "kernel_wait", "other")  # stream_gaps' `kind`, by code

@@ -36,8 +36,10 @@ Sources (vendor datasheets and architecture whitepapers):
 
 A device is matched by its name (trace `deviceProperties` or run.json), else by its architecture
 (compute capability; AMD's gfx9.0 / 9.4 on ROCm), else by the architecture its kernel names show
-(`sm90_…`, `ampere_…`), else it gets FALLBACK: a stated unknown, from which no prediction takes a peak.
-`Spec.matched` says which, for the finding's basis.
+(`sm90_…`, `ampere_…`; AMD's Tensile kernels' `ISA942`, `gfx90a`: `from_kernels`), else it gets FALLBACK:
+a stated unknown, from which no prediction takes a peak (its `vendor` still says AMD or NVIDIA where the
+platform or the kernels' libraries do: MIOpen, Tensile, hipBLASLt, CK → AMD; cuDNN, cuBLAS, CUTLASS →
+NVIDIA). `Spec.matched` says which, for the finding's basis.
 """
 
 from __future__ import annotations
@@ -175,7 +177,9 @@ NVIDIA_ARCH = [((12, 0), "GeForce RTX 5090"), ((10, 0), "B200"), ((9, 0), "H100 
 # gfx94x, gfx90a; RDNA (gfx10 and later) is not in the table
 AMD_ARCH = [((10, 0), None), ((9, 4), "MI300X"), ((9, 0), "MI250 (one GCD)"), ((0, 0), "MI100")]
 
-# Kernel names that show the architecture they were built for (cuBLAS/cuDNN/CUTLASS family prefixes).
+# Kernel names that show the architecture they were built for (cuBLAS/cuDNN/CUTLASS family prefixes),
+# newest first: a kernel built for an architecture runs on it or a newer one, so the newest a trace shows
+# is the GPU's.
 ARCH_FROM_NAME = [
     (re.compile(r"sm100|blackwell|fmhaSm100", re.I), (10, 0)),
     (re.compile(r"sm90|hopper|nvjet", re.I), (9, 0)),
@@ -184,8 +188,59 @@ ARCH_FROM_NAME = [
     (re.compile(r"volta|sm70", re.I), (7, 0)),
     (re.compile(r"maxwell|pascal|sm6\d", re.I), (6, 0)),
 ]
+NVIDIA_ARCH_NAMES = {(10, 0): "Blackwell", (9, 0): "Hopper", (8, 0): "Ampere", (7, 5): "Turing", (7, 0): "Volta",
+                     (6, 0): "Pascal"}
+# AMD: Tensile/hipBLASLt kernels name the ISA they were built for (`…_ISA942_…`), other kernels the gfx
+# target (`…_gfx90a_…`); newest first.
+AMD_ISA_FROM_NAME = [
+    (re.compile(r"(?:ISA|gfx)(94[0-2])(?![0-9a-z])", re.I), "CDNA 3", "MI300X"),
+    (re.compile(r"(?:ISA|gfx)(90a)(?![0-9a-z])", re.I), "CDNA 2", "MI250 (one GCD)"),
+    (re.compile(r"(?:ISA|gfx)(908)(?![0-9a-z])", re.I), "CDNA", "MI100"),
+]
+# Libraries only one vendor ships: AMD's MIOpen, Tensile (`Cijk_…`), hipBLASLt, Composable Kernel, RCCL's
+# own kernels, the HIP runtime's blit kernels; NVIDIA's cuDNN, cuBLAS, CUTLASS, nvjet. (NCCL's kernel
+# names say nothing: RCCL keeps them.)
+VENDOR_FROM_NAME = [
+    (re.compile(r"miopen|Cijk_|hipblaslt|rccl|\bck::|ck_tile|__amd_rocclr|igemm_\w*gtc|naive_conv_", re.I), "amd"),
+    (re.compile(r"cudnn|cublas|cutlass|nvjet|xmma", re.I), "nvidia"),
+]
+VENDOR_WORDS = {"amd": "AMD", "nvidia": "NVIDIA"}
 
 FALLBACK = Spec("an unknown GPU", "unknown", "unknown", None, None, None, None, None, None, None, matched="fallback")
+
+
+@dataclass(frozen=True)
+class FromKernels:
+    """What a trace's kernel names say about the GPU that ran them, when the trace does not name it."""
+
+    vendor: str  # "amd" or "nvidia"
+    token: str  # the part of a name that says so ("ISA942", "sm90", "MIOpen")
+    arch: str | None = None  # "CDNA 3", "Hopper", … (None: the vendor only)
+    row: Spec | None = None  # the device table's row for that architecture (matched "kernel names")
+
+    def describe(self) -> str:
+        """The GPU in words, saying how it was named: "an AMD CDNA 3 GPU, named from its kernels (ISA942)"."""
+        what = f"{VENDOR_WORDS[self.vendor]} {self.arch}" if self.arch else VENDOR_WORDS[self.vendor]
+        return f"an {what} GPU, named from its kernels ({self.token})"
+
+
+def from_kernels(kernel_names) -> FromKernels | None:
+    """The vendor and architecture the kernel names show (the newest architecture any of them was built
+    for), None when no name says."""
+    names = [str(n) for n in kernel_names]
+    for pattern, arch, product in AMD_ISA_FROM_NAME:
+        hit = next((m for m in map(pattern.search, names) if m), None)
+        if hit:
+            return FromKernels("amd", hit.group(0), arch, replace(_product(product), matched="kernel names"))
+    for pattern, cc in ARCH_FROM_NAME:
+        hit = next((m for m in map(pattern.search, names) if m), None)
+        if hit:
+            return FromKernels("nvidia", hit.group(0), NVIDIA_ARCH_NAMES[cc], _arch_row(NVIDIA_ARCH, cc, "kernel names"))
+    for pattern, vendor in VENDOR_FROM_NAME:
+        hit = next((m for m in map(pattern.search, names) if m), None)
+        if hit:
+            return FromKernels(vendor, hit.group(0))
+    return None
 
 
 def _arch_row(table, cc: tuple[int, int], matched: str) -> Spec:
@@ -194,7 +249,8 @@ def _arch_row(table, cc: tuple[int, int], matched: str) -> Spec:
 
 
 def spec(device: Device | None, platform: str = "unknown", kernel_names=()) -> Spec:
-    """The device's row: by name, else architecture, else kernel names; FALLBACK when none says."""
+    """The device's row: by name, else architecture, else kernel names; FALLBACK when none says (with the
+    vendor where the platform or the kernels tell it)."""
     name = (device.name if device is not None else "") or ""
     amd = (device is not None and device.vendor == "amd") or platform == "rocm"
     for pattern, row in PRODUCTS:
@@ -205,9 +261,7 @@ def spec(device: Device | None, platform: str = "unknown", kernel_names=()) -> S
     if device is not None and device.compute_major is not None:
         cc = (device.compute_major, device.compute_minor or 0)
         return _arch_row(AMD_ARCH if amd else NVIDIA_ARCH, cc, "architecture")
-    if not amd:
-        for kernel in kernel_names:
-            for pattern, cc in ARCH_FROM_NAME:
-                if pattern.search(str(kernel)):
-                    return _arch_row(NVIDIA_ARCH, cc, "kernel names")
-    return FALLBACK
+    seen = from_kernels(kernel_names)
+    if seen is not None and (seen.vendor == "amd" or not amd):  # never an NVIDIA row on ROCm
+        return seen.row if seen.row is not None else replace(FALLBACK, vendor=seen.vendor)
+    return replace(FALLBACK, vendor="amd") if amd else FALLBACK

@@ -52,6 +52,18 @@ class LeftOutStep:
 
 
 @dataclass(frozen=True)
+class GpuFigures:
+    """One GPU of a process that drove several (DataParallel, model parallel by hand): its own figures,
+    where the trace's are the average device's (measure/metrics.py)."""
+
+    device: int
+    ops: int  # kernels, copies and memsets it ran
+    busy_pct: float  # of the trace's GPU span
+    busy_in_steps_pct: float | None  # of the steps' time (None without ProfilerStep)
+    idle_ms: float  # its idle time in a step, the median over the steps
+
+
+@dataclass(frozen=True)
 class TraceFigures:
     """The summary figures of one trace, as plain data (computed once, by run/figures.py, while the
     events are there; a compact report keeps them). Times in ms, shares in % of the window or step."""
@@ -92,6 +104,9 @@ class TraceFigures:
     slow_steps: list[dict] = field(default_factory=list)
     # a run without a GPU timeline (a CPU run): each step's CPU time, what its steps table shows; [] otherwise
     cpu_steps: list[CpuStep] = field(default_factory=list)
+    # one process on several GPUs: each one's figures, devices ascending (empty for one GPU; the busy and
+    # idle figures above are then the average device's)
+    gpus: list[GpuFigures] = field(default_factory=list)
 
 
 @dataclass
@@ -171,3 +186,14 @@ def overhead_words(x: float | None) -> str:
     if x <= 1.05:
         return "no measurable profiler overhead"
     return f"the profiler made the traced steps {x:.2f}× slower"
+
+
+def per_gpu_words(figures: TraceFigures) -> str:
+    """Each GPU of a process that drove several, in one line every format prints: "GPU 0 busy 96.9 %, idle
+    0.30 ms per step · GPU 1 …" (the share inside the steps where the trace has them)."""
+    where = "per step" if figures.steps else "in the window"
+    parts = []
+    for g in figures.gpus:
+        busy = g.busy_in_steps_pct if g.busy_in_steps_pct is not None else g.busy_pct
+        parts.append(f"GPU {g.device} busy {busy:.1f} %, idle {g.idle_ms:.2f} ms {where}")
+    return " · ".join(parts)

@@ -77,10 +77,25 @@ def describe_device(facts: dict | None, model=None, has_gpu: bool | None = None)
     if cuda_available(facts) is False:
         return "CPU only (run.json: no GPU was available)"
     if has_gpu:
-        return "a GPU not named in the trace (no deviceProperties)"
+        return _unnamed_gpu(model)
     if model is not None and model.meta.devices:
         return "GPU listed in the trace, but no GPU activity recorded"
     return "CPU only (no GPU activity in the trace, no run.json)" if model is not None else "not recorded"
+
+
+def _unnamed_gpu(model) -> str:
+    """A GPU the trace does not name, in the words its kernels or its runtime calls allow."""
+    from .devices import from_kernels
+    from .trace import distinct_names
+
+    platform = getattr(getattr(model, "meta", None), "platform", "unknown")
+    kernels = model.kernels if model is not None else None
+    seen = from_kernels(distinct_names(kernels["name"])) if kernels is not None and len(kernels) else None
+    if seen is not None and (seen.vendor == "amd" or platform != "rocm"):
+        return seen.describe()
+    if platform == "rocm":
+        return "an AMD GPU (its runtime calls are HIP's), not named in the trace"
+    return "a GPU not named in the trace (no deviceProperties)"
 
 
 def param_devices(facts: dict) -> dict[str, int]:

@@ -78,6 +78,8 @@ class TraceSummary:
         d["memory"] = self.memory.to_dict() if self.memory is not None else None
         if self.figures is not None:
             d.update(asdict(self.figures))
+            if not d["gpus"]:  # one GPU: its figures are the trace's
+                del d["gpus"]
         d["notes"] = list(self.notes)
         return d
 

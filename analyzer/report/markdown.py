@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuadvise.analyzer.model.report import TraceReport, overhead_words
+from gpuadvise.analyzer.model.report import TraceReport, overhead_words, per_gpu_words
 from gpuadvise.analyzer.model.summary import TraceSummary, one_per_rule, summarize
 from . import evidence
 from .finding import finding_lines, rank_list, saving
@@ -147,7 +147,10 @@ def _trace_header(t: TraceSummary) -> list[str]:
                      f"({md_text(s.profiler_calibration or '')})")
     if s.gpu_busy_pct is not None:
         in_steps = f", {s.gpu_busy_in_steps_pct:.1f} % inside the steps" if s.steps else ""
-        lines.append(f"- **GPU busy:** {s.gpu_busy_pct:.1f} % of the GPU's active span{in_steps}")
+        which = f"the average of its {len(s.gpus)} GPUs: " if s.gpus else ""
+        lines.append(f"- **GPU busy:** {which}{s.gpu_busy_pct:.1f} % of the GPU's active span{in_steps}")
+        if s.gpus:
+            lines.append(f"- **Per GPU:** {md_text(per_gpu_words(s))}")
     else:
         lines.append("- **GPU busy:** no GPU activity recorded")
     return lines + [""]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from gpuadvise.analyzer.model.report import overhead_words
+from gpuadvise.analyzer.model.report import overhead_words, per_gpu_words
 from gpuadvise.analyzer.model.summary import TraceSummary, one_per_rule, summarize
 from .finding import rank_list
 from .longrun import shown, text_lines as run_lines
@@ -24,6 +24,8 @@ def render(reports, top: int = 5, prefix: str = "") -> str:
             continue
         busy = s.gpu_busy_in_steps_pct if s.steps else s.gpu_busy_pct
         busy_txt = f"GPU busy {busy:.1f}%" if busy is not None else "no GPU activity recorded"
+        if s.gpus and busy is not None:  # one process, several GPUs: the average device, then each one
+            busy_txt = f"{len(s.gpus)} GPUs, busy {busy:.1f}% on average"
         if s.steps == 1:  # one step has no median to speak of
             steps = f"1 step, {s.median_step_ms:.1f} ms"
         else:
@@ -34,6 +36,8 @@ def render(reports, top: int = 5, prefix: str = "") -> str:
             steps += f" (unprofiled {s.unprofiled_median_step_ms:.1f} ms: {overhead_words(s.profiler_overhead_x)})"
         dev = terminal(s.device_description or s.device or "device not recorded")
         out.append(f"{head}\n  {dev} · {steps} · {busy_txt}")
+        if s.gpus:
+            out += [f"  {line}" for line in textwrap.wrap(per_gpu_words(s), 98)]
         if s.one_time_note:
             out += [f"  {line}" for line in textwrap.wrap(terminal(s.one_time_note), 98)]
         out += _memory_line(t)

@@ -4,6 +4,9 @@ scripts call only this API; none of them reads traces or runs rules on its own.
     sources = resolve_inputs(paths)              # checks every path; bad input raises InputError
     reports = analyze(sources, cache=False, ...)  # Reports: one TraceReport per source, .job, .facts
 
+`tables` gives one analysed trace's steps, kernels, idle causes and what it found at a line of the user's
+code as plain data (what `view` shows; the MCP server's tools read them).
+
 `analyze` takes paths or the resolved sources (a caller that checked them first reads them once), and
 progress callbacks: `progress(i, n, source)` before each source, `bytes_progress(done, total)` during a
 decode, `rank_progress(done, n, nbytes)` as parallel ranks finish. `jobs=1` keeps every rank in this
@@ -16,7 +19,7 @@ cheap.
 from __future__ import annotations
 
 __all__ = ["analyze", "beside_threads", "dependency_graph", "resolve_inputs", "refuse_overwriting_inputs", "write_perfetto", "Reports", "TraceReport",
-           "all_findings"]
+           "all_findings", "tables"]
 
 
 def __getattr__(name):
@@ -44,6 +47,10 @@ def __getattr__(name):
         from .perfetto import write_perfetto
 
         return write_perfetto
+    if name == "tables":  # steps, kernels, idle causes, a source line: the view's tables as data
+        import importlib
+
+        return importlib.import_module(f"{__name__}.tables")  # `from . import tables` would ask this function again
     if name in ("Reports", "TraceReport", "all_findings"):
         from gpuadvise.analyzer.model import report
 

@@ -34,7 +34,6 @@ def analyze_paths(paths: list[str] | Sources, progress=None, rules=None, bytes_p
     """
     sources = paths if isinstance(paths, Sources) else resolve(paths)
     longrun.own_regime(sources)  # a window straddling a long run's change: its overhead from its own side
-    traces = sum(1 for s in sources if s.kind == "trace")
     try:
         codes = ranks.rule_codes(rules)
     except ValueError:  # rules that are not in the catalog cannot travel: run here
@@ -49,12 +48,12 @@ def analyze_paths(paths: list[str] | Sources, progress=None, rules=None, bytes_p
         for i, src in enumerate(sources):
             if progress:
                 progress(i, len(sources), src)
-            results.append(analyze_source(src, rules=rules, progress=bytes_progress, cache=cache))
-        if traces >= 2:
+            results.extend(analyze_source(src, rules=rules, progress=bytes_progress, cache=cache))
+        if _traces(results) >= 2:
             for r in results:
                 r.rank_stats = rank_stats(r)
     reports = [r if isinstance(r, TraceReport) else _failed(r) for r in results]
-    if traces >= 2:
+    if _traces(reports) >= 2:  # a file that holds several ranks counts as those ranks
         reports.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0))  # stable: rank order
     # one worker captured N times: no job across them; a long run's later windows stay out of its job view
     repeated, later_windows = captures.apply(sources, reports)
@@ -63,6 +62,11 @@ def analyze_paths(paths: list[str] | Sources, progress=None, rules=None, bytes_p
     facts = {str(s.path): s.facts for s in sources}
     job = None if repeated else analyze_job([r for r in reports if id(r) not in later_windows], rules, facts)
     return Reports(reports, job=job, facts=facts, long_runs=longrun.analyze_runs(sources, reports, rules))
+
+
+def _traces(results: list) -> int:
+    """The traces among the results (a failed rank's result counts: it was one)."""
+    return sum(1 for r in results if not isinstance(r, TraceReport) or r.kind == "trace")
 
 
 def _failed(failure) -> TraceReport:

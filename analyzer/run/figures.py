@@ -13,7 +13,8 @@ from gpuadvise.analyzer.measure.slowsteps import slow_steps
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.measure import intervals as iv
 from gpuadvise.analyzer.measure.ranktime import thread_time
-from gpuadvise.analyzer.model.report import CpuStep, LeftOutStep, StepTime, TraceFigures
+from gpuadvise.analyzer.measure.tables import device_table
+from gpuadvise.analyzer.model.report import CpuStep, GpuFigures, LeftOutStep, StepTime, TraceFigures
 from gpuadvise.analyzer.model.trace import TraceModel
 
 BREAKDOWN_COLUMNS = ("dur_us", "kernel_us", "comm_us", "memcpy_us", "memset_us", "dataloader_us", "sync_us", "idle_us")
@@ -59,6 +60,7 @@ def trace_figures(model: TraceModel, m: Metrics, calibration: Calibration | None
         one_time_note=one_time_note(m),
         slow_steps=slow_steps(model, m),
         cpu_steps=cpu_steps(model, m),
+        gpus=gpu_figures(model, m),
     )
 
 
@@ -73,6 +75,14 @@ def cpu_steps(model: TraceModel, m: Metrics) -> list[CpuStep]:
                     outside_ops_ms=round(out / 1e3, 3), dataloader_ms=round(dl / 1e3, 3), comm_ms=round(comm / 1e3, 3))
             for step, dur, ops, out, dl, comm in zip(ps["step"], ps["dur_us"], t.op_us, t.untraced_us,
                                                      ps["dataloader_us"], ps["comm_us"])]
+
+
+def gpu_figures(model: TraceModel, m: Metrics) -> list[GpuFigures]:
+    """Each GPU's own figures when one process drove several (empty for one GPU)."""
+    return [GpuFigures(device=int(row.device), ops=int(row.ops), busy_pct=round(float(row.busy_pct), 2),
+                       busy_in_steps_pct=round(float(row.busy_in_steps_pct), 2) if m.steps else None,
+                       idle_ms=round(perstep.median(row.idle_us) / 1e3, 3))
+            for row in device_table(model, m.steps, m.window, m.one_time_cut).itertuples()]
 
 
 def one_time_note(m: Metrics) -> str | None:

@@ -48,24 +48,25 @@ class Failure:
 
 def map_one(src: Source, shown: str | None = None, codes: tuple | None = None, cache: bool | None = None):
     """Analyse one source; `shown` is the path as the user wrote it (the worker may get an absolute
-    one), `codes` the rules to run (None: the whole catalog). Returns the compact report, or a Failure:
-    nothing raised here has to cross a process boundary."""
+    one), `codes` the rules to run (None: the whole catalog). Returns the compact reports (one per rank
+    the file holds), or a Failure: nothing raised here has to cross a process boundary."""
     from .single import analyze_source
     from gpuadvise.analyzer.measure.job import rank_stats
 
     shown = shown or str(src.path)
     try:
         rules = _rules(codes)
-        report = analyze_source(src, rules=rules, cache=cache)
-        if report.source != shown:
-            report.source = shown
-            for f in report.findings:
-                f.trace = shown
-        report.rank_stats = rank_stats(report)
-        report = report.compact()
+        reports = analyze_source(src, rules=rules, cache=cache)  # several for a file that holds several ranks
+        for report in reports:
+            if report.source != shown:
+                report.source = shown
+                for f in report.findings:
+                    f.trace = shown
+            report.rank_stats = rank_stats(report)
+        reports = [report.compact() for report in reports]
         del rules
         _release_memory()
-        return report
+        return reports
     except InputError as exc:
         return Failure(shown, exc.problem, input=True, rank=src.rank)
     except MemoryError:
@@ -240,7 +241,7 @@ def map_local(sources: list[Source], codes, workers: int, progress=None, cache: 
         pool.shutdown(wait=True)
         raise
     pool.shutdown(wait=True)
-    return results
+    return flatten(results)
 
 
 @contextmanager
@@ -337,7 +338,19 @@ def map_dask(sources: list[Source], codes, scheduler, progress=None, cache: bool
     finally:
         if own:
             client.close()
-    return results
+    return flatten(results)
+
+
+def flatten(results: list) -> list:
+    """The sources' results as one list: a source's reports (several for a file of several ranks) in
+    its place, a Failure as it is."""
+    out: list = []
+    for r in results:
+        if isinstance(r, list):
+            out.extend(r)
+        else:
+            out.append(r)
+    return out
 
 
 def _check_address(address: str) -> None:

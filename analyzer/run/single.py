@@ -17,6 +17,7 @@ from gpuadvise.analyzer.model.findings import Finding, order
 from gpuadvise.analyzer.model.report import TraceReport
 from gpuadvise.analyzer.model.trace import TraceModel
 from gpuadvise.analyzer.read.loader import load_trace
+from gpuadvise.analyzer.read.merged import split_ranks
 from gpuadvise.analyzer.read.snapshot import load_snapshot
 from gpuadvise.analyzer.read.sources import Source
 
@@ -213,22 +214,31 @@ def dependency_graph(src: Source):
     return None if replay is None else to_networkx(replay)
 
 
-def analyze_source(src: Source, rules=None, progress=None, cache: bool | None = None) -> TraceReport:
-    """Analyse one source; `progress(done_bytes, total_bytes)` follows the trace decode when given;
-    `cache` as in `read.loader.load_trace`."""
+def analyze_source(src: Source, rules=None, progress=None, cache: bool | None = None) -> list[TraceReport]:
+    """Analyse one source: one report, or one per rank for a file that holds several ranks of a job
+    (read/merged.py: each rank's events as its own trace, in rank order). `progress(done_bytes,
+    total_bytes)` follows the trace decode when given; `cache` as in `read.loader.load_trace`."""
     if src.kind == "snapshot":
-        return analyze_snapshot(load_snapshot(src.path), src.facts, source=str(src.path), rank=src.rank, rules=rules)
+        return [analyze_snapshot(load_snapshot(src.path), src.facts, source=str(src.path), rank=src.rank, rules=rules)]
     snapshot = load_snapshot(src.snapshot) if src.snapshot is not None else None
     model = load_trace(src.path, progress=progress, cache=cache)
-    report = analyze_model(model, src.facts, source=str(src.path), rank=src.rank, rules=rules, snapshot=snapshot)
-    if src.snapshot is not None:
-        report.snapshot = str(src.snapshot)
-    if model.meta.damaged_at is not None:
-        report.notes.insert(0, f"the trace is damaged at byte {model.meta.damaged_at}; analysed the "
-                               f"{model.meta.events_total} complete events before the damage")
-    elif model.meta.truncated:
-        report.notes.insert(0, f"the trace was cut off; analysed the {model.meta.events_total} complete events before the cut")
-    return report
+    meta = model.meta
+    split = split_ranks(model)
+    if split is None:
+        reports = [analyze_model(model, src.facts, source=str(src.path), rank=src.rank, rules=rules, snapshot=snapshot)]
+        if src.snapshot is not None:
+            reports[0].snapshot = str(src.snapshot)
+    else:  # one process's snapshot or run.json never describes every rank of a merged job
+        del model
+        reports = [analyze_model(part.model, None, source=str(src.path), rank=part.rank, rules=rules)
+                   for part in split.parts]
+        reports[0].notes[:0] = split.notes()
+    if meta.damaged_at is not None:
+        reports[0].notes.insert(0, f"the trace is damaged at byte {meta.damaged_at}; analysed the "
+                                   f"{meta.events_total} complete events before the damage")
+    elif meta.truncated:
+        reports[0].notes.insert(0, f"the trace was cut off; analysed the {meta.events_total} complete events before the cut")
+    return reports
 
 
 def _debug() -> bool:
