@@ -109,7 +109,8 @@ class CommOverlap(JobRule):
                    f"transfer runs with nothing else beside it on every rank, {share:.1f} % of the job's step time.")
         room_ms = float(np.median(room.min(axis=0))) / 1e3 if known else None
         if unsplit is not None:
-            message += (f" DDP reduces its {unsplit / 1024:.0f} KiB of gradients in one bucket, which starts only once "
+            size = f"{unsplit / 1024:.0f} KiB" if unsplit >= 1024 else f"{unsplit} bytes"
+            message += (f" DDP reduces its {size} of gradients in one bucket, which starts only once "
                         f"every gradient is ready, and no `bucket_cap_mb` splits gradients that fit its first bucket "
                         f"({FIRST_BUCKET_BYTES // 2**20} MiB): there is nothing to hide the reduction behind.")
         elif known:

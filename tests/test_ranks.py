@@ -515,5 +515,5 @@ def test_comm_overlap_on_a_ddp_whose_gradients_fit_one_bucket(tmp_path):
         (folder / ("run.json" if r == 0 else f"run.rank{r}.json")).write_text(json.dumps({**facts, "rank": r}))
     (f,) = [f for f in analyze_paths([str(folder)], jobs=1).job.findings if f.topic == "comm-overlap"]
     assert f.severity == "low" and f.impact.est_step_saving_pct == 0.0
-    assert "one bucket" in f.message
+    assert "DDP reduces its 84 bytes of gradients in one bucket" in f.message
     assert "bucket_cap_mb" not in f.fix and "gradient_as_bucket_view" not in f.fix and "static_graph=True" in f.fix
