@@ -280,9 +280,10 @@ class DataloaderStall(Rule):
         workers = plan["workers"] if plan is not None else None
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice,
                              fix=self.fix_for(workers, plan is not None and plan["workers"] == plan["workers_now"],
-                                              gpu=m.has_gpu, pinned=is_on("pin_memory", a) is not None))]
+                                              gpu=m.has_gpu, pinned=is_on("pin_memory", a) is not None,
+                                              has_workers=not single))]
 
-    def fix_for(self, workers: int | None, no_change: bool, gpu: bool, pinned: bool) -> str:
+    def fix_for(self, workers: int | None, no_change: bool, gpu: bool, pinned: bool, has_workers: bool = False) -> str:
         """The Fix with the instance's own numbers: the worker count the advice names (none where no worker
         pays or no core is free), no pinned memory or non-blocking copy on a run without a GPU or a loader
         that pins already."""
@@ -301,8 +302,8 @@ class DataloaderStall(Rule):
                     continue
                 if workers is not None:
                     line = line.split("num_workers=")[0] + f"num_workers={workers},"
-            if no_change and ("persistent_workers=" in line or "prefetch_factor=" in line):
-                continue
+            if no_change and ("persistent_workers=" in line or "prefetch_factor=" in line and not has_workers):
+                continue  # no workers advised: nothing to keep alive; workers running: more prefetch absorbs
             if ("pin_memory=" in line and (pinned or not gpu)) or ("non_blocking=True" in line and not gpu):
                 continue
             out.append(line)
@@ -410,8 +411,9 @@ def more_workers(measured: dict, cores, wait_ms: float, between_ms: float, build
     where = f"{cores.words()}" if cores is not None else "the machine's cores not recorded"
     if target == workers or left_ms >= wait_ms:
         if target == workers and keeps_up <= workers and workers:
-            why = (f"the {workers} workers keep up (one batch every {build_ms / workers:.1f} ms against one used every "
-                   f"{between_ms:.1f} ms): the wait is the hand-over, not the build")
+            who = f"the {workers} workers keep" if workers > 1 else "the worker keeps"
+            why = (f"{who} up (one batch every {build_ms / workers:.1f} ms against one used every "
+                   f"{between_ms:.1f} ms): the wait is the hand-over and batches arriving unevenly, not the build")
         elif target == workers:
             why = (f"no free core for {'a' if not workers else 'another'} worker ({where}; the training process"
                    + (f" and {workers} worker{'s' if workers > 1 else ''} use them)" if workers else " uses it)"))
@@ -472,6 +474,8 @@ def workers_advice(measured: dict, plan: dict | None, fw=None, loader=None) -> s
             keep = max(1, min(plan["keeps_up"], cores.per_rank - 1))
             return (text + f"; {plan['workers_now']} workers on {cores.per_rank} core(s) per rank compete with the "
                     f"training process for them: {switches.num_workers(fw, keep, loader)} (it keeps up).")
+        if plan["workers_now"] and plan["keeps_up"] <= plan["workers_now"]:  # a cheaper build changes nothing
+            return text + ": a larger `prefetch_factor` (batches each worker keeps ready) absorbs uneven batches."
         return text + f": make `{measured['fetch']}` cheaper, starting with the functions listed in the evidence."
     where = plan["cores"].words() if plan.get("cores") is not None else "the machine's cores not recorded"
     text = f"{switches.sentence(switches.num_workers(fw, plan['workers'], loader))} ({plan['free_cores']} free core(s): {where})"
