@@ -286,15 +286,21 @@ class DataloaderStall(Rule):
     def fix_for(self, workers: int | None, no_change: bool, gpu: bool, pinned: bool, has_workers: bool = False) -> str:
         """The Fix with the instance's own numbers: the worker count the advice names (none where no worker
         pays or no core is free), no pinned memory or non-blocking copy on a run without a GPU or a loader
-        that pins already."""
+        that pins already (nor the loop that shows the copy), and, where running workers keep up, not the
+        paragraph on a build too heavy for them."""
         out = []
-        code = False
+        code = heavy = False
         for line in self.fix.splitlines():
             if line.strip().startswith("```"):
                 code = not code
             if not code:  # prose says what each switch is; only the code is the instance's
-                out.append(line)
+                heavy = heavy or (no_change and has_workers and line.startswith("If workers are already in use"))
+                if not heavy:
+                    out.append(line)
+                heavy = heavy and not line.rstrip().endswith(".")
                 continue
+            if "for x, y in loader:" in line and not gpu:
+                continue  # it shows the non-blocking copy, which a run without a GPU has no use for
             if no_change and "LOCAL_WORLD_SIZE" in line and "num_workers=" not in line:
                 continue  # the comment on the count
             if "num_workers=" in line and ("len(os.sched_getaffinity" in line):
