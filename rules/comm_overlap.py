@@ -44,7 +44,9 @@ upper bound: the step time if the exposed transfer were hidden completely, but n
 the compute a rank still does once its first gradient of the step's last backward pass is ready
 (autograd's `AccumulateGrad`; measure/gradients.py): a model whose gradients are all ready at once (one
 layer, one bucket) has nothing to hide the reduction behind, and its saving and severity say so (the
-advice is then to communicate less or less often); so has a DDP whose gradients run.json shows in one
+advice is then to communicate less or less often, with `no_sync()` only where run.json does not show
+a step of one backward pass or micro-batches already skipping their reduction); so has a DDP whose
+gradients run.json shows in one
 bucket that fits DDP's first one (1 MiB, which no `bucket_cap_mb` splits). Severity follows that saving. The fix's DDP call
 passes `device_ids` only for collectives on a GPU, and leaves out the settings run.json shows set.
 """
@@ -131,10 +133,10 @@ class CommOverlap(JobRule):
         if known and saving < self.thresholds["min_exposed_share_pct"]:
             why = ("DDP reduces every gradient at once (one bucket)" if unsplit is not None else
                    "Little compute is left once the first gradient is ready")
-            acc = runfacts.accumulation(a.facts)
-            skips = acc is not None and acc.synced_backward_per_step < acc.backward_per_step  # no_sync() already
-            less = ["larger batches per step"] + ([] if skips else [
-                "with gradient accumulation, `no_sync()` on all but the last micro-batch"]) + [
+            acc = runfacts.accumulation(a.facts)  # no_sync() asked for only where micro-batches all reduce
+            ask = acc is None or (acc.backward_per_step > 1 and acc.synced_backward_per_step >= acc.backward_per_step)
+            less = ["larger batches per step"] + ([
+                "with gradient accumulation, `no_sync()` on all but the last micro-batch"] if ask else []) + [
                 "bf16 gradients through a DDP comm hook"]
             advice = f"{why}, so overlap cannot hide this transfer: communicate less or less often ({'; '.join(less)})."
         else:
