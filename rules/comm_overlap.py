@@ -46,9 +46,9 @@ the compute a rank still does once its first gradient of the step's last backwar
 layer, one bucket) has nothing to hide the reduction behind, and its saving and severity say so (the
 advice is then to communicate less or less often, with `no_sync()` only where run.json does not show
 a step of one backward pass or micro-batches already skipping their reduction); so has a DDP whose
-gradients run.json shows in one
-bucket that fits DDP's first one (1 MiB, which no `bucket_cap_mb` splits). Severity follows that saving. The fix's DDP call
-passes `device_ids` only for collectives on a GPU, and leaves out the settings run.json shows set.
+gradients run.json shows in one bucket that fits DDP's first one (1 MiB, which no `bucket_cap_mb`
+splits). Severity follows that saving. The fix's DDP call passes `device_ids` only for collectives on a
+GPU, and leaves out the settings run.json shows set.
 """
 
 from __future__ import annotations
