@@ -160,9 +160,12 @@ def test_two_ranks_on_two_cores_with_two_threads_each(load_built):
 
 
 def test_workers_beyond_the_free_cores_are_named_with_the_count_that_fits(load_built):
-    [f] = _found(_report(load_built, over._cpu_loop(multi=True), over._facts(threads=2, usable=2, workers=4)),
-                 "cpu-oversubscribed")
+    facts = over._facts(threads=2, usable=2, workers=4)
+    facts["capture"] = {"loader": {"build_ms_per_batch": 1.2, "num_workers": 4}}  # what the loader probe measured
+    [f] = _found(_report(load_built, over._cpu_loop(multi=True), facts), "cpu-oversubscribed")
     assert "runs 4 worker processes, but the process has 2 cores (2 usable), 1 of them free" in f.message
+    # the fixture's step: 6 ms, one batch: the workers build 1.2 ms of it, a fifth of one core's time
+    assert "the step uses one every 6.00 ms: the workers together are busy 20.0 % of one core's time" in f.message
     assert f.advice.startswith("Use num_workers=1 for this loader")
     assert f.evidence.sources == ["train.py:30"]
 
