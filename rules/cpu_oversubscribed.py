@@ -108,7 +108,8 @@ class CpuOversubscribed(Rule):
                       "process of its own" if busy < 1 else "") + ".")
             numbers.update(build_ms_per_batch=round(build, 3), batch_every_ms=round(every, 3), statistic="median step")
         who = "each rank has" if cores.ranks_on_node > 1 else "the process has"
-        message = (f"The DataLoader at {ld.where} runs {ld.num_workers} worker processes, but {who} "
+        count = f"{ld.num_workers} worker process{'es' if ld.num_workers != 1 else ''}"
+        message = (f"The DataLoader at {ld.where} runs {count}, but {who} "
                    f"{cores.per_rank} core{'s' if cores.per_rank != 1 else ''} ({cores.words()}), {free} of them free "
                    f"beside its training process: the workers take their turns from the training process.{demand}")
         advice = (f"Use num_workers={free} for this loader (the rank's cores less the training process's)"
