@@ -132,14 +132,11 @@ class CpuOversubscribed(Rule):
 
 
 def _facts(threads: int, usable: int, workers: int, ranks: int = 1) -> dict:
-    facts = run_json(cuda_available=False)
-    facts["environment"]["machine"]["cpu"] = {"logical": usable, "usable": usable, "cgroup_limit": None}
-    facts["settings"]["num_threads"] = threads
-    facts["dataloaders"] = [{"created_at": "train.py:30", "num_workers": workers, "pin_memory": False, "batch_size": 16,
-                             "prefetch_factor": 2, "persistent_workers": False}]
-    if ranks > 1:
-        facts["distributed"] = {"world_size": ranks, "rank": 0, "local_world_size": ranks, "backend": "gloo"}
-    return facts
+    loader = {"created_at": "train.py:30", "num_workers": workers, "pin_memory": False, "batch_size": 16,
+              "prefetch_factor": 2, "persistent_workers": False}
+    job = {"world_size": ranks, "rank": 0, "local_world_size": ranks, "backend": "gloo"} if ranks > 1 else None
+    return run_json(cuda_available=False, cpu={"logical": usable, "usable": usable, "cgroup_limit": None},
+                    settings={"num_threads": threads}, dataloaders=[loader], distributed=job)
 
 
 def _cpu_loop(multi: bool, steps: int = 4) -> TraceBuilder:
