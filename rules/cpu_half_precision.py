@@ -164,12 +164,10 @@ def _thread_ops(a: Analysis, names) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _cpu_facts(dtype: str, flags: list[str]) -> dict:
-    facts = run_json(cuda_available=False)
-    facts["environment"]["machine"]["cpu"] = {"logical": 8, "usable": 8, "cgroup_limit": None, "model": "a test CPU",
-                                              "flags": flags}
-    facts["environment"]["machine"]["cpu"]["matmul"] = {"n": 128, "ms": {"float32": 0.06, dtype.replace("torch.", ""): 1.2}}
-    facts["autocast"] = [{"created_at": "train.py:40", "device_type": "cpu", "dtype": dtype, "enabled": True}]
-    return facts
+    cpu = {"logical": 8, "usable": 8, "cgroup_limit": None, "model": "a test CPU", "flags": flags,
+           "matmul": {"n": 128, "ms": {"float32": 0.06, dtype.replace("torch.", ""): 1.2}}}
+    return run_json(cuda_available=False, cpu=cpu,
+                    autocast=[{"created_at": "train.py:40", "device_type": "cpu", "dtype": dtype, "enabled": True}])
 
 
 def _cpu_autocast_loop(casts: bool, steps: int = 4) -> TraceBuilder:

@@ -38,6 +38,7 @@ and processes waited for a core.
 
 from __future__ import annotations
 
+from gpuadvise.analyzer.measure import perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.findings import Evidence
@@ -99,13 +100,16 @@ class CpuOversubscribed(Rule):
                    "usable_cores": cores.usable, "ranks_on_node": cores.ranks_on_node}
         if loading and loading.get("build_ms_per_batch") and len(m.steps):
             build = float(loading["build_ms_per_batch"])
-            step_ms = m.median_step_us / 1e3
-            busy = build / step_ms if step_ms > 0 else 0.0
-            demand = (f" Building a batch takes {build:.2f} ms, so the workers keep about {busy:.1f} core(s) busy at "
-                      f"one batch per {step_ms:.2f} ms step.")
-            numbers.update(build_ms_per_batch=round(build, 3), median_step_ms=round(step_ms, 3))
+            batches = max(perstep.median(perstep.by_index(m, fed["step"].to_numpy())), 1.0)  # the median step's
+            every = m.median_step_us / 1e3 / batches
+            busy = build / every if every > 0 else 0.0
+            demand = (f" Building a batch takes {build:.2f} ms and the step uses one every {every:.2f} ms: the workers "
+                      f"together are busy {100 * busy:.1f} % of one core's time" + (", the rest of it they wait, each a "
+                      "process of its own" if busy < 1 else "") + ".")
+            numbers.update(build_ms_per_batch=round(build, 3), batch_every_ms=round(every, 3), statistic="median step")
         who = "each rank has" if cores.ranks_on_node > 1 else "the process has"
-        message = (f"The DataLoader at {ld.where} runs {ld.num_workers} worker processes, but {who} "
+        count = f"{ld.num_workers} worker process{'es' if ld.num_workers != 1 else ''}"
+        message = (f"The DataLoader at {ld.where} runs {count}, but {who} "
                    f"{cores.per_rank} core{'s' if cores.per_rank != 1 else ''} ({cores.words()}), {free} of them free "
                    f"beside its training process: the workers take their turns from the training process.{demand}")
         advice = (f"Use num_workers={free} for this loader (the rank's cores less the training process's)"
@@ -128,14 +132,11 @@ class CpuOversubscribed(Rule):
 
 
 def _facts(threads: int, usable: int, workers: int, ranks: int = 1) -> dict:
-    facts = run_json(cuda_available=False)
-    facts["environment"]["machine"]["cpu"] = {"logical": usable, "usable": usable, "cgroup_limit": None}
-    facts["settings"]["num_threads"] = threads
-    facts["dataloaders"] = [{"created_at": "train.py:30", "num_workers": workers, "pin_memory": False, "batch_size": 16,
-                             "prefetch_factor": 2, "persistent_workers": False}]
-    if ranks > 1:
-        facts["distributed"] = {"world_size": ranks, "rank": 0, "local_world_size": ranks, "backend": "gloo"}
-    return facts
+    loader = {"created_at": "train.py:30", "num_workers": workers, "pin_memory": False, "batch_size": 16,
+              "prefetch_factor": 2, "persistent_workers": False}
+    job = {"world_size": ranks, "rank": 0, "local_world_size": ranks, "backend": "gloo"} if ranks > 1 else None
+    return run_json(cuda_available=False, cpu={"logical": usable, "usable": usable, "cgroup_limit": None},
+                    settings={"num_threads": threads}, dataloaders=[loader], distributed=job)
 
 
 def _cpu_loop(multi: bool, steps: int = 4) -> TraceBuilder:

@@ -34,13 +34,16 @@ def _found(report, topic: str):
 
 
 def _cpu_loop(steps: int = 4) -> TraceBuilder:
-    """Each step: 3 ms inside ops, 2 ms of Python outside them."""
+    """Each step: a 1 ms wait for a batch that runs a 0.5 ms collate op, 3 ms inside ops, 2 ms of Python."""
     b = TraceBuilder(device=None)
     for _ in range(steps):
         with b.step():
+            with b.op("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", cat="user_annotation"):
+                b.idle(499)
+                b.cpu("aten::stack", 500)  # its 1 µs close comes from b.op
             b.cpu("aten::addmm", 2_000)
             b.idle(2_000)
-            b.cpu("aten::mm", 1_000)
+            b.cpu("aten::mm", 500)
     return b
 
 
@@ -76,10 +79,11 @@ def test_a_trace_alone_cannot_tell_a_cpu_run_from_a_lost_timeline(load_built):
 def test_a_cpu_runs_steps_show_the_cpus_time_not_gpu_idle(load_built):
     report = _report(load_built, _cpu_loop(), _no_gpu_facts())
     steps = report.figures.cpu_steps
-    assert [(s.in_ops_ms, s.outside_ops_ms) for s in steps] == [(3.0, 2.0)] * 4
+    assert [(s.ms, s.in_ops_ms, s.loader_wait_ms, s.collective_wait_ms, s.outside_ops_ms) for s in steps] == \
+        [(5.5, 3.0, 0.5, 0.0, 2.0)] * 4
     text = markdown([report])
-    assert "| Step | Time (ms) | In ops | Outside ops | DataLoader | Comm |" in text
-    assert "| #0 | 5.00 | 3.00 | 2.00 | 0.00 | 0.00 |" in text
+    assert "| Step | Time (ms) | In ops | DataLoader wait | Collective wait | Outside ops |" in text
+    assert "| #0 | 5.50 | 3.00 | 0.50 | 0.00 | 2.00 |" in text
     steps_section = text.split("## Steps", 1)[1].split("\n## ", 1)[0]
     assert "GPU idle" not in steps_section and "GPU busy" not in steps_section
 
@@ -160,9 +164,12 @@ def test_two_ranks_on_two_cores_with_two_threads_each(load_built):
 
 
 def test_workers_beyond_the_free_cores_are_named_with_the_count_that_fits(load_built):
-    [f] = _found(_report(load_built, over._cpu_loop(multi=True), over._facts(threads=2, usable=2, workers=4)),
-                 "cpu-oversubscribed")
+    facts = over._facts(threads=2, usable=2, workers=4)
+    facts["capture"] = {"loader": {"build_ms_per_batch": 1.2, "num_workers": 4}}  # what the loader probe measured
+    [f] = _found(_report(load_built, over._cpu_loop(multi=True), facts), "cpu-oversubscribed")
     assert "runs 4 worker processes, but the process has 2 cores (2 usable), 1 of them free" in f.message
+    # the fixture's step: 6 ms, one batch: the workers build 1.2 ms of it, a fifth of one core's time
+    assert "the step uses one every 6.00 ms: the workers together are busy 20.0 % of one core's time" in f.message
     assert f.advice.startswith("Use num_workers=1 for this loader")
     assert f.evidence.sources == ["train.py:30"]
 

@@ -30,16 +30,16 @@ class StepTime:
 
 @dataclass(frozen=True)
 class CpuStep:
-    """One step of a run without a GPU timeline, as its training thread spent it (ms): inside recorded ops,
-    outside every op and collective (Python, a single-process loader's own Python), waiting for the
-    DataLoader's next batch, inside a CPU backend's collectives (measure/ranktime.py, metrics.per_step)."""
+    """One step of a run without a GPU timeline, as its training thread spent it (ms, measure/ranktime.py),
+    four parts that add up to the step: inside recorded ops; waiting for the DataLoader's next batch outside
+    them; waiting in a CPU backend's collectives outside both; outside all three (Python between ops)."""
 
     step: int
     ms: float
     in_ops_ms: float
+    loader_wait_ms: float
+    collective_wait_ms: float
     outside_ops_ms: float
-    dataloader_ms: float
-    comm_ms: float
 
 
 @dataclass(frozen=True)

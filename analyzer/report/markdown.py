@@ -179,16 +179,16 @@ def _steps_table(r: TraceReport, multi: bool) -> list[str]:
 
 def _cpu_steps_table(title: str, steps) -> list[str]:
     """A run without a GPU timeline: each step's CPU time, where the training thread spent it."""
-    out = [title, "", "| Step | Time (ms) | In ops | Outside ops | DataLoader | Comm |", "|---:|---:|---:|---:|---:|---:|"]
+    out = [title, "", "| Step | Time (ms) | In ops | DataLoader wait | Collective wait | Outside ops |",
+           "|---:|---:|---:|---:|---:|---:|"]
     for s in steps:
-        out.append(f"| {f'#{s.step}' if s.step >= 0 else 'all'} | {s.ms:.2f} | {s.in_ops_ms:.2f} | {s.outside_ops_ms:.2f} | "
-                   f"{s.dataloader_ms:.2f} | {s.comm_ms:.2f} |")
-    return out + ["", "Times in ms, of the training thread: no GPU timeline was recorded, so a step is CPU time. In ops: "
-                      "inside recorded torch ops (forward, backward, optimizer, a single-process loader's collate); "
-                      "outside ops: inside none of them and no collective (Python between ops); DataLoader: waiting "
-                      "for the next batch; Comm: inside a CPU backend's (gloo's) collectives, which run beside the "
-                      "thread's ops. In ops and outside ops never overlap; the DataLoader's and Comm's time overlaps "
-                      "them.", ""]
+        out.append(f"| {f'#{s.step}' if s.step >= 0 else 'all'} | {s.ms:.2f} | {s.in_ops_ms:.2f} | {s.loader_wait_ms:.2f} | "
+                   f"{s.collective_wait_ms:.2f} | {s.outside_ops_ms:.2f} |")
+    return out + ["", "Times in ms, of the training thread: no GPU timeline was recorded, so a step is CPU time, in four "
+                      "parts that add up to it. In ops: inside recorded torch ops (forward, backward, optimizer, a "
+                      "single-process loader's collate); DataLoader wait: waiting for the next batch outside any op; "
+                      "collective wait: inside a CPU backend's (gloo's) collectives outside both; outside ops: none of "
+                      "these (Python between ops).", ""]
 
 
 def _memory_section(t: TraceSummary, multi: bool) -> list[str]:

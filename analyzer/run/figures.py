@@ -66,15 +66,23 @@ def trace_figures(model: TraceModel, m: Metrics, calibration: Calibration | None
 
 def cpu_steps(model: TraceModel, m: Metrics) -> list[CpuStep]:
     """Each step's CPU time, for a trace without a GPU timeline (its step is all CPU time: a table of GPU
-    busy and GPU idle would say nothing); [] for a trace with one."""
+    busy and GPU idle would say nothing); [] for a trace with one. The loader's wait and the collectives'
+    count only where no op runs: the parts add up to the step."""
     ps = m.per_step
     if m.has_gpu or ps.empty:
         return []
-    t = thread_time(model, m)
-    return [CpuStep(step=int(step), ms=round(dur / 1e3, 3), in_ops_ms=round(ops / 1e3, 3),
-                    outside_ops_ms=round(out / 1e3, 3), dataloader_ms=round(dl / 1e3, 3), comm_ms=round(comm / 1e3, 3))
-            for step, dur, ops, out, dl, comm in zip(ps["step"], ps["dur_us"], t.op_us, t.untraced_us,
-                                                     ps["dataloader_us"], ps["comm_us"])]
+    dl = m.dataloader
+    loader = (dl["ts"].to_numpy(dtype=float), dl["end"].to_numpy(dtype=float)) if len(dl) else None
+    plain, waiting = thread_time(model, m), thread_time(model, m, waits=loader)
+    out = []
+    for step, dur, ops, untraced, python in zip(ps["step"], ps["cpu_dur_us"], plain.op_us, plain.untraced_us,
+                                                 waiting.untraced_us):
+        loader_wait = max(0.0, untraced - python)
+        collectives = max(0.0, dur - ops - untraced)
+        out.append(CpuStep(step=int(step), ms=round(dur / 1e3, 3), in_ops_ms=round(ops / 1e3, 3),
+                           loader_wait_ms=round(loader_wait / 1e3, 3), collective_wait_ms=round(collectives / 1e3, 3),
+                           outside_ops_ms=round(python / 1e3, 3)))
+    return out
 
 
 def gpu_figures(model: TraceModel, m: Metrics) -> list[GpuFigures]:

@@ -29,7 +29,7 @@ class OverviewScreen(ViewScreen):
 **Overview** — the run at a glance: device, versions and steps; the median step time; each step's
 time split into GPU compute, communication, copies, GPU idle while waiting for data, and other GPU
 idle; and GPU busy % per step (0–100 % scale). A run without a GPU timeline (a CPU run) shows where the
-training thread spent each step instead: inside ops, outside them, waiting for data, in collectives.
+training thread spent each step instead: inside ops, waiting for data, in collectives, outside ops.
 
 | key | does |
 |---|---|
@@ -196,9 +196,9 @@ def _cpu_step_columns() -> list[Column]:
         Column("step", "Step", 6, fmt=lambda v: f"#{int(v)}" if v >= 0 else "all"),
         Column("ms", "Time ms", 9, fmt=lambda v: f"{v:.2f}"),
         Column("in_ops_ms", "In ops", 8, fmt=lambda v: f"{v:.2f}"),
+        Column("loader_wait_ms", "Loader wait", 11, fmt=lambda v: f"{v:.2f}"),
+        Column("collective_wait_ms", "Collectives", 11, fmt=lambda v: f"{v:.2f}"),
         Column("outside_ops_ms", "Outside ops", 11, fmt=lambda v: f"{v:.2f}"),
-        Column("dataloader_ms", "Loader", 8, fmt=lambda v: f"{v:.2f}"),
-        Column("comm_ms", "Comm", 7, fmt=lambda v: f"{v:.2f}"),
     ]
 
 
