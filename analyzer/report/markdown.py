@@ -85,7 +85,7 @@ def _job_section(job) -> list[str]:
     out += ["", "Per step medians. Wait is the time a rank spent inside collectives waiting for the last rank to arrive "
                 "(collectives lined up across the ranks, clocks aligned by them) with nothing else to do; work is the "
                 "step time minus that wait; others waited for it is the wait it caused by arriving last; comm is the time "
-                "inside collectives (the Steps table's). Comm/compute overlap is HTA's (communication-kernel time that overlaps compute kernels, over the "
+                "inside collectives (their kernels, or a CPU backend's from the call that issued each). Comm/compute overlap is HTA's (communication-kernel time that overlaps compute kernels, over the "
                 "whole trace).", ""]
     if v.stragglers:
         out += ["**The rank the job waited for, per step**", "",
@@ -170,11 +170,9 @@ def _steps_table(r: TraceReport, multi: bool) -> list[str]:
         out.append(f"| {step} | {row.dur_us / 1e3:.2f} | {row.cpu_dur_us / 1e3:.2f} | {row.gpu_busy_pct:.1f} % | "
                    f"{row.kernel_us / 1e3:.2f} | {row.comm_us / 1e3:.2f} | {row.memcpy_us / 1e3:.2f} | "
                    f"{row.dataloader_us / 1e3:.2f} | {row.sync_us / 1e3:.2f} | {row.idle_us / 1e3:.2f} |")
-    host_comm = (" Comm is the time inside a CPU backend's (gloo's) collectives, from the call that issued each "
-                 "(the job table's Comm)." if not m.has_gpu and bool(m.per_step["comm_us"].to_numpy().any()) else "")
     return out + ["", "Times in ms. A step's time is the slower of its CPU span (ProfilerStep) and its GPU time (from "
                       "the first GPU activity it launched to the next step's); GPU columns are the union of GPU activity "
-                      "in that window, DataLoader and sync columns are measured in the CPU span." + host_comm, ""]
+                      "in that window, DataLoader and sync columns are measured in the CPU span.", ""]
 
 
 def _cpu_steps_table(title: str, steps) -> list[str]:
