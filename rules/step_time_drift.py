@@ -17,6 +17,10 @@ Where the run sampled the GPU's own telemetry (NVML, the `nvml` extra), a drift 
 fell says so: thermal or power throttling, by the reasons NVML reported. When the lower clock accounts for
 at least half of the drift (GPU-bound work slows by at most the clock's ratio), the fix is the machine's;
 otherwise the finding names the throttling beside what the windows found.
+A rise that comes back down and begins at a DataLoader's worker start (the step record notes each iterator
+that starts worker processes: every epoch's, unless `persistent_workers=True` keeps them) is no drift but
+the loader restarting: when the same steps are slow after the run's other worker starts too, the finding
+says so, counts what the restarts cost over the run, and names `persistent_workers=True` as the fix.
 
 ## Why it matters
 A run that slows down after its first epoch (DataLoader workers re-created each epoch, a cache that no
@@ -40,6 +44,12 @@ Fires when a rise is beyond chance (the CUSUM test's p < 1 %) and the slow level
 the windows; an op is named when its time per step grew by a tenth of the drift. The predicted saving is
 the share of a slow step the drift costs, 1 − early / slow, for the steps from the start of the drift on
 (an upper bound: the steps return to the early level when the cause is fixed). Severity follows it.
+A rise is the loader's restart when its onset's 95 % interval (or the onset) lies within a step of a
+worker start, it came back down more than K steps before the run's end, and, where the run has worker
+starts other than the first and this one, the steps around at least half of them (as many before and after
+the start as the rise's) have a median above the midpoint of the early and slow levels. Its predicted
+saving is the time those steps around each worker start after the first spend above the early median, of
+the unprofiled steps' time (persistent workers still start once); severity follows it.
 The clock counts as fallen when the median SM clock of the NVML samples during the drift is at least 5 %
 below the one before it and a one-sided Mann-Whitney test on the samples gives p < 0.01 (at least 3
 samples a side); a throttle reason is named when NVML reported it in a quarter of the samples during
@@ -48,7 +58,10 @@ the drift and in under half as many before it.
 
 from __future__ import annotations
 
+import numpy as np
+
 from gpuadvise.analyzer.measure.longrun import RunAnalysis
+from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.measure.telemetry import throttling_evidence
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.fixtures.builder import TraceBuilder
@@ -76,6 +89,10 @@ class StepTimeDrift(RunRule):
         if lv.change_pct < t["min_drift_pct"] or lv.slow_ms - lv.early_ms < t["min_drift_ms"]:
             return []
         last = a.record.last_step
+        restart = _worker_start_at(a, lv)
+        if restart is not None and lv.until is not None and last is not None and lv.until < last - lv.k \
+                and _recurs(a, lv, restart[0]):
+            return [self._epoch_restart(a, lv, restart)]  # a blip after the loader's workers restarted: not a drift
         low, high = lv.began_between or (None, None)
         dated = f" (dated to steps {low}–{high} at 95 % confidence)" if low is not None and high - low >= 2 else ""
         span = f"from step {lv.began_at}{dated} on" if lv.until is None or last is None or lv.until >= last - lv.k else \
@@ -85,6 +102,9 @@ class StepTimeDrift(RunRule):
         message = (f"The step time {shape} from a median {lv.early_ms:.2f} ms (steps {lv.early_steps[0]}–"
                    f"{lv.early_steps[1]}) to {lv.slow_ms:.2f} ms (+{lv.change_pct:.0f} %, the median of steps "
                    f"{slow_steps[0]}–{slow_steps[1]}) {span}.")
+        if restart is not None:
+            message += (f" It began as a DataLoader started {_workers(restart[1])} at step {restart[0]} (each epoch's "
+                        "iterator starts its workers anew).")
         first, slow = a.window(1), self._slow_window(a, lv)
         cmp = a.comparisons.get(slow.index) if slow is not None else None
         items: list[dict] = []
@@ -130,6 +150,49 @@ class StepTimeDrift(RunRule):
         f = self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice)
         f.impact.upper_bound = True  # the drift's cost; its cause's fix is the finding it names
         return [f]
+
+    def _epoch_restart(self, a: RunAnalysis, lv, restart: tuple[int, int]):
+        """The slow steps follow a DataLoader iterator starting its workers (an epoch boundary) and the step came
+        back after them: the workers' restart, whose cost recurs with every epoch's start, named with its fix."""
+        at, n = restart
+        starts = [s for s, w in a.record.worker_starts if w > 0]
+        before, after = at - lv.began_at, lv.until - at  # the slow steps around the start
+        steps, ms = a.record.unprofiled()
+        total = float(ms.sum()) if len(ms) else 0.0
+        later = [s for s in starts if s > starts[0]]  # persistent workers still start once
+        excess = sum(float(np.clip(ms[(steps >= s - before) & (steps <= s + after)] - lv.early_ms, 0, None).sum())
+                     for s in later)
+        saving = 100.0 * excess / total if total > 0 else 0.0
+        listed = ", ".join(str(s) for s in starts[:8]) + (" …" if len(starts) > 8 else "")
+        message = (f"Steps {lv.began_at}–{lv.until} ran at a median {lv.slow_ms:.2f} ms against {lv.early_ms:.2f} ms "
+                   f"before (+{lv.change_pct:.0f} %), then the step came back: they follow a DataLoader starting "
+                   f"{_workers(n)} at step {at}, an epoch's start (worker starts at steps {listed}). Each epoch's "
+                   "iterator starts its workers anew: this is the loader restarting, not a drift.")
+        loaders = [ld for ld in runfacts.training_loaders(a.facts) if (ld.num_workers or 0) > 0]
+        kept = [ld for ld in loaders if ld.persistent_workers]
+        where = f" at {loaders[0].where}" if loaders else ""
+        if loaders and len(kept) == len(loaders):
+            advice = (f"Build the DataLoader{where} once, outside the epoch loop: its workers persist "
+                      "(`persistent_workers` is on), but a new loader starts new ones.")
+        else:
+            advice = (f"Keep the workers between epochs: pass `persistent_workers=True` to the DataLoader{where}.")
+        evidence = Evidence(
+            steps=list(range(lv.began_at, lv.until + 1)),
+            items=[{"name": f"step {s}", "workers": w} for s, w in a.record.worker_starts[:10]],
+            numbers={"early_ms": round(lv.early_ms, 3), "slow_ms": round(lv.slow_ms, 3), "drift_pct": round(lv.change_pct, 1),
+                     "began_at_step": lv.began_at, "until_step": lv.until, "worker_start_step": at,
+                     "worker_starts": len(starts), "restart_cost_ms": round(excess, 3), "k": lv.k,
+                     "statistic": f"median of steps {lv.began_at}–{lv.until}"})
+        basis = (f"the steps around each later worker start ({len(later)}: {before} before to {after} after it, as "
+                 f"around step {at}) at the early median ({lv.early_ms:.2f} ms), of the step record's unprofiled "
+                 "steps' time")
+        fix = ("```python\n"
+               "loader = DataLoader(ds, batch_size=..., persistent_workers=True)  # workers kept between epochs\n"
+               "for epoch in range(epochs):\n"
+               "    for x, y in loader:\n"
+               "        ...\n"
+               "```")
+        return self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice, fix=fix)
 
     @staticmethod
     def _slow_window(a: RunAnalysis, lv):
@@ -181,6 +244,31 @@ class StepTimeDrift(RunRule):
 
     def negative(self) -> RunFolder:
         return _drifting_run(slow_ms=2.1)  # a 5 % wobble is no drift
+
+
+def _worker_start_at(a: RunAnalysis, lv) -> tuple[int, int] | None:
+    """The DataLoader worker start (step, workers) at the rise's onset: inside its 95 % interval, or a step
+    either side of it (the start's step is the one its iterator was built in, the slow ones follow)."""
+    low, high = lv.began_between or (lv.began_at, lv.began_at)
+    near = [(s, n) for s, n in a.record.worker_starts if n > 0 and low - 1 <= s <= high + 1]
+    return min(near, key=lambda x: abs(x[0] - lv.began_at)) if near else None
+
+
+def _recurs(a: RunAnalysis, lv, at: int) -> bool:
+    """Whether the slow steps come back after the run's other worker starts (after the first, which persistent
+    workers keep too): the same steps around at least half of them run above the midpoint of the early and
+    slow levels (their median). A run with no other start has only this one to show."""
+    steps, ms = a.record.unprofiled()
+    before, after = at - lv.began_at, lv.until - at
+    others = [s for s, n in a.record.worker_starts if n > 0 and s != at][1:]
+    mid = lv.early_ms + 0.5 * (lv.slow_ms - lv.early_ms)
+    seen = [ms[(steps >= s - before) & (steps <= s + after)] for s in others]
+    seen = [x for x in seen if len(x)]
+    return not seen or sum(float(np.median(x)) > mid for x in seen) >= len(seen) / 2
+
+
+def _workers(n: int) -> str:
+    return f"{n} worker process{'es' if n != 1 else ''}"
 
 
 def _drifting_run(slow_ms: float) -> RunFolder:

@@ -289,6 +289,32 @@ def test_a_hand_written_loop_keeps_the_torch_words(load_built):
     assert "TrainingArguments" not in f.advice
 
 
+@pytest.mark.parametrize("framework, kept, left_out", [
+    (None, [], ["Trainer", "Lightning"]),
+    (HF, ["Under transformers' Trainer the switch is `TrainingArguments(dataloader_num_workers=…,\n"
+          "dataloader_pin_memory=True)`"], ["Lightning"]),
+    (LIGHTNING, ["Under Lightning, the switch is the `DataLoader`"], ["Trainer", "TrainingArguments"]),
+])
+def test_a_fix_carries_only_the_paragraphs_of_the_framework_the_run_used(load_built, framework, kept, left_out):
+    loaders = {None: [dict(LIGHTNING_LOADERS[1], in_function="<module>")], "transformers": HF_LOADERS,
+               "lightning": LIGHTNING_LOADERS}[framework and framework["name"]]
+    f = _finding(load_built, _stall(), _facts(framework, loaders), "dataloader-stall")
+    assert "If workers are already in use and still stall" in f.fix  # the fix's own prose stays
+    for text in kept:
+        assert text in f.fix
+    for word in left_out:
+        assert word not in f.fix, f.fix
+
+
+def test_lightnings_profiler_marks_show_the_framework_without_run_json(load_built):
+    b = _stall()
+    with b.op("[pl][profile][Strategy]SingleDeviceStrategy.training_step", cat="user_annotation"):
+        b.idle(10)
+    b.finish()
+    f = _finding(load_built, b, {}, "dataloader-stall")
+    assert "Under Lightning" in f.fix and "Trainer" not in f.fix
+
+
 def test_measured_workers_advice_names_the_switch():
     from gpuadvise.rules.dataloader_stall import workers_advice
 

@@ -65,16 +65,11 @@ class RankCollectives:
 def rank_collectives(model: TraceModel, m: Metrics) -> RankCollectives | None:
     """The collectives `model` ran, placed on `m`'s steps; None when it ran none."""
     comms = model.comms
-    if comms is None or comms.empty:
+    found = coll.executions(comms)
+    if found is None:
         return None
-    runs = comms[comms["role"].isin([coll.KERNEL, coll.HOST])]
-    if runs.empty:
-        return None
-    runs = runs.sort_values("ts", kind="stable")
-    names = runs["name"].astype(str).tolist()
-    kinds = [coll.kind(n, str(c)) for n, c in zip(names, runs["collective"].astype(str))]
-    where = runs["role"].astype(str).tolist()
-    runs = runs.assign(ts=_from_the_call(comms, runs, kinds, where))  # a CPU backend's: from the c10d call
+    runs, kinds, where = found
+    runs = runs.assign(ts=coll.began(comms, runs, kinds, where))  # a CPU backend's: from the c10d call
     ts = runs["ts"].to_numpy(dtype=float)
     # the iteration that issued it: a kernel by its launch call, a CPU backend's span by when it began
     issued_at = ts.copy()
@@ -101,30 +96,6 @@ def rank_collectives(model: TraceModel, m: Metrics) -> RankCollectives | None:
         busy=_own_work(model, m, runs, base), base_us=base, issued_us=issued_at,
         correlation=np.where(np.array(where) == coll.KERNEL, runs["correlation"].to_numpy(dtype=np.int64), -1),
     )
-
-
-def _from_the_call(comms, runs, kinds: list[str], where: list[str]) -> np.ndarray:
-    """When each collective began for its rank. A kernel: its start on the GPU. A CPU backend's span: the
-    `c10d::` call that issued it, when that came first: the training thread is held in the call (gloo
-    may block there) as it is in the backend's span, and the rank arrived when it issued the collective.
-    The k-th span of a collective goes with the earliest call of that collective not yet paired and
-    issued before it (a backend runs its queue in order)."""
-    ts = runs["ts"].to_numpy(dtype=float).copy()
-    host = [i for i, w in enumerate(where) if w == coll.HOST]
-    calls = comms[(comms["role"] == coll.CALL).to_numpy() & name_mask(comms["name"], coll.C10D_CALL.match)]
-    if not host or calls.empty:
-        return ts
-    pending: dict = {}
-    for t, name in sorted(zip(calls["ts"].to_numpy(dtype=float).tolist(), calls["name"].astype(str))):
-        pending.setdefault(coll.kind(name), []).append(t)
-    used = dict.fromkeys(pending, 0)
-    for i in host:
-        queue = pending.get(kinds[i], [])
-        j = used.get(kinds[i], 0)
-        if j < len(queue) and queue[j] <= ts[i]:
-            ts[i] = queue[j]
-            used[kinds[i]] = j + 1
-    return ts
 
 
 def _named_by_call(comms, kinds: list[str], launched: np.ndarray, launch_ts: np.ndarray, tids: np.ndarray) -> None:

@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from .kernels import is_comm
+from .trace import name_mask
 
 KERNEL, HOST, CALL = "kernel", "host", "call"
 
@@ -84,3 +87,56 @@ def _words(name: str) -> str:
 # Collectives whose ranks all finish together: the transfer ends only when every rank has sent and
 # received, so their ends line the ranks' clocks up (broadcast and point-to-point end rank by rank)
 SYMMETRIC = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier"})
+
+
+def began(comms, runs, kinds: list[str], where: list[str]) -> np.ndarray:
+    """When each execution in `runs` (rows of the model's `comms`, in start order, with their `kinds` and
+    `where`, KERNEL or HOST) began for its rank. A kernel: its start on the GPU. A CPU backend's span: the
+    `c10d::` call that issued it, when that came first: the training thread is held in the call (gloo
+    may block there) as it is in the backend's span, and the rank arrived when it issued the collective.
+    The k-th span of a collective goes with the earliest call of that collective not yet paired and
+    issued before it (a backend runs its queue in order)."""
+    ts = runs["ts"].to_numpy(dtype=float).copy()
+    host = [i for i, w in enumerate(where) if w == HOST]
+    calls = comms[(comms["role"] == CALL).to_numpy() & name_mask(comms["name"], C10D_CALL.match)]
+    if not host or calls.empty:
+        return ts
+    pending: dict = {}
+    for t, name in sorted(zip(calls["ts"].to_numpy(dtype=float).tolist(), calls["name"].astype(str))):
+        pending.setdefault(kind(name), []).append(t)
+    used = dict.fromkeys(pending, 0)
+    for i in host:
+        queue = pending.get(kinds[i], [])
+        j = used.get(kinds[i], 0)
+        if j < len(queue) and queue[j] <= ts[i]:
+            ts[i] = queue[j]
+            used[kinds[i]] = j + 1
+    return ts
+
+
+def executions(comms):
+    """The rows of `comms` that are a collective's execution (a kernel or a CPU backend's span), in start
+    order, with `kinds` and `where` for each: (rows, kinds, where); None when there are none."""
+    if comms is None or comms.empty:
+        return None
+    runs = comms[comms["role"].isin([KERNEL, HOST])]
+    if runs.empty:
+        return None
+    runs = runs.sort_values("ts", kind="stable")
+    kinds = [kind(n, str(c)) for n, c in zip(runs["name"].astype(str).tolist(), runs["collective"].astype(str))]
+    return runs, kinds, runs["role"].astype(str).tolist()
+
+
+def host_spans(comms) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the collectives a CPU backend ran (gloo's, MPI's, …), each from the call that issued
+    it (`began`): the time the rank spent inside them, as the job's view measures it; empty arrays when the
+    trace has none."""
+    found = executions(comms)
+    if found is None:
+        return np.zeros(0), np.zeros(0)
+    runs, kinds, where = found
+    host = np.array([w == HOST for w in where], dtype=bool)
+    if not host.any():
+        return np.zeros(0), np.zeros(0)
+    ts = began(comms, runs, kinds, where)
+    return ts[host], runs["end"].to_numpy(dtype=float)[host]

@@ -29,6 +29,20 @@ class StepTime:
 
 
 @dataclass(frozen=True)
+class CpuStep:
+    """One step of a run without a GPU timeline, as its training thread spent it (ms, measure/ranktime.py),
+    four parts that add up to the step: inside recorded ops; waiting for the DataLoader's next batch outside
+    them; waiting in a CPU backend's collectives outside both; outside all three (Python between ops)."""
+
+    step: int
+    ms: float
+    in_ops_ms: float
+    loader_wait_ms: float
+    collective_wait_ms: float
+    outside_ops_ms: float
+
+
+@dataclass(frozen=True)
 class LeftOutStep:
     """A ProfilerStep left out of every figure: it holds one-time costs (measure/warmup.py)."""
 
@@ -157,6 +171,8 @@ class TraceFigures:
     slow_steps: list[dict] = field(default_factory=list)
     # FLOPs per step and MFU (measure/utilization.py); None where the trace holds no matrix work
     flops: FlopFigures | None = None
+    # a run without a GPU timeline (a CPU run): each step's CPU time, what its steps table shows; [] otherwise
+    cpu_steps: list[CpuStep] = field(default_factory=list)
     # one process on several GPUs: each one's figures, devices ascending (empty for one GPU; the busy and
     # idle figures above are then the average device's)
     gpus: list[GpuFigures] = field(default_factory=list)

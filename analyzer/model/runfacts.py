@@ -112,6 +112,28 @@ def autocast_dtypes(facts: dict) -> list[str]:
     return [str(e["dtype"]) for e in _entries(facts, "autocast") if e.get("dtype")]
 
 
+@dataclass(frozen=True)
+class AutocastFact:
+    """One autocast context the script entered: `device_type` ("cuda", "cpu"), `dtype` ("torch.bfloat16"),
+    `enabled` (False: built with enabled=False, so nothing ran in 16-bit), `created_at` (the user's line)."""
+
+    device_type: str | None
+    dtype: str
+    enabled: bool
+    created_at: str | None
+
+
+def autocasts(facts: dict) -> list[AutocastFact]:
+    """The autocast contexts the script entered (a run.json without `enabled` counts them as enabled)."""
+    out = []
+    for e in _entries(facts, "autocast"):
+        if not _str(e.get("dtype")):
+            continue
+        out.append(AutocastFact(device_type=_str(e.get("device_type")), dtype=str(e["dtype"]),
+                                enabled=e.get("enabled") is not False, created_at=site(e.get("created_at"))))
+    return out
+
+
 def _str(v) -> str | None:
     return v if isinstance(v, str) else None
 
@@ -406,13 +428,79 @@ def usable_cpus(facts: dict) -> int | None:
     return int(min(usable, limit)) if limit else int(usable)
 
 
+# the CPU flags (`environment.machine.cpu.flags`, /proc/cpuinfo's names) that give a 16-bit float type its
+# own arithmetic: x86's AVX-512 and AMX instructions, Arm's BF16 and half-precision SIMD. Without one the CPU
+# converts to float32 and back around each operation.
+NATIVE_16BIT = {"bfloat16": ("avx512_bf16", "amx_bf16", "bf16"), "float16": ("avx512_fp16", "amx_fp16", "asimdhp")}
+
+
+def cpu_16bit(facts: dict) -> dict[str, bool] | None:
+    """Whether the CPU computes in each 16-bit float type ("bfloat16", "float16"): None when run.json did
+    not record the CPU's flags (not Linux, or written before they were recorded)."""
+    flags = _dict(machine(facts).get("cpu")).get("flags")
+    if not isinstance(flags, list):
+        return None
+    have = {f for f in flags if isinstance(f, str)}
+    return {dtype: any(f in have for f in native) for dtype, native in NATIVE_16BIT.items()}
+
+
+def cpu_matmul_ms(facts: dict) -> tuple[int, dict[str, float]] | None:
+    """`gpuadvise profile`'s timing of one n-square matmul on the CPU in float32 and in each 16-bit type the
+    script autocast to there (`environment.machine.cpu.matmul`: n, ms by type name): (n, {"float32": ms, …});
+    None when not recorded (a run without CPU autocast, or an older run.json)."""
+    mm = _dict(_dict(machine(facts).get("cpu")).get("matmul"))
+    times = {k: float(v) for k, v in _dict(mm.get("ms")).items() if isinstance(k, str) and _num(v)}
+    n = _int(mm.get("n"))
+    return (n, times) if n and "float32" in times else None
+
+
+def cpu_model(facts: dict) -> str | None:
+    return _str(_dict(machine(facts).get("cpu")).get("model"))
+
+
+def threads(facts: dict) -> int | None:
+    """torch.get_num_threads() as the window ended: the threads one op runs on (intra-op)."""
+    v = settings(facts).get("num_threads")
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+@dataclass(frozen=True)
+class Cores:
+    """The CPU cores one rank of the job has: what the process could use, shared by the ranks on its node."""
+
+    usable: int  # the process's affinity, capped by a cgroup quota (`usable_cpus`)
+    ranks_on_node: int  # the job's local world size (1 outside a job, or when run.json does not say)
+
+    @property
+    def per_rank(self) -> int:
+        """Each rank's share of the node's cores (at least one)."""
+        return max(1, self.usable // max(1, self.ranks_on_node))
+
+    def words(self) -> str:
+        """"2 usable, 2 ranks on this node: 1 per rank" / "8 usable"."""
+        if self.ranks_on_node > 1:
+            return f"{self.usable} usable, {self.ranks_on_node} ranks on this node: {self.per_rank} per rank"
+        return f"{self.usable} usable"
+
+
+def cores(facts: dict) -> Cores | None:
+    """The cores each rank of the job has (run.json's `environment.machine.cpu` and `distributed`): None
+    without the machine's count. Ranks on one node share its cores: their number is the local world size."""
+    usable = usable_cpus(facts)
+    if usable is None:
+        return None
+    local = job(facts).local_world_size
+    return Cores(usable=usable, ranks_on_node=local if local and local > 0 else 1)
+
+
 def loader_profile(facts: dict) -> dict | None:
     """run.json's `capture.loader`, numbers checked: None without a measured batch build time."""
     lp = _dict(_dict(facts.get("capture")).get("loader"))
     build = _num(lp.get("build_ms_per_batch"))
     if not build:
         return None
-    out = {k: _num(lp.get(k)) for k in ("build_ms_per_batch", "fetch_ms_per_batch", "fetch_ms_per_sample",
+    out = {k: _num(lp.get(k)) for k in ("build_ms_per_batch", "build_cpu_ms_per_batch", "fetch_ms_per_batch",
+                                         "fetch_ms_per_sample",
                                          "collate_ms_per_batch", "wait_ms_per_batch", "between_batches_ms",
                                          "batches_built", "samples")}
     workers = lp.get("num_workers")
@@ -464,6 +552,8 @@ class DDPFact:
     params: int | None
     params_without_grad: int | None  # the most parameters without a gradient after an optimizer step
     unused_parameter_bytes: int | None  # DDP's logging data: bytes of parameters its search found unused
+    buckets: int | None = None  # DDP's logging data: gradient buckets (as rebuilt after the first step)
+    parameter_bytes: int | None = None  # DDP's logging data: the parameters' bytes
 
     def as_dict(self) -> dict:
         return {"created_at": self.created_at, "find_unused_parameters": self.find_unused_parameters,
@@ -485,7 +575,8 @@ def ddp(facts: dict) -> list[DDPFact]:
                            gradient_as_bucket_view=_bool(e.get("gradient_as_bucket_view")), comm_hooks=hooks,
                            no_sync_calls=_int(e.get("no_sync_calls")), params=_int(e.get("params")),
                            params_without_grad=_int(e.get("params_without_grad")),
-                           unused_parameter_bytes=_int(e.get("unused_parameter_bytes"))))
+                           unused_parameter_bytes=_int(e.get("unused_parameter_bytes")),
+                           buckets=_int(e.get("buckets")), parameter_bytes=_int(e.get("parameter_bytes"))))
     return out
 
 

@@ -47,6 +47,9 @@ class StepRecord:
     damaged_lines: int = 0  # lines that could not be read (a crash while one was being written)
     # the GPU's own readings over the run (NVML, `telemetry.jsonl` beside the record); None: not sampled
     telemetry: "Telemetry | None" = None
+    # each DataLoader iterator that started worker processes: (step, workers), in step order (every epoch's,
+    # unless persistent_workers kept them)
+    worker_starts: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def steps(self) -> int:

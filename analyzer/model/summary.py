@@ -170,6 +170,24 @@ def job_mfu(traces: tuple[TraceSummary, ...]) -> dict:
     return out
 
 
+def one_per_rule(findings, job: bool = True) -> tuple[list, dict]:
+    """The findings a report lists: in a job's report (`job`), one entry per rule for the per-rank ones
+    (the rank where it saves most: the findings come ordered), and the ranks each entry stands for (by id
+    of the finding kept). Every format lists the same entries."""
+    if not job:
+        return list(findings), {id(f): [f.rank] for f in findings}
+    kept, ranks_of, first = [], {}, {}
+    for f in findings:
+        if f.rank is None or f.rule not in first:
+            kept.append(f)
+            ranks_of[id(f)] = [f.rank]
+            if f.rank is not None:
+                first[f.rule] = f
+        else:
+            ranks_of[id(first[f.rule])].append(f.rank)
+    return kept, {k: sorted(v) for k, v in ranks_of.items()}
+
+
 def heading(traces: tuple[TraceSummary, ...]) -> int | None:
     """The trace that heads the summary: the slowest timed one (with several ranks it sets the job's
     pace; the first of equals), else the first. A long run's later windows are other stretches of the same

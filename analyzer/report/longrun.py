@@ -61,8 +61,10 @@ def headline(s: dict) -> str:
         out += (f"; {shape} from step {lv['began_at']}" + onset_interval(lv)
                 + (f" to step {lv['until']}" if lv.get("until") else "")
                 + f", to {lv['slow_ms']:.2f} ms ({lv['change_pct']:+.0f} %, the median of steps {slow[0]}–{slow[1]})")
-    elif lv.get("shape") == "speed-up":
+    elif lv.get("shape") == "speed-up" and lv["late_ms"] < lv["early_ms"]:
         out += "; the step got faster during the run, and no slower"
+    elif lv.get("shape") == "speed-up":  # faster for a while, not at the end: the verdict follows the two medians
+        out += "; no lasting slow-down beyond chance"
     else:
         out += "; no lasting change beyond chance"
     if lv.get("warmup_until") is not None:

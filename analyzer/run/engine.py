@@ -60,7 +60,7 @@ def analyze_paths(paths: list[str] | Sources, progress=None, rules=None, bytes_p
     if reports and getattr(sources, "notes", None):
         reports[0].notes[:0] = sources.notes  # files of the folder(s) that are not traces
     facts = {str(s.path): s.facts for s in sources}
-    job = None if repeated else analyze_job([r for r in reports if id(r) not in later_windows], rules)
+    job = None if repeated else analyze_job([r for r in reports if id(r) not in later_windows], rules, facts)
     return Reports(reports, job=job, facts=facts, long_runs=longrun.analyze_runs(sources, reports, rules))
 
 
@@ -75,8 +75,9 @@ def _failed(failure) -> TraceReport:
                        notes=[f"analysis failed: {failure.message}"])
 
 
-def analyze_job(reports: list[TraceReport], rules=None):
-    """The reduce: the job view of ≥2 ranks and the job-level rules on it (None for fewer ranks)."""
+def analyze_job(reports: list[TraceReport], rules=None, facts: dict | None = None):
+    """The reduce: the job view of ≥2 ranks and the job-level rules on it (None for fewer ranks). `facts`:
+    run.json per source path; the job rules read the first rank's."""
     view = build_view([r.rank_stats for r in reports if r.rank_stats is not None])
     if view is None:
         return None
@@ -85,7 +86,8 @@ def analyze_job(reports: list[TraceReport], rules=None):
     for r in reports:
         by_rank.setdefault(r.rank, []).extend(r.findings)
     notes = list(view.notes)
-    analysis = JobAnalysis(view, by_rank)
+    first = next((r for r in reports if r.rank_stats is not None), None)
+    analysis = JobAnalysis(view, by_rank, (facts or {}).get(str(first.source), {}) if first is not None else {})
     analysis.telemetry = rank_telemetry(reports)  # each rank's GPU clocks, where the run sampled them
     findings = run_rules(analysis, rules, source=None, rank=None, notes=notes, keep_rank=True)
     fix_on_every_rank(view, reports)

@@ -8,6 +8,7 @@ import traceback
 from contextlib import contextmanager
 from functools import partial
 
+from gpuadvise.analyzer.measure import frameworks
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.measure.memory import summarize
 from gpuadvise.analyzer.measure.metrics import compute
@@ -129,6 +130,7 @@ def _run_one(analysis, rule, source: str | None, rank: int | None, keep_rank: bo
         _for_every_rank(analysis, found)
         _place_ranges(analysis, found)
         _fix_from_what_is_off(analysis, found)
+        _fix_for_the_frameworks_used(analysis, found)
     return found, None
 
 
@@ -168,6 +170,16 @@ def _fix_from_what_is_off(analysis, found: list[Finding]) -> None:
     on = switches_on(analysis)
     for f in found:
         f.fix = without_what_is_on(f.fix, on)
+
+
+def _fix_for_the_frameworks_used(analysis, found: list[Finding]) -> None:
+    """A fix's paragraph for a framework's own switch (transformers' Trainer, Lightning, Accelerate) only where
+    the run used that framework (run.json or the trace: measure/frameworks.py)."""
+    if not any(frameworks.about_a_framework(f.fix) for f in found):
+        return
+    used = frameworks.used(analysis)
+    for f in found:
+        f.fix = frameworks.for_frameworks(f.fix, used)
 
 
 def _for_every_rank(analysis, found: list[Finding]) -> None:

@@ -6,7 +6,8 @@ recorded while the script runs and written to run.json's `distributed` (docs/job
 - `ddp`: each DistributedDataParallel the user's code built (file:line) with `find_unused_parameters`,
   `static_graph`, `bucket_cap_mb`, `gradient_as_bucket_view`, `broadcast_buffers`, `comm_hooks`,
   `no_sync_calls`; from DDP's own logging data (`_get_ddp_logging_data`): `unused_parameter_bytes`,
-  `buckets_rebuilt`, and its sampled `avg_backward_compute_ms`, `avg_backward_comm_ms`,
+  `buckets_rebuilt`, `buckets` (how many, as rebuilt after the first step), `parameter_bytes`, and its
+  sampled `avg_backward_compute_ms`, `avg_backward_comm_ms`,
   `avg_backward_overlap_ms`; and `params_without_grad` (after each optimizer step, the most parameters
   with no gradient: what `find_unused_parameters=True` looks for);
 - `accumulation`: per optimizer step, how many backward passes ran and how many of them all-reduced the
@@ -176,6 +177,12 @@ def _ddp_now(ref, fact: dict) -> dict:
         value = data.get(key)
         if isinstance(value, (int, float)):
             fact[name] = bool(value) if scale is None else round(value * scale, 3)
+    # how DDP bucketed the gradients: the buckets as rebuilt after the first step (else as built), the bytes
+    sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes")
+    if isinstance(sizes, str) and sizes.strip():
+        fact["buckets"] = len([x for x in sizes.split(",") if x.strip()])
+    if isinstance(data.get("total_parameter_size_bytes"), int):
+        fact["parameter_bytes"] = data["total_parameter_size_bytes"]
     return fact
 
 

@@ -10,6 +10,7 @@ An object an installed framework built for the user (the DataLoader a `transform
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import sys
@@ -154,7 +155,8 @@ def add_dataloader(loader, origin: dict) -> None:
 
 
 def _record_autocast(ctx, a, k, where) -> None:
-    entry = {"created_at": where["created_at"], "device_type": getattr(ctx, "device", None), "dtype": str(getattr(ctx, "fast_dtype", ""))}
+    entry = {"created_at": where["created_at"], "device_type": getattr(ctx, "device", None), "dtype": str(getattr(ctx, "fast_dtype", "")),
+             "enabled": bool(getattr(ctx, "_enabled", True))}
     if len(_FACTS["autocast"]) < 20 and entry not in _FACTS["autocast"]:
         _FACTS["autocast"].append(entry)
 
@@ -187,9 +189,45 @@ def end_of_window(torch) -> None:
     """Called when the profiled window completes: freeze the settings and environment the steps ran with."""
     try:
         _WINDOW["settings"] = _settings(torch, "window end")
-        _WINDOW["environment"] = _environment(torch)
+        _WINDOW["environment"] = env = _environment(torch)
+        half = sorted({str(e["dtype"]).replace("torch.", "") for e in _FACTS["autocast"]
+                       if e.get("device_type") == "cpu" and e.get("enabled", True)
+                       and str(e.get("dtype")) in ("torch.bfloat16", "torch.float16")})
+        if half and not env.get("cuda_available"):  # the CPU's own speed in the types its steps ran in
+            env["machine"]["cpu"] = dict(env["machine"].get("cpu") or {}, matmul=cpu_matmul(torch, half))
     except Exception:  # recording must never break training
         pass
+
+
+MATMUL_N = 128  # a 128×128 by 128×128 matmul: 4 MFLOP, a fraction of a millisecond in float32 on one core
+
+
+def cpu_matmul(torch, dtypes: list[str]) -> dict:
+    """One MATMUL_N-square matmul timed in float32 and in each 16-bit type the script autocast to on the CPU
+    (the best of five, after an untimed one: the fastest is the one other processes did not slow), on the threads the script's ops run on: how much slower the
+    CPU computes in that type than in float32 (cpu-half-precision's prediction). Constant inputs, so the
+    script's random numbers are untouched, and autocast off around it (no timing inside the script's
+    autocast on a torch without `_DisableAutocast`)."""
+    import time
+
+    out = {"n": MATMUL_N, "ms": {}}
+    # autocast off without a torch.autocast object (which the script's own record would count)
+    off = getattr(torch._C, "_DisableAutocast", None)
+    if off is None and torch.is_autocast_enabled("cpu"):
+        return out
+    with torch.no_grad(), (off() if off is not None else contextlib.nullcontext()):
+        for name in ["float32", *dtypes]:
+            dtype = getattr(torch, name)
+            x = torch.full((MATMUL_N, MATMUL_N), 0.5, dtype=dtype)
+            y = torch.full((MATMUL_N, MATMUL_N), 0.25, dtype=dtype)
+            torch.mm(x, y)
+            best = float("inf")
+            for _ in range(5):
+                t0 = time.perf_counter()
+                torch.mm(x, y)
+                best = min(best, time.perf_counter() - t0)
+            out["ms"][name] = round(best * 1e3, 4)
+    return out
 
 
 def backend_flags(torch) -> dict:

@@ -116,6 +116,7 @@ class Session:
         # DataLoader sampling while the window records (window hooks); installed before the
         # step sources' DataLoader hook, so its wait timing leaves our step work out
         loaderprobe.attach(self, torch)
+        self.record.watch_worker_starts(torch, lambda: self.steps)  # each epoch's DataLoader workers
         try:  # the step hooks also time an unprofiled run (profiler failed to start)
             self.sources.install(torch)
             importwatch.install()  # a training framework's own steps, once the script imports one
