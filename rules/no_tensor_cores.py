@@ -57,7 +57,7 @@ from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
-from gpuadvise.analyzer.measure.switches_on import switches_on
+from gpuadvise.analyzer.measure.switches_on import switch_off, switches_on
 
 from .base import Rule
 
@@ -107,6 +107,11 @@ class NoTensorCores(Rule):
         advice = _advice(spec, dev_name, fixes, savings, saving, runfacts.framework(a.facts), switches_on(a))
         if runfacts.flag(a.facts, "matmul_allow_tf32") is False and "tf32" in fixes:
             advice += " The run had TF32 off (`torch.backends.cuda.matmul.allow_tf32 = False`)."
+        # what run.json records on but did not act (built disabled, or the trace shows fp32): said, and offered
+        for key in ("autocast", "tf32"):
+            off = switch_off(key, a)
+            if off is not None:
+                advice = f"{_capital(off.text)}. " + advice
         message = (f"{100 * simt_us / mm_us:.0f}% of matmul/convolution time ({simt_us / 1e3:.1f} ms, "
                    f"{100 * simt_us / all_us:.0f}% of all kernel time) runs in fp32 SIMT kernels that do not use "
                    f"the Tensor Cores {dev_name} has.")
@@ -254,6 +259,11 @@ def _casts(work, fixes: list[str]) -> str:
     if work.cast_bytes > 0:
         return f"; autocast's weight casts {work.cast_bytes / 1e9:.2f} GB added"
     return "; autocast's weight casts not counted (no shapes)"
+
+
+def _capital(text: str) -> str:
+    """A sentence's first letter up, but for a file's or a code's name (run.json, `torch.…`)."""
+    return text if text.startswith(("run.json", "`")) else text[:1].upper() + text[1:]
 
 
 def _advice(spec, dev_name: str, fixes: list[str], savings: dict, saving: float, fw=None, on=None) -> str:

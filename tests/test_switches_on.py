@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.measure.metrics import compute
-from gpuadvise.analyzer.measure.switches_on import On, asked_for, is_on, switches_on, without_what_is_on
+from gpuadvise.analyzer.measure.switches_on import On, asked_for, is_on, switch_off, switches_on, without_what_is_on
 from gpuadvise.analyzer.run.single import analyze_model
 from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.fixtures.compiled import compiled_facts, compiled_loop
@@ -59,8 +59,13 @@ def test_compile_is_on_from_the_trace_alone_and_from_run_json(load_built):
     assert "compiled-frame call" in from_trace.what and "Inductor kernels" in from_trace.what
     plain = load_built(find_rule("launch-bound").positive())
     assert is_on("compile", _analysis(plain)) is None
-    from_facts = is_on("compile", _analysis(plain, compiled_facts(mode="default")))
+    from_facts = is_on("compile", Analysis(None, None, compiled_facts(mode="default")))
     assert from_facts is not None and from_facts.source == "run.json"
+    # run.json's compile over a trace of eager steps: the trace decides, and the conflict is named
+    eager = _analysis(plain, compiled_facts(mode="default"))
+    assert is_on("compile", eager) is None
+    assert "no compiled code in the recorded steps" in switch_off("compile", eager).text
+    assert is_on("compile", _analysis(model, compiled_facts(mode="default"))).source == "run.json"
 
 
 def test_loader_and_optimizer_switches_from_the_trace(load_built):

@@ -11,7 +11,7 @@ from functools import partial
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.measure.memory import summarize
 from gpuadvise.analyzer.measure.metrics import compute
-from gpuadvise.analyzer.measure.switches_on import asked_for, switches_on, without_what_is_on
+from gpuadvise.analyzer.measure.switches_on import asked_for, switches_off, switches_on, without_what_is_on
 from gpuadvise.analyzer.model.findings import Finding, order
 from gpuadvise.analyzer.model.report import TraceReport
 from gpuadvise.analyzer.model.trace import TraceModel
@@ -62,6 +62,8 @@ def _analyze_model(model, facts, source, rank, rules, snapshot) -> TraceReport:
         notes.append("no ProfilerStep annotations: the whole trace is treated as one step")
     if analysis.compiled is not None:  # how much of each step ran compiled
         notes.append(analysis.compiled.describe())
+    # a switch run.json records as built that did not act in the recorded steps: the trace decides, and says so
+    notes.extend(off.note for off in switches_off(analysis).values())
     rank = model.meta.rank if model.meta.rank is not None else rank
     # the summary figures are one more task beside the rules (the first, the longest: rulequeue.py)
     findings, (figures,) = run_rules(analysis, rules, source, rank, notes,

@@ -111,8 +111,9 @@ def _hook_points():
     from torch.utils.data import dataloader as dl
     from torch.utils.data._utils import fetch
 
-    points = [(dl._BaseDataLoaderIter, "__next__"), (dl.DataLoader, "__init__"), (dl._MultiProcessingDataLoaderIter, "__init__"), (torch.autograd, "backward"),
-              (torch, "compile"), (torch.nn.DataParallel, "__init__"), (torch.autocast, "__init__"),
+    points = [(dl._BaseDataLoaderIter, "__next__"), (dl.DataLoader, "__init__"), (dl.DataLoader, "__iter__"),
+              (dl._MultiProcessingDataLoaderIter, "__init__"), (torch.autograd, "backward"),
+              (torch, "compile"), (torch.nn.DataParallel, "__init__"), (torch.autocast, "__init__"), (torch.autocast, "__enter__"),
               (fetch._MapDatasetFetcher, "fetch"), (fetch._IterableDatasetFetcher, "fetch"),
               (torch.optim.Optimizer, "__init__")]
     try:
