@@ -7,18 +7,33 @@ One table, `SWITCHES`: each switch has a label in people's words, how run.json s
 shows it on, and `asks` (the phrases of a recommendation to turn it on, used by the test that walks every
 rule over the corpus and the fixtures: no finding may ask for a switch its input shows on).
 
+The trace decides what ran. run.json records where a switch was built; a switch it shows on is off where
+the trace shows it did not act (`against`), and so is one run.json itself records as built but off in the
+recorded steps (`built_off`): `switch_off(switch, a)` gives the conflict in words (`Off`), `switches_off(a)`
+all of them (each a note of the report, analyzer/run/single.py).
+
+| switch | built, but off (run.json) | on in run.json, not acting in the trace |
+|---|---|---|
+| `autocast` | `enabled=False`; never entered in the recorded steps; for the CPU on a GPU run | every matmul kernel fp32 or TF32 by name (on the CPU: every matmul op's inputs fp32) |
+| `tf32` | the flag changed while the recorded steps ran | on a GPU with TF32, fp32 GEMMs on cuBLAS's general SIMT kernels and none on TF32 |
+| `compile` | | no compiled frame, graph or Inductor kernel in the steps, or a compiled helper beside an eager model |
+| `workers`, `pin_memory` | a loader with it the recorded steps took no batch from, while they took theirs from one without | (workers) every DataLoader `__next__` in the trace single-process |
+| `fused_optimizer` | a foreach/fused optimizer that did not step in the recorded steps, while one without did | optimizer steps with ops inside and no foreach/fused op or kernel anywhere |
+| `cudnn_benchmark` | the flag changed while the recorded steps ran | |
+| `no_sync` | called but never entered; every backward pass all-reduced though it was called | |
+
 | switch | run.json | trace |
 |---|---|---|
 | `compile` | `compiled.calls`/`compiles`, the framework's `torch_compile` | compiled frames or graph spans inside the steps, Inductor kernels (measure/compiled.py); not when the compiled code launched under a quarter of the model's 20 or more matmul kernels (a compiled helper beside an eager model) |
 | `cuda_graphs` | `compiled.cudagraphs.replays` above 0 | `cudaGraphLaunch` / `hipGraphLaunch` calls |
-| `autocast` | an autocast context in bf16/fp16, the framework's `bf16`/`precision` | most matmul kernel time in 16-bit kernels |
+| `autocast` | an autocast context in bf16/fp16, enabled and entered in the recorded steps, the framework's `bf16`/`precision` | most matmul kernel time in 16-bit kernels |
 | `tf32` | `matmul_allow_tf32` (or `float32_matmul_precision` high/medium), the framework's `tf32` | fp32 GEMMs (not convolutions: cuDNN's TF32 is on by default) on TF32 Tensor Core kernels |
 | `cudnn_benchmark` | `cudnn_benchmark` | (not visible in a trace) |
 | `pin_memory` | a training DataLoader with `pin_memory=True`, the framework's `dataloader_pin_memory` | `aten::pin_memory` on a thread other than the training loop's (the DataLoader's pin thread) |
-| `workers` | a training DataLoader with `num_workers > 0` | multi-process DataLoader iteration (`_MultiProcessingDataLoaderIter`) |
-| `fused_optimizer` | an optimizer with `foreach=True` or `fused=True` | `_foreach_` ops, `multi_tensor_apply` or fused optimizer kernels |
+| `workers` | a training DataLoader (the one the recorded steps iterate, where counted) with `num_workers > 0` | multi-process DataLoader iteration (`_MultiProcessingDataLoaderIter`) |
+| `fused_optimizer` | an optimizer that stepped in the recorded steps with `foreach=True` or `fused=True` | `_foreach_` ops, `multi_tensor_apply` or fused optimizer kernels |
 | `set_to_none` | (not recorded) | `Optimizer.zero_grad` spans that write no zeros |
-| `no_sync` | `no_sync_calls` on a DDP wrapper, fewer synced backward passes than backward passes | (not visible without run.json) |
+| `no_sync` | fewer synced backward passes than backward passes; else `no_sync()` entered on a DDP wrapper | (not visible without run.json) |
 | `channels_last` | (not recorded) | most convolution kernel time in NHWC kernels, and no layout-conversion kernel |
 | `expandable_segments` | `PYTORCH_CUDA_ALLOC_CONF` in the environment | the allocator settings a snapshot records |
 
