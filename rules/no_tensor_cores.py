@@ -57,7 +57,7 @@ from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
-from gpuadvise.analyzer.measure.switches_on import switch_off, switches_on
+from gpuadvise.analyzer.measure.switches_on import switches_on
 
 from .base import Rule
 
@@ -107,11 +107,6 @@ class NoTensorCores(Rule):
         advice = _advice(spec, dev_name, fixes, savings, saving, runfacts.framework(a.facts), switches_on(a))
         if runfacts.flag(a.facts, "matmul_allow_tf32") is False and "tf32" in fixes:
             advice += " The run had TF32 off (`torch.backends.cuda.matmul.allow_tf32 = False`)."
-        # what run.json records on but did not act (built disabled, or the trace shows fp32): said, and offered
-        for key in ("autocast", "tf32"):
-            off = switch_off(key, a)
-            if off is not None:
-                advice = f"{_capital(off.text)}. " + advice
         message = (f"{100 * simt_us / mm_us:.0f}% of matmul/convolution time ({simt_us / 1e3:.1f} ms, "
                    f"{100 * simt_us / all_us:.0f}% of all kernel time) runs in fp32 SIMT kernels that do not use "
                    f"the Tensor Cores {dev_name} has.")
@@ -261,9 +256,8 @@ def _casts(work, fixes: list[str]) -> str:
     return "; autocast's weight casts not counted (no shapes)"
 
 
-def _capital(text: str) -> str:
-    """A sentence's first letter up, but for a file's or a code's name (run.json, `torch.…`)."""
-    return text if text.startswith(("run.json", "`")) else text[:1].upper() + text[1:]
+def _upper(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 def _advice(spec, dev_name: str, fixes: list[str], savings: dict, saving: float, fw=None, on=None) -> str:
@@ -282,12 +276,14 @@ def _advice(spec, dev_name: str, fixes: list[str], savings: dict, saving: float,
         return (f"{dev_name} ({spec.arch}) has fp16 Tensor Cores but no TF32: use AMP with fp16 "
                 f"(`torch.autocast('cuda', dtype=torch.float16)` and a GradScaler; {saving:.0f} % of the step).")
     had = switches.already(fw, "bf16") if amp == "bf16" else None
-    if had:
-        return (f"{had} is set, yet these matmuls ran in fp32: they run outside the autocast region the framework "
-                "opens (called outside `forward`, or forced to float32).")
-    first = (switches.bf16(fw) if amp == "bf16" and fw is not None else
-             f"run the forward pass under `torch.autocast('cuda', dtype=torch.{'bfloat16' if amp == 'bf16' else 'float16'})`")
-    advice = f"{switches.sentence(first)} ({saving:.0f} % of the step)."
+    if had:  # the framework's autocast left these matmuls in fp32 (where it acted on none, the engine says so first)
+        where = ("they run outside the autocast region the framework opens (called outside `forward`, or forced to "
+                 f"float32); inside it they save about {saving:.0f} % of the step.")
+        advice = f"{had} is set, yet these matmuls ran in fp32: {where}" if "autocast" in on else _upper(where)
+    else:
+        first = (switches.bf16(fw) if amp == "bf16" and fw is not None else
+                 f"run the forward pass under `torch.autocast('cuda', dtype=torch.{'bfloat16' if amp == 'bf16' else 'float16'})`")
+        advice = f"{switches.sentence(first)} ({saving:.0f} % of the step)."
     tf32 = savings["tf32"][0] if "tf32" not in on else None  # TF32 on already: not asked for again
     if tf32 is not None and round(tf32) > 0 and fw is not None:
         advice += f" If you cannot change precision that far, {switches.tf32(fw)} (TF32) saves about {tf32:.0f} %."

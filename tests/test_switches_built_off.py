@@ -29,7 +29,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from _hypothesis_support import examples
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.measure.metrics import compute
-from gpuadvise.analyzer.measure.switches_on import SWITCHES, asked_for, is_on, switch_off, switches_on
+from gpuadvise.analyzer.measure.switches_on import (SWITCHES, asked_for, is_on, switch_off, switches_on,
+                                                     with_conflicts_named)
 from gpuadvise.analyzer.model.report import all_findings
 from gpuadvise.analyzer.read.loader import load_trace
 from gpuadvise.analyzer.run.engine import analyze_paths
@@ -203,7 +204,7 @@ def test_a_switch_built_but_not_used_is_off(loop, runs):
     a = _analysis(run)
     on = switches_on(a)
     report = analyze_paths([str(run)], jobs=1)
-    notes = [n for r in report for n in r.notes]
+    notes = " ".join(n for r in report for n in r.notes)
     for switch in switches:
         assert switch not in on, (switch, on.get(switch))
         for f in all_findings(report):
@@ -213,7 +214,7 @@ def test_a_switch_built_but_not_used_is_off(loop, runs):
             assert off is None
             continue
         assert off is not None, f"{switch}: run.json records it, and no conflict is named"
-        assert off.note in notes, (off.note, notes)
+        assert f"{off.text}: the findings take " in notes and SWITCHES[switch].label in notes, (off, notes)
 
 
 def test_the_harness_records_what_ran_beside_what_was_built(runs):
@@ -256,10 +257,10 @@ def test_where_the_switchs_rule_fires_its_advice_asks_for_it(runs, load_built):
         assert found, f"{loop.__name__}: {topic} does not fire on its positive trace"
         said = found[0].advice + "\n" + found[0].fix
         assert switches[0] in asked_for(said), (loop.__name__, said)
-        a = Analysis(load_built(built), compute(load_built(built)), facts)
-        off = switch_off(switches[0], a)
-        if topic == "no-tensor-cores":  # the conflict is named in the advice itself (its first letter up)
-            assert off is not None and off.text[1:] in found[0].advice, (off, found[0].advice)
+        model = load_built(built)
+        off = switch_off(switches[0], Analysis(model, compute(model), facts))
+        if off is not None:  # the conflict is named ahead of the advice (its first letter up)
+            assert off.text[1:] in found[0].advice.split(". ", 1)[0], (off, found[0].advice)
 
 
 # -- the analysis side, drawn: autocast records of every shape under fp32 matmuls -------------------------
@@ -293,8 +294,9 @@ def test_autocast_over_fp32_matmuls_is_never_on_and_is_asked_for(records, fp32_l
     if len(disabled) == len(records):  # built with enabled=False: said so, at the line that built it
         assert off.source == "run.json" and f"built at {disabled[0]['created_at']} with enabled=False" in off.text
     (f,) = find_rule("no-tensor-cores").check(a)
-    assert "autocast" in asked_for(f.advice) and off.text[1:] in f.advice
-    assert not _says_on(f.advice, "autocast")
+    advice = with_conflicts_named(f.advice, f.fix, a)  # what the engine adds to every finding
+    assert "autocast" in asked_for(advice) and advice.startswith(off.text[1:], 1)
+    assert not _says_on(advice, "autocast")
 
 
 def _line(statement: str) -> int:

@@ -60,6 +60,7 @@ from gpuadvise.analyzer.model.kernels import CONV, GEMM, head
 from gpuadvise.analyzer.model.trace import name_mask
 
 from . import perstep
+from .spans import annotation_spans, ops_inside
 
 # a GEMM kernel (not a convolution) on TF32 Tensor Cores, by name
 TF32_GEMM = re.compile(r"tf32|s1688gemm|s884gemm|_s1688|1688tf32", re.I)
@@ -102,11 +103,6 @@ class Off:
 
     def __str__(self) -> str:
         return self.text
-
-    @property
-    def note(self) -> str:
-        """The report's note: the conflict, and that the findings take the switch as off."""
-        return f"{self.text}: the findings take {SWITCHES[self.switch].label} as off"
 
 
 @dataclass(frozen=True)
@@ -172,7 +168,35 @@ def switches_off(a) -> dict[str, Off]:
     for k, s in SWITCHES.items():
         if s.from_facts(a) or (s.built_off or _invisible)(a):
             is_on(k, a)
-    return {k: o for k, o in _offs(a).items() if o is not None}
+    return dict(_offs(a))
+
+
+def conflict_notes(a) -> list[str]:
+    """The report's notes: each conflict (`switches_off`) once, with the switches the findings take as off."""
+    by_text: dict[str, list[str]] = {}
+    for key, off in switches_off(a).items():
+        by_text.setdefault(off.text, []).append(SWITCHES[key].label)
+    return [f"{text}: the findings take {' and '.join(labels)} as off" for text, labels in by_text.items()]
+
+
+def with_conflicts_named(advice: str, fix: str, a) -> str:
+    """A finding's advice with, ahead of it, the conflict behind each switch its advice or fix asks for that
+    run.json records but the recorded steps did not use (`switch_off`): the user who set it reads why it is
+    asked for. A conflict the advice already names is not repeated."""
+    asked = asked_for(advice + "\n" + fix)
+    if not asked:
+        return advice
+    named = list(dict.fromkeys(o.text for k in SWITCHES if k in asked and (o := switch_off(k, a)) is not None
+                               and o.text[1:] not in advice))  # one loader's conflict names its workers and pinning
+    if not named:
+        return advice
+    return " ".join(_sentence(t) for t in named) + (" " + advice if advice else "")
+
+
+def _sentence(text: str) -> str:
+    """A clause as a sentence: its first letter up (not a file's or code's name: run.json, `torch.…`), a full stop."""
+    text = text if text.startswith(("run.json", "`")) else text[:1].upper() + text[1:]
+    return text if text.endswith(".") else text + "."
 
 
 def asked_for(text: str) -> set[str]:
@@ -426,17 +450,17 @@ def _pin_facts(a) -> str | None:
     return framework_switches.already(runfacts.framework(a.facts), "pin_memory")
 
 
-def _loader_built_off(a, has, setting: str) -> str | None:
-    """A DataLoader built with the setting (`has`: DataLoaderFact → bool) that the recorded steps took no
-    batch from, while they took theirs from one without it."""
+def _loader_built_off(a, has) -> str | None:
+    """A DataLoader built with a setting (`has`: DataLoaderFact → bool) that the recorded steps took no batch
+    from, while they took theirs from one without it."""
     fed = runfacts.iterated_loaders(a.facts)
     if fed is None or any(has(d) for d in fed):
         return None
     idle = next((d for d in runfacts.dataloaders(a.facts) if has(d) and not d.batches_in_window), None)
     if idle is None:
         return None
-    return (f"the DataLoader built at {idle.where} has {setting}, but the recorded steps take their batches from "
-            f"the one built at {fed[0].where} ({_loader_settings(fed[0])})")
+    return (f"the DataLoader built at {idle.where} has {_loader_settings(idle)}, but the recorded steps take their "
+            f"batches from the one built at {fed[0].where} ({_loader_settings(fed[0])})")
 
 
 def _loader_settings(d) -> str:
@@ -444,7 +468,7 @@ def _loader_settings(d) -> str:
 
 
 def _pin_built_off(a) -> str | None:
-    return _loader_built_off(a, lambda d: bool(d.pin_memory), "pin_memory=True")
+    return _loader_built_off(a, lambda d: bool(d.pin_memory))
 
 
 def _pin_trace(a) -> str | None:
@@ -467,7 +491,7 @@ def _workers_facts(a) -> str | None:
 
 
 def _workers_built_off(a) -> str | None:
-    return _loader_built_off(a, lambda d: bool(d.num_workers), "worker processes")
+    return _loader_built_off(a, lambda d: bool(d.num_workers))
 
 
 def _workers_against(a) -> str | None:
@@ -510,8 +534,6 @@ def _fused_built_off(a) -> str | None:
 
 def _fused_against(a) -> str | None:
     """Optimizer steps in the trace with per-tensor ops or kernels inside, and no foreach or fused one anywhere."""
-    from .spans import annotation_spans, ops_inside
-
     spans = annotation_spans(a.model, "Optimizer.step#")
     if not len(spans) or _fused_trace(a) or not len(ops_inside(a.model, spans)):
         return None
