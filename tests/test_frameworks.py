@@ -265,6 +265,21 @@ def test_training_loaders_are_the_ones_that_feed_training():
     assert len(runfacts.training_loaders(_facts(None, LIGHTNING_LOADERS))) == 2  # no framework: every loader counts
 
 
+def test_the_loader_the_steps_iterate_stands_for_the_users_own_when_a_framework_rebuilt_it():
+    """Where run.json counts the batches the recorded steps took, a loader they did not iterate does not feed
+    training, but the user's own loader a framework copied (Accelerate's prepare, Lightning's distributed
+    sampler: same settings, built by the framework) is the one the iterated copy stands for."""
+    user = {"created_at": "train.py:12", "in_function": "<module>", "num_workers": 0, "pin_memory": False,
+            "batch_size": 8, "prefetch_factor": None, "persistent_workers": False, "batches_in_window": 0}
+    copy = dict(user, created_at="train.py:13", built_by="accelerate", call="accelerator.prepare(loader)",
+                batch_size=None, batches_in_window=3)
+    unused = dict(user, created_at="train.py:20", num_workers=4, pin_memory=True)  # built, never iterated
+    [train] = runfacts.training_loaders(_facts(None, [user, unused, copy]))
+    assert train.created_at == "train.py:12"
+    [alone] = runfacts.training_loaders(_facts(None, [user, unused, dict(copy, built_by=None)]))
+    assert alone.created_at == "train.py:13"  # the user's own second loader: the one they iterate
+
+
 # -- advice in the framework's own terms -------------------------------------------------------------------------------
 def _stall() -> TraceBuilder:
     return find_rule("dataloader-stall").positive()

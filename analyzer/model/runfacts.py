@@ -257,9 +257,13 @@ def iterated_loaders(facts: dict) -> list[DataLoaderFact] | None:
 def training_loaders(facts: dict) -> list[DataLoaderFact]:
     """The DataLoaders that feed training, one per distinct origin and settings: the ones the recorded steps
     took batches from where run.json counted them (`iterated_loaders`); a loader a framework rebuilt with
-    the same settings (Accelerate's `prepare`) is the user's own one again; under Lightning, the loaders a
-    `val_dataloader()` / `test_dataloader()` returned are left out when a training one is known."""
-    loaders = iterated_loaders(facts) or dataloaders(facts)
+    the same settings (Accelerate's `prepare`, Lightning's distributed sampler) is the user's own one again;
+    under Lightning, the loaders a `val_dataloader()` / `test_dataloader()` returned are left out when a
+    training one is known."""
+    loaders = dataloaders(facts)
+    fed = iterated_loaders(facts)
+    if fed is not None:  # the iterated ones, and the user's own loaders a framework rebuilt them from
+        loaders = [d for d in loaders if d in fed or any(f.built_by and f.settings() == d.settings() for f in fed)]
     fw = framework(facts)
     if fw is not None and fw.name == "lightning":
         train = [d for d in loaders if d.in_function == "train_dataloader"]
