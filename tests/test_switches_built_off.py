@@ -239,6 +239,8 @@ def test_the_harness_records_what_ran_beside_what_was_built(runs):
     assert changed["float32_matmul_precision"] == ["high", "highest"]  # what allow_tf32 sets with it
     (ddp,) = facts("no_sync_bypassed")["distributed"]["ddp"]
     assert (ddp["no_sync_calls"], ddp["no_sync_entered"]) == (STEPS, 0)
+    assert facts("compile_bypassed")["compiled"]["calls"]
+    assert "compiled" not in facts("loader_bypassed")  # the block after it starts from nothing
 
 
 def test_where_the_switchs_rule_fires_its_advice_asks_for_it(runs, load_built):

@@ -153,6 +153,7 @@ def _restore_torch_hooks(saved: list) -> None:
 
 
 def _reset_facts() -> None:
+    from gpuadvise.harness.facts import compiled
     from gpuadvise.harness.facts import distributed as distfacts
     from gpuadvise.harness.facts import general
     from gpuadvise.harness.frameworks import importwatch, loop
@@ -161,6 +162,7 @@ def _reset_facts() -> None:
         v.clear()
     general._WINDOW.clear()
     distfacts.reset()
+    compiled.reset()  # an earlier block's torch.compile calls are not this one's
     loop.reset()
     importwatch.ERRORS.clear()
 
