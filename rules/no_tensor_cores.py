@@ -256,10 +256,6 @@ def _casts(work, fixes: list[str]) -> str:
     return "; autocast's weight casts not counted (no shapes)"
 
 
-def _upper(text: str) -> str:
-    return text[:1].upper() + text[1:]
-
-
 def _advice(spec, dev_name: str, fixes: list[str], savings: dict, saving: float, fw=None, on=None) -> str:
     """`on`: the switches the input shows on (measure/switches_on.py); none of them is asked for again."""
     on = on or {}
@@ -279,7 +275,7 @@ def _advice(spec, dev_name: str, fixes: list[str], savings: dict, saving: float,
     if had:  # the framework's autocast left these matmuls in fp32 (where it acted on none, the engine says so first)
         where = ("they run outside the autocast region the framework opens (called outside `forward`, or forced to "
                  f"float32); inside it they save about {saving:.0f} % of the step.")
-        advice = f"{had} is set, yet these matmuls ran in fp32: {where}" if "autocast" in on else _upper(where)
+        advice = f"{had} is set, yet these matmuls ran in fp32: {where}" if "autocast" in on else switches.sentence(where)
     else:
         first = (switches.bf16(fw) if amp == "bf16" and fw is not None else
                  f"run the forward pass under `torch.autocast('cuda', dtype=torch.{'bfloat16' if amp == 'bf16' else 'float16'})`")

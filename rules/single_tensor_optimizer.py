@@ -108,11 +108,11 @@ class SingleTensorOptimizer(Rule):
             advice = (f"{said} {had.what}, yet every update ran one tensor at a time: the multi-tensor path needs all parameters "
                       "(and their gradients and state) on one CUDA device, of one dtype, and no `differentiable=True`; "
                       "check what sends it down the per-tensor path.")
-        elif off is not None:
+        elif off is not None and off.source == "the trace":
             advice = (f"{off.text}: the optimizer that steps is not that one, or something sends it down the "
                       "per-tensor path (its parameters, gradients and state must be on one CUDA device, of one dtype, "
                       f"without `differentiable=True`). {ask}")
-        else:
+        else:  # a conflict run.json itself shows (a foreach/fused optimizer that did not step) the engine names first
             advice = ask
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice)]
 

@@ -235,3 +235,15 @@ def test_channels_last_fix_autocasts_in_the_type_the_tensor_cores_take(load_buil
     assert "dtype=torch.bfloat16" in newer.fix
     # the same transposes launched by a non-convolution op are someone else's layout
     assert not _findings(load_built, _convnet(conversion_us=60, miopen=True, launcher="aten::bmm"), topic="channels-last")
+
+
+def test_a_fused_optimizer_run_json_records_over_per_tensor_updates_is_off_and_asked_for(load_built):
+    """run.json records AdamW(fused=True), the trace's optimizer steps launch one kernel per tensor and no
+    multi-tensor one: the trace decides, the advice names the conflict and asks for the fused path again."""
+    facts = run_json()
+    facts["optimizers"] = [{"class": "AdamW", "foreach": None, "fused": True, "params": 60, "param_devices": {"cuda": 60}}]
+    model = load_built(find_rule("single-tensor-optimizer").positive())
+    assert is_on("fused_optimizer", _analysis(model, facts)) is None
+    (f,) = _findings(load_built, find_rule("single-tensor-optimizer").positive(), facts, topic="single-tensor-optimizer")
+    assert f.advice.startswith("run.json records AdamW with fused=True, but the trace shows its updates one tensor at a time")
+    assert "fused_optimizer" in asked_for(f.advice)

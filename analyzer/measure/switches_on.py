@@ -60,7 +60,7 @@ from gpuadvise.analyzer.model.kernels import CONV, GEMM, head
 from gpuadvise.analyzer.model.trace import name_mask
 
 from . import perstep
-from .spans import annotation_spans, ops_inside
+from .spans import annotation_spans, gpu_ops_launched_in, ops_inside
 
 # a GEMM kernel (not a convolution) on TF32 Tensor Cores, by name
 TF32_GEMM = re.compile(r"tf32|s1688gemm|s884gemm|_s1688|1688tf32", re.I)
@@ -195,7 +195,7 @@ def with_conflicts_named(advice: str, fix: str, a) -> str:
 
 def _sentence(text: str) -> str:
     """A clause as a sentence: its first letter up (not a file's or code's name: run.json, `torch.…`), a full stop."""
-    text = text if text.startswith(("run.json", "`")) else text[:1].upper() + text[1:]
+    text = text if text.startswith(("run.json", "`")) else framework_switches.sentence(text)
     return text if text.endswith(".") else text + "."
 
 
@@ -533,9 +533,12 @@ def _fused_built_off(a) -> str | None:
 
 
 def _fused_against(a) -> str | None:
-    """Optimizer steps in the trace with per-tensor ops or kernels inside, and no foreach or fused one anywhere."""
+    """Optimizer steps in the trace with ops inside or kernels launched from them, and no foreach or fused op
+    or kernel anywhere."""
     spans = annotation_spans(a.model, "Optimizer.step#")
-    if not len(spans) or _fused_trace(a) or not len(ops_inside(a.model, spans)):
+    if not len(spans) or _fused_trace(a):
+        return None
+    if not len(ops_inside(a.model, spans)) and not len(gpu_ops_launched_in(a.model, a.metrics.launches, spans)):
         return None
     return "the trace shows its updates one tensor at a time: no foreach or fused op or kernel in its optimizer steps"
 
