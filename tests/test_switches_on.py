@@ -247,3 +247,18 @@ def test_a_fused_optimizer_run_json_records_over_per_tensor_updates_is_off_and_a
     (f,) = _findings(load_built, find_rule("single-tensor-optimizer").positive(), facts, topic="single-tensor-optimizer")
     assert f.advice.startswith("run.json records AdamW with fused=True, but the trace shows its updates one tensor at a time")
     assert "fused_optimizer" in asked_for(f.advice)
+
+
+def test_an_autocast_never_entered_in_the_steps_is_off_unless_compiled_code_could_have_entered_it(load_built):
+    """run.json counts the Python `with` entries of each autocast: none in the recorded steps is off, with the
+    conflict named; where the steps run compiled code, torch.compile's graph enters it without Python, so
+    the uncounted entry says nothing and run.json's autocast stands."""
+    facts = run_json()
+    facts["autocast"] = [{"created_at": "train.py:40", "device_type": "cuda", "dtype": "torch.bfloat16", "enabled": True,
+                          "entered": 2, "entered_in_window": 0}]
+    eager = _analysis(load_built(find_rule("launch-bound").positive()), facts)
+    assert is_on("autocast", eager) is None
+    assert switch_off("autocast", eager).text == ("autocast to bfloat16 built at train.py:40 was not entered while the "
+                                                  "recorded steps ran")
+    compiled = _analysis(load_built(compiled_loop()), facts)
+    assert is_on("autocast", compiled).source == "run.json" and switch_off("autocast", compiled) is None

@@ -14,7 +14,7 @@ all of them (each a note of the report, analyzer/run/single.py).
 
 | switch | built, but off (run.json) | on in run.json, not acting in the trace |
 |---|---|---|
-| `autocast` | `enabled=False`; never entered in the recorded steps; for the CPU on a GPU run | every matmul kernel fp32 or TF32 by name (on the CPU: every matmul op's inputs fp32) |
+| `autocast` | `enabled=False`; never entered in the recorded steps (where they run no compiled code, whose graphs enter it unseen); for the CPU on a GPU run | every matmul kernel fp32 or TF32 by name (on the CPU: every matmul op's inputs fp32) |
 | `tf32` | the flag changed while the recorded steps ran | on a GPU with TF32, fp32 GEMMs on cuBLAS's general SIMT kernels and none on TF32 |
 | `compile` | | no compiled frame, graph or Inductor kernel in the steps, or a compiled helper beside an eager model |
 | `workers`, `pin_memory` | a loader with it the recorded steps took no batch from, while they took theirs from one without | (workers) every DataLoader `__next__` in the trace single-process |
@@ -298,8 +298,16 @@ def _half_autocasts(a) -> list:
     return half
 
 
+def _acted(c, a) -> bool:
+    """Whether autocast context `c` could act on the recorded steps: enabled, and entered in them; a context
+    entered inside compiled code is entered by torch.compile's graph, not by Python (so never counted),
+    and where the trace shows compiled code in the steps an uncounted entry says nothing."""
+    return c.acted or (c.enabled is not False and a.model is not None and a.metrics is not None
+                       and compiled_evidence(a) is not None)
+
+
 def _autocast_facts(a) -> str | None:
-    acting = [c for c in _half_autocasts(a) if c.acted]
+    acting = [c for c in _half_autocasts(a) if _acted(c, a)]
     if acting:
         return acting[0].describe()
     fw = runfacts.framework(a.facts)
@@ -309,13 +317,13 @@ def _autocast_facts(a) -> str | None:
 def _autocast_built_off(a) -> str | None:
     """An autocast built with `enabled=False`, never entered in the recorded steps, or for the CPU on a GPU run."""
     built = [c for c in runfacts.autocasts(a.facts) if c.half]
-    if not built or any(c.acted for c in _half_autocasts(a)):
+    if not built or any(_acted(c, a) for c in _half_autocasts(a)):
         return None
     c = next((c for c in built if c.enabled is False), None)
     if c is not None:
         where = f" at {c.created_at}" if c.created_at != "?" else ""
         return f"autocast is built{where} with enabled=False"
-    c = next((c for c in built if c.acted), None)
+    c = next((c for c in built if _acted(c, a)), None)
     if c is not None:  # acts, but on the CPU: a GPU run's matmuls are left as they are
         return f"{c.describe()} is for the CPU (device_type='cpu'), not for the GPU's matmuls"
     return f"{built[0].describe()} was not entered while the recorded steps ran"
