@@ -79,7 +79,7 @@ class CpuHalfPrecision(Rule):
         native = runfacts.cpu_16bit(a.facts)
         if native is None:
             return []
-        emulated = [c for c in runfacts.autocasts(a.facts) if c.enabled and c.device_type == "cpu"
+        emulated = [c for c in runfacts.autocasts(a.facts) if c.acted and c.device_type == "cpu"
                     and native.get(_dtype(c.dtype)) is False]
         if not emulated:
             return []
@@ -95,7 +95,7 @@ class CpuHalfPrecision(Rule):
         gain_ms = mm_ms * (1 - 1 / slower) if slower else 0.0
         saving = 100.0 * min(cast_ms + gain_ms, step_ms) / step_ms
         cpu = runfacts.cpu_model(a.facts)
-        where = ", ".join(sorted({c.created_at for c in emulated if c.created_at}))
+        where = ", ".join(sorted({c.created_at for c in emulated if c.created_at != "?"}))
         med = perstep.a_median(m)
         speed = (f"; the same matmul took {slower:.1f}× as long in {WORDS[dtype]} as in float32 on this CPU "
                  "(gpuadvise profile timed one)" if slower else "")

@@ -170,14 +170,20 @@ class LaunchBound(Rule):
 RULE = LaunchBound()
 
 
-def tiny_kernels(steps: int = 4, optimizer: bool = False) -> TraceBuilder:
+def tiny_kernels(steps: int = 4, optimizer: bool = False, compiled: bool = False) -> TraceBuilder:
     """Each step launches 200 kernels of 3 µs, 8 µs of Python apart (the positive fixture); with `optimizer`
-    each step ends in an optimizer step, as a training loop's does."""
+    each step ends in an optimizer step, as a training loop's does; `compiled`: they are Inductor's kernels,
+    launched inside a compiled region (a compiled model that is still launch-bound)."""
+    from contextlib import ExitStack
+
     b = TraceBuilder(launch_us=12.0)
     for _ in range(steps):
-        with b.step():
-            for _ in range(200):
-                b.kernel("void at::native::vectorized_elementwise_kernel<4, add>", 3)
+        with b.step(), ExitStack() as region:
+            if compiled:
+                region.enter_context(b.op("Torch-Compiled Region: 0/0"))
+                region.enter_context(b.op("CompiledFunction"))
+            for i in range(200):
+                b.kernel(f"triton_poi_fused_add_{i % 7}" if compiled else "void at::native::vectorized_elementwise_kernel<4, add>", 3)
                 b.idle(8)
             if optimizer:
                 with b.op("Optimizer.step#AdamW.step", cat="user_annotation"):

@@ -12,7 +12,8 @@ from gpuadvise.analyzer.measure import frameworks
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.measure.memory import summarize
 from gpuadvise.analyzer.measure.metrics import compute
-from gpuadvise.analyzer.measure.switches_on import asked_for, switches_on, without_what_is_on
+from gpuadvise.analyzer.measure.switches_on import (asked_for, conflict_notes, switches_on, with_conflicts_named,
+                                                     without_what_is_on)
 from gpuadvise.analyzer.model.findings import Finding, order
 from gpuadvise.analyzer.model.report import TraceReport
 from gpuadvise.analyzer.model.trace import TraceModel
@@ -64,6 +65,8 @@ def _analyze_model(model, facts, source, rank, rules, snapshot) -> TraceReport:
         notes.append("no ProfilerStep annotations: the whole trace is treated as one step")
     if analysis.compiled is not None:  # how much of each step ran compiled
         notes.append(analysis.compiled.describe())
+    # a switch run.json records as built that did not act in the recorded steps: the trace decides, and says so
+    notes.extend(conflict_notes(analysis))
     rank = model.meta.rank if model.meta.rank is not None else rank
     # the summary figures are one more task beside the rules (the first, the longest: rulequeue.py)
     findings, (figures,) = run_rules(analysis, rules, source, rank, notes,
@@ -131,6 +134,7 @@ def _run_one(analysis, rule, source: str | None, rank: int | None, keep_rank: bo
         _place_ranges(analysis, found)
         _fix_from_what_is_off(analysis, found)
         _fix_for_the_frameworks_used(analysis, found)
+        _conflicts_named(analysis, found)
     return found, None
 
 
@@ -180,6 +184,14 @@ def _fix_for_the_frameworks_used(analysis, found: list[Finding]) -> None:
     used = frameworks.used(analysis)
     for f in found:
         f.fix = frameworks.for_frameworks(f.fix, used)
+
+
+def _conflicts_named(analysis, found: list[Finding]) -> None:
+    """A finding that asks for a switch run.json records but the recorded steps did not use (built disabled or
+    unused, or not acting in the trace: measure/switches_on.py) names that conflict ahead of its advice."""
+    if isinstance(analysis, Analysis):
+        for f in found:
+            f.advice = with_conflicts_named(f.advice, f.fix, analysis)
 
 
 def _for_every_rank(analysis, found: list[Finding]) -> None:
