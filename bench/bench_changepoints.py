@@ -1,10 +1,13 @@
 """Change points on labelled step-time series: where a drift began, its shape, a stall's period, and what
-pure noise makes each method say. Ground truth is known because the series are made here, from seeds.
+pure noise makes each method say. Ground truth is known because the series are made here, from seeds; and
+(`--loops`) on real CPU loops whose work starts growing at a known step.
 
-    python bench/bench_changepoints.py                # both methods side by side, 1 200 series each
+    python bench/bench_changepoints.py                # both methods side by side, 120 series a family
     python bench/bench_changepoints.py --seeds 400    # more series per family
     python bench/bench_changepoints.py --method changepoint   # only the change-point module
-    python bench/bench_changepoints.py --loops        # and four real CPU loops under gpuadvise profile
+    python bench/bench_changepoints.py --loops        # real loops instead: 20 runs a growth law
+    python bench/bench_changepoints.py --loops --runs 5 --keep DIR   # fewer, and keep the run folders
+    python bench/bench_changepoints.py --loops --again DIR           # read kept run folders again
 
 Methods:
 - `threshold` (before): the run-level measures as they were (the onset at the first step whose local
@@ -12,22 +15,39 @@ Methods:
   residue class held most slow steps) and the `--when-slower` watch as it was. Copied below so that the
   two are measured in the same run.
 - `changepoint` (after): analyzer/measure/changepoints.py (CUSUM test, step/linear/exponential fits,
-  warm-up, hypergeometric period test) and harness/windows/slowwatch.py.
+  warm-up, the onset dated by every growth law that fits, hypergeometric period test) and
+  harness/windows/slowwatch.py.
 
 Families (each series 150, 300 or 600 steps, base 2, 10 or 50 ms, noise 1–15 % Gaussian, uniform
 jitter or log-normal): step change, linear climb, exponential climb, slow growth, periodic stall (periods
 7–61, some recurring only twice), random GC-like pauses, warm-up, warm-up then climb, stall then step,
-pure noise. An exponential climb's onset is where its excess reached the
-noise's standard deviation (its mathematical start is invisible under noise). Printed per family: how often a drift was found, onset error (median and 95th percentile, in
-steps and % of the run; the share within ±5 % of the run), how often a period was found and was exact,
-and the `--when-slower` watch's windows (right and wrong triggers). For the change points, per drift family,
-the onset's 95 % interval: how often it holds the truth, how wide it is, and the share within ±5 % among
-the series it calls resolvable (an interval at most 10 % of the run wide: a slow growth under 15 % noise
-can be dated only to a quarter of the run, by any method), and two yardsticks on the pure step, linear
-and slow-growth series: the least-squares fit of the true shape (the maximum-likelihood onset for a
-method told the shape) and the onset alone with the true level and slope given. Targets: onset within ±5 % on climbs
-and step changes, no drift and no periodic stall on pure noise in 99 % of series, a period found exactly
-when it recurs at least 3 times.
+pure noise; and laws none of the fits is, or noise they do not assume: n log n (a history of 30–1000 items
+a step, sorted), quadratic, a kinked climb (each item 2–5× slower from some length on: a cache outgrown),
+a climb with a dip (a cache flushed once: it falls back part of the way, then goes on), a linear climb
+under heavy-tailed noise (Student's t, 3 degrees of freedom) and under autocorrelated noise (AR(1), lag-1
+correlation 0.3–0.6), and autocorrelated noise alone. An onset is the first step of the new regime; an
+exponential climb's is where its excess reached the noise's standard deviation (its mathematical start is
+invisible under noise). Printed per family: how often a drift was found, onset error (median and 95th
+percentile, in steps and % of the run; the share within ±5 % of the run), how often a period was found and
+was exact, and the `--when-slower` watch's windows (right and wrong triggers). For the change points, per
+drift family, the onset's interval: how often it holds the truth (of the drifts found), how wide it is,
+and the share within ±5 % among the series it calls resolvable (an interval at most 10 % of the run wide:
+a slow growth under 15 % noise can be dated only to a quarter of the run, by any method), and two
+yardsticks on the pure step, linear and slow-growth series: the least-squares fit of the true shape (the
+maximum-likelihood onset for a method told the shape) and the onset alone with the true level and slope
+given. Targets: onset within ±5 % on climbs and step changes, no drift and no periodic stall on pure noise
+in 99 % of series, a period found exactly when it recurs at least 3 times.
+
+`--loops`: a training loop (a small model's step, 6–10 ms of host jitter) whose host work starts growing
+at a known step by one law — a history scanned in full (linear), sorted (n log n, the case of a history
+list sorted every step), compared pairwise (quadratic), a fixed extra pass from that step (a step), and a
+scan whose history is cut back once (a climb that dips back) — plus a steady one, each run `--runs` times
+(150 or 200 steps, the onset a quarter to 60 % of the way in, the size from a seed) under `gpuadvise
+profile --when-slower 50`, timed by the step record the harness writes, read as `gpuadvise analyze` reads
+it. Printed per law: runs, how often a drift was found, how often the onset's interval held the true onset
+(of all runs), its median width, the point's error, and among the runs whose interval is at most 10 % of
+the run wide, how often the point is within ±5 % of the run. The machine's own load is the noise: run
+`uptime` beside it.
 """
 
 from __future__ import annotations
@@ -339,7 +359,7 @@ def evaluate(method: str, seeds: int) -> list[dict]:
                 if tr["onset"] is not None:
                     stats["onset_err"].append(abs(onset - tr["onset"]))
                     stats["onset_pct"].append(100 * abs(onset - tr["onset"]) / tr["n"])
-                    if low is not None:  # the onset's 95 % interval: its width, and whether it holds the truth
+                    if low is not None:  # the onset's range: its width, and whether it holds the truth
                         stats["ci_width_pct"].append(100 * (high - low) / tr["n"])
                         stats["ci_holds"] += low <= tr["onset"] <= high
             best = oracle_onsets(t, y, tr)
@@ -413,10 +433,10 @@ def targets(rows: list[dict]) -> list[str]:
                 "of those found")
         w = by[fam]["ci_width_pct"]
         if w and len(w) == len(p):
-            # resolvable: the onset's 95 % interval is at most 10 % of the run wide (±5 %); a wider one says the
+            # resolvable: the onset's range is at most 10 % of the run wide (±5 %); a wider one says the
             # data cannot date it that closely, whatever the method
             ok = [e for e, width in zip(p, w) if width <= 10.0]
-            line += (f"; its 95 % interval holds the truth in {100 * by[fam]['ci_holds'] / len(w):.1f} %, is at most 10 % "
+            line += (f"; its interval holds the truth in {100 * by[fam]['ci_holds'] / len(w):.1f} %, is at most 10 % "
                      f"of the run wide in {len(ok)}/{len(w)} (median width {np.median(w):.1f} %, p95 "
                      f"{np.percentile(w, 95):.1f} %), and of those the onset is within ±5 % in "
                      f"{100 * sum(1 for e in ok if e <= 5.0) / max(len(ok), 1):.1f} %")
@@ -524,6 +544,7 @@ def loops(runs: int, keep: Path | None = None, again: Path | None = None) -> lis
     """Each law's loop `runs` times under `gpuadvise profile --when-slower 50` (or the run folders kept
     by an earlier `--keep`, read again), then the run-level levels of its step record against the truth."""
     import json
+    import os
     import shutil
     import tempfile
 
@@ -541,11 +562,13 @@ def loops(runs: int, keep: Path | None = None, again: Path | None = None) -> lis
                 if again is None:
                     if folder.exists():
                         shutil.rmtree(folder)
-                    t0 = time.perf_counter()
+                    t0, plan["load"] = time.perf_counter(), os.getloadavg()[0]
                     profile_loop(plan, folder, script)
                     plan["seconds"] = time.perf_counter() - t0
                     (folder / "truth.json").write_text(json.dumps(plan))
-                elif not (folder / "steps.jsonl").exists():
+                elif (folder / "truth.json").exists():
+                    plan = json.loads((folder / "truth.json").read_text())  # as it was run
+                else:
                     continue
                 lv = loop_levels(folder)
                 rows.append({**plan, "found": lv is not None and lv.began_at is not None,
@@ -590,16 +613,20 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=120, help="series per family (default 120)")
     ap.add_argument("--method", choices=["both", *METHODS], default="both")
     ap.add_argument("--loops", action="store_true",
-                    help="real CPU loops instead: each growth law's loop profiled --runs times (several seconds a run)")
+                    help="real CPU loops instead: each growth law's loop profiled --runs times (up to a minute a run "
+                         "on a busy machine)")
     ap.add_argument("--runs", type=int, default=20, help="with --loops: runs per growth law (default 20)")
     ap.add_argument("--keep", type=Path, help="with --loops: keep the run folders (and their truth) here")
     ap.add_argument("--again", type=Path, help="with --loops: read the run folders an earlier --keep kept, profile none")
     args = ap.parse_args(argv)
     if args.loops:
-        t0 = time.perf_counter()
+        import os
+
+        t0, load = time.perf_counter(), os.getloadavg()
         rows = loops(args.runs, args.keep, args.again)
         print(loop_table(rows))
-        print(f"\n({time.perf_counter() - t0:.1f} s)")
+        print(f"\n({time.perf_counter() - t0:.1f} s; load average {load[0]:.1f} at the start, "
+              f"{os.getloadavg()[0]:.1f} at the end, {os.cpu_count()} CPUs)")
         return 0
     for method in (METHODS if args.method == "both" else [args.method]):
         t0 = time.perf_counter()

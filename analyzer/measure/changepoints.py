@@ -112,8 +112,7 @@ class Change:
     sigma_ms: float | None = None  # the noise of one step
     fit: dict = field(default_factory=dict)  # the chosen model's parameters (level, slope, curvature)
     last_before: int | None = None  # the series' last step before the onset (steps between went unseen)
-    # the onset's 95 % confidence interval (profile likelihood, the steps around it): the splits whose fit is
-    # within χ²(1) of the best; for an exponential, where those fits' excess reached σ
+    # the onset's range: the onsets of every growth law that fits about as well as the best (`date_onset`)
     onset_low: int | None = None
     onset_high: int | None = None
 
@@ -331,8 +330,8 @@ def exp_onsets(before: np.ndarray, scales: np.ndarray, b: np.ndarray, sigma: flo
 
 @dataclass(frozen=True)
 class Onset:
-    """A drift's onset dated on its own stretch of the series: the best fit's onset and shape, and the 95 %
-    interval (`date_onset`)."""
+    """A drift's onset dated on its own stretch of the series: the best fit's onset and shape, and the range
+    every growth law that fits allows (`date_onset`)."""
 
     shape: str
     at: float  # the first step of the new regime
@@ -385,17 +384,18 @@ def _best_climb(t: np.ndarray, y: np.ndarray, finer: int = 0, timescales=EXP_TIM
 
 # -- dating an onset ----------------------------------------------------------------------------------------
 
-# The growth laws a drift may follow from its onset u steps on: a step (a new level), a + b·u^p for each p here
-# (a list scanned: 1; sorted: a little over 1; compared pairwise: 2; a cubic for what grows faster still) and an
-# exponential, dated where its rise reached the noise (its start cannot be told from the data).
+# The growth laws a drift may follow from its onset, u steps on: a step (a new level), a + b·u^p for each p here
+# (a list scanned: 1; sorted: a little over 1; compared pairwise: 2; a cubic for what grows faster still), the
+# two-term laws of `_hinge_fits` and an exponential, dated where its rise reached the noise (its start cannot be
+# told from the data).
 CLIMB_POWERS = (1.0, 1.5, 2.0, 3.0)
-# The stretches a climb is dated on: to its end, and to where a first fit's rise reached half and a quarter of
-# its whole rise. A real loop's law changes on the way (a list outgrows a cache, the machine gets busier): fitted
-# to the end, the curve's start bends to the shape of its end.
+# The stretches a climb is dated on besides the whole: to where a first fit's rise reached these shares of the
+# whole rise, and these multiples of one step's noise. A real loop's law changes on the way (a list outgrows a
+# cache, the machine gets busier): fitted to the end, the curve's start bends to the shape of its end.
 WINDOW_SHARES = (0.5,)
 WINDOW_SIGMAS = (10.0,)
 COARSE_SPLITS = 100  # splits each hinged law is fitted at first (each costs a pass over the stretch), then every
-# split near the best one and near the ends of the interval
+# split near the best one and near the ends of the range
 
 
 @dataclass
@@ -422,7 +422,8 @@ def _ab(W: float, S: float, SS: float, G1, G2, GY):
     return a, b, np.where(b > 0, np.maximum(SS - a * S - b * GY, 0.0), np.inf)
 
 
-def _two_terms(W: float, S: float, SS: float, w, y, g1: np.ndarray, g2: np.ndarray, onsets: np.ndarray) -> _Fits:
+def _two_terms(W: float, S: float, SS: float, w, y, g1: np.ndarray, g2: np.ndarray,
+               onsets: np.ndarray) -> _Fits:
     """Weighted least squares of y = a + b·g1 + c·g2 (b, c > 0) for each row of g1, g2 (one split each)."""
     g1w, g2w = g1 * w, g2 * w
     m = np.empty((len(g1), 3, 3))
@@ -518,14 +519,15 @@ def long_run_factor(e: np.ndarray) -> float:
 def _plausible(t: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> tuple[float, float, tuple, float] | None:
     """On one stretch, weighted by `w` (the inverse of each point's noise variance, up to a factor): (low,
     high, best, φ): the onsets of every law and split whose fit the data cannot tell from the best one (SSE
-    within χ²(1, 95 %)·φ·σ² of the least, σ² the best fit's residual variance, φ its long-run factor), and
-    the (shape, onset, fitted values) of the fit with the lowest BIC."""
+    within χ²(1, 95 %)·φ·σ² of the least: the profile likelihood, the law left free; σ² the best fit's
+    residual variance, φ its long-run factor), and the (shape, onset) of the fit with the lowest BIC."""
     n = len(y)
     if n < MIN_POINTS:
         return None
     w = np.ones(n) if w is None else w / float(np.mean(w))
     splits = np.arange(2, n - 1)
-    coarse = splits if len(splits) <= COARSE_SPLITS else np.unique(np.linspace(2, n - 2, COARSE_SPLITS).round().astype(int))
+    coarse = splits if len(splits) <= COARSE_SPLITS else \
+        np.unique(np.linspace(2, n - 2, COARSE_SPLITS).round().astype(int))
     fits = _step_exp_fits(t, y, w) + _hinge_fits(t, y, w, coarse)
 
     def bound_of(fits):
@@ -536,7 +538,7 @@ def _plausible(t: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> tup
         phi = long_run_factor((y - best.curve(i)) * np.sqrt(w))
         return least + CI_CHI2 * phi * sigma2, sigma2, phi
 
-    if len(coarse) < len(splits):  # every split near the best hinged fit and near the ends of each one's plausible set
+    if len(coarse) < len(splits):  # every split near each hinged law's best and the ends of its plausible ones
         bound = bound_of(fits)[0]
         gap = int(np.max(np.diff(coarse)))
         near = set()
@@ -585,12 +587,15 @@ def noise_weights(fitted: np.ndarray, resid: np.ndarray, started: int) -> np.nda
     return (np.maximum(fitted, 1e-9) / lo) ** (-2.0 * gamma)
 
 
-def date_onset(t: np.ndarray, y: np.ndarray, raw: np.ndarray, half: int, local: tuple[int, int] | None = None) -> Onset | None:
-    """The onset of the drift that `t` holds (its early level, then the drift to its end), with its 95 %
-    interval: the onsets of every growth law (`_hinge_fits`, `_step_exp_fits`) that fits about as well as the best one, on the
-    whole stretch and on the stretches to where its rise reached `WINDOW_SHARES` of the whole (a real
-    loop's law changes on the way), and, when the segmentation split the drift, on the first change's own
-    segment `local` (index range). The point is the best fit's (lowest BIC) on the whole stretch.
+def date_onset(t: np.ndarray, y: np.ndarray, raw: np.ndarray, half: int,
+               local: tuple[int, int] | None = None) -> Onset | None:
+    """The onset of the drift that `t` holds (its early level, then the drift to its end), and its range:
+    the onsets of every growth law (`_hinge_fits`, `_step_exp_fits`) that fits about as well as the best
+    one (`_plausible`), on the whole stretch, on the stretches to where a first fit's rise reached
+    `WINDOW_SHARES` of the whole and `WINDOW_SIGMAS` times the noise (a real loop's law changes on the way),
+    and, when the segmentation split the drift, on the first change's own segment `local` (index range).
+    The point is the best fit's (lowest BIC) on the whole stretch. The fits are weighted by
+    `noise_weights`.
 
     `y` is the series cleaned against its local level, `raw` as measured: `raw` less a first climb fit is
     cleaned again against its own local level (within `half` steps; a local median of the series itself
