@@ -4,10 +4,12 @@
 The whole run's step times (the step record `gpuadvise profile` writes for every step, profiled or not)
 rise from their early level to a slower one, beyond chance (a CUSUM test at 1 %, stalls and a warm-up
 left out; analyzer/measure/changepoints.py). The drift's shape is a step (a new level), a climb (linear)
-or a faster climb (exponential); it began where the series left its early level (the step of a jump, the
-start of a climb's trend; an exponential's where its excess reached the noise), with a 95 % confidence
-interval for that step (the profile likelihood of the fit), and lasted to the step before it came back, if
-it did. The early level is the
+or a faster climb (its trend grows); it began where the series left its early level (the step of a jump,
+the start of a climb's trend; an exponential's where its excess reached the noise), dated to the steps
+where every growth law that fits about as well begins (a step; the step time growing as u, u^1.5, u², u³,
+u + u², u + u·ln u or exponentially in the steps u since then; the profile likelihood, widened for noise
+whose steps follow each other, on the whole climb and on its first stretch), and lasted to the step
+before it came back, if it did. The early level is the
 median of the unprofiled steps before the onset, the slow one the median of the new level (a step) or of
 a climb's last K steps (K = `--slower-steps`, 20 by default).
 When a window recorded the slow steps (`--when-slower`, `--on-signal`, `--every`), it is compared with
@@ -64,6 +66,7 @@ from gpuadvise.analyzer.measure.longrun import RunAnalysis
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.measure.telemetry import throttling_evidence
 from gpuadvise.analyzer.model.findings import Evidence
+from gpuadvise.analyzer.model.steprecord import dated
 from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.fixtures.longrun import RunFolder, Window, trace_for
 
@@ -94,9 +97,8 @@ class StepTimeDrift(RunRule):
                 and _recurs(a, lv, restart[0]):
             return [self._epoch_restart(a, lv, restart)]  # a blip after the loader's workers restarted: not a drift
         low, high = lv.began_between or (None, None)
-        dated = f" (dated to steps {low}–{high} at 95 % confidence)" if low is not None and high - low >= 2 else ""
-        span = f"from step {lv.began_at}{dated} on" if lv.until is None or last is None or lv.until >= last - lv.k else \
-            f"from step {lv.began_at}{dated} to step {lv.until}"
+        span = f"from step {lv.began_at}{dated(low, high)} on" if lv.until is None or last is None or \
+            lv.until >= last - lv.k else f"from step {lv.began_at}{dated(low, high)} to step {lv.until}"
         shape = SHAPES.get(lv.shape, lv.shape)
         slow_steps = lv.slow_steps or (lv.slow_at, lv.slow_at)
         message = (f"The step time {shape} from a median {lv.early_ms:.2f} ms (steps {lv.early_steps[0]}–"
@@ -136,7 +138,7 @@ class StepTimeDrift(RunRule):
             items=items,
             numbers={"early_ms": round(lv.early_ms, 3), "slow_ms": round(lv.slow_ms, 3),
                      "drift_pct": round(lv.change_pct, 1), "began_at_step": lv.began_at,
-                     "onset_interval": f"steps {low}–{high} (95 % confidence)" if low is not None else None,
+                     "onset_interval": f"steps {low}–{high} (every growth law that fits)" if low is not None else None,
                      "until_step": lv.until,
                      "late_ms": round(lv.late_ms, 3), "k": lv.k, "shape": lv.shape,
                      "statistic": f"median of steps {slow_steps[0]}–{slow_steps[1]}",

@@ -231,7 +231,8 @@ def test_the_run_summary_states_how_closely_the_onset_is_dated(tmp_path):
     lv = summary["levels"]
     low, high = lv["began_between"]
     assert lv["shape"] == "climb" and low <= 80 <= high and low < lv["began_at"] < high
-    assert f"a steady climb from step {lv['began_at']} (dated to steps {low}–{high} at 95 % confidence)" in headline(summary)
+    assert (f"a steady climb from step {lv['began_at']} (dated to steps {low}–{high} by every growth law that fits)"
+            in headline(summary))
 
 
 def test_a_level_reaches_only_steps_nearby():

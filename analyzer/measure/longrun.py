@@ -46,7 +46,7 @@ class Levels:
     slow_steps: tuple[int, int] | None = None  # the steps slow_ms is the median of
     warmup_until: int | None = None  # the last step of a warm-up left out
     p_value: float | None = None  # of the CUSUM test: the chance of so large a change in a steady series
-    began_between: tuple[int, int] | None = None  # the onset's 95 % confidence interval (changepoints.Change)
+    began_between: tuple[int, int] | None = None  # the onset's range: every growth law that fits (changepoints)
 
     @property
     def change_pct(self) -> float:

@@ -5,6 +5,8 @@ the TUI)."""
 
 from __future__ import annotations
 
+from gpuadvise.analyzer.model.steprecord import dated
+
 from . import svg
 from .safe import md, md_code, terminal
 
@@ -73,11 +75,8 @@ def headline(s: dict) -> str:
 
 
 def onset_interval(lv: dict) -> str:
-    """The onset's 95 % interval in words, when it spans more than one step."""
-    low, high = lv.get("began_between") or (None, None)
-    if low is None or high is None or high - low < 2:
-        return ""
-    return f" (dated to steps {low}–{high} at 95 % confidence)"
+    """The onset's interval in words, when it spans more than one step."""
+    return dated(*(lv.get("began_between") or (None, None)))
 
 
 def memory_line(s: dict) -> str | None:
