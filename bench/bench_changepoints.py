@@ -1,10 +1,13 @@
 """Change points on labelled step-time series: where a drift began, its shape, a stall's period, and what
-pure noise makes each method say. Ground truth is known because the series are made here, from seeds.
+pure noise makes each method say. Ground truth is known because the series are made here, from seeds; and
+(`--loops`) on real CPU loops whose work starts growing at a known step.
 
-    python bench/bench_changepoints.py                # both methods side by side, 1 200 series each
+    python bench/bench_changepoints.py                # both methods side by side, 120 series a family
     python bench/bench_changepoints.py --seeds 400    # more series per family
     python bench/bench_changepoints.py --method changepoint   # only the change-point module
-    python bench/bench_changepoints.py --loops        # and four real CPU loops under gpuadvise profile
+    python bench/bench_changepoints.py --loops        # real loops instead: 20 runs a growth law
+    python bench/bench_changepoints.py --loops --runs 5 --keep DIR   # fewer, and keep the run folders
+    python bench/bench_changepoints.py --loops --again DIR           # read kept run folders again
 
 Methods:
 - `threshold` (before): the run-level measures as they were (the onset at the first step whose local
@@ -12,22 +15,39 @@ Methods:
   residue class held most slow steps) and the `--when-slower` watch as it was. Copied below so that the
   two are measured in the same run.
 - `changepoint` (after): analyzer/measure/changepoints.py (CUSUM test, step/linear/exponential fits,
-  warm-up, hypergeometric period test) and harness/windows/slowwatch.py.
+  warm-up, the onset dated by every growth law that fits, hypergeometric period test) and
+  harness/windows/slowwatch.py.
 
 Families (each series 150, 300 or 600 steps, base 2, 10 or 50 ms, noise 1–15 % Gaussian, uniform
 jitter or log-normal): step change, linear climb, exponential climb, slow growth, periodic stall (periods
 7–61, some recurring only twice), random GC-like pauses, warm-up, warm-up then climb, stall then step,
-pure noise. An exponential climb's onset is where its excess reached the
-noise's standard deviation (its mathematical start is invisible under noise). Printed per family: how often a drift was found, onset error (median and 95th percentile, in
-steps and % of the run; the share within ±5 % of the run), how often a period was found and was exact,
-and the `--when-slower` watch's windows (right and wrong triggers). For the change points, per drift family,
-the onset's 95 % interval: how often it holds the truth, how wide it is, and the share within ±5 % among
-the series it calls resolvable (an interval at most 10 % of the run wide: a slow growth under 15 % noise
-can be dated only to a quarter of the run, by any method), and two yardsticks on the pure step, linear
-and slow-growth series: the least-squares fit of the true shape (the maximum-likelihood onset for a
-method told the shape) and the onset alone with the true level and slope given. Targets: onset within ±5 % on climbs
-and step changes, no drift and no periodic stall on pure noise in 99 % of series, a period found exactly
-when it recurs at least 3 times.
+pure noise; and laws none of the fits is, or noise they do not assume: n log n (a history of 30–1000 items
+a step, sorted), quadratic, a kinked climb (each item 2–5× slower from some length on: a cache outgrown),
+a climb with a dip (a cache flushed once: it falls back part of the way, then goes on), a linear climb
+under heavy-tailed noise (Student's t, 3 degrees of freedom) and under autocorrelated noise (AR(1), lag-1
+correlation 0.3–0.6), and autocorrelated noise alone. An onset is the first step of the new regime; an
+exponential climb's is where its excess reached the noise's standard deviation (its mathematical start is
+invisible under noise). Printed per family: how often a drift was found, onset error (median and 95th
+percentile, in steps and % of the run; the share within ±5 % of the run), how often a period was found and
+was exact, and the `--when-slower` watch's windows (right and wrong triggers). For the change points, per
+drift family, the onset's interval: how often it holds the truth (of the drifts found), how wide it is,
+and the share within ±5 % among the series it calls resolvable (an interval at most 10 % of the run wide:
+a slow growth under 15 % noise can be dated only to a quarter of the run, by any method), and two
+yardsticks on the pure step, linear and slow-growth series: the least-squares fit of the true shape (the
+maximum-likelihood onset for a method told the shape) and the onset alone with the true level and slope
+given. Targets: onset within ±5 % on climbs and step changes, no drift and no periodic stall on pure noise
+in 99 % of series, a period found exactly when it recurs at least 3 times.
+
+`--loops`: a training loop (a small model's step, 6–10 ms of host jitter) whose host work starts growing
+at a known step by one law — a history scanned in full (linear), sorted (n log n, the case of a history
+list sorted every step), compared pairwise (quadratic), a fixed extra pass from that step (a step), and a
+scan whose history is cut back once (a climb that dips back) — plus a steady one, each run `--runs` times
+(150 or 200 steps, the onset a quarter to 60 % of the way in, the size from a seed) under `gpuadvise
+profile --when-slower 50`, timed by the step record the harness writes, read as `gpuadvise analyze` reads
+it. Printed per law: runs, how often a drift was found, how often the onset's interval held the true onset
+(of all runs), its median width, the point's error, and among the runs whose interval is at most 10 % of
+the run wide, how often the point is within ±5 % of the run. The machine's own load is the noise: run
+`uptime` beside it.
 """
 
 from __future__ import annotations
@@ -51,7 +71,8 @@ K = 20
 MIN_DRIFT_PCT, MIN_DRIFT_MS = 15.0, 0.5  # step-time-drift's thresholds
 MIN_X, MIN_EXCESS_MS = 2.0, 1.0  # periodic-stall's
 WATCH_PCT = 50.0
-DRIFTS = ("step", "linear", "exponential", "slow growth", "warm-up then climb", "stall then step")
+DRIFTS = ("step", "linear", "exponential", "slow growth", "warm-up then climb", "stall then step", "n log n", "quadratic",
+          "kinked climb", "climb with a dip", "heavy-tailed climb", "autocorrelated climb")
 STALLS = ("periodic stall", "stall then step")
 
 
@@ -63,36 +84,70 @@ def series(family: str, seed: int) -> dict:
     base = float(rng.choice([2.0, 10.0, 50.0]))
     cv = float(rng.choice([0.01, 0.05, 0.15]))
     kind = rng.choice(["gauss", "uniform", "lognormal"])
+    if family.startswith("heavy-tailed"):
+        kind = "student"
+    elif family.startswith("autocorrelated"):
+        kind = "ar"
     t = np.arange(3, n + 3)
     if kind == "gauss":
         noise = rng.normal(0, cv * base, n)
     elif kind == "uniform":
         noise = rng.uniform(-cv * base * 1.7, cv * base * 1.7, n)
+    elif kind == "student":  # heavy tails: Student's t with 3 degrees of freedom, the same spread
+        noise = cv * base * rng.standard_t(3, n) / np.sqrt(3.0)
+    elif kind == "ar":  # a busy machine slows a run of steps: AR(1), lag-1 correlation 0.3–0.6, the same spread
+        rho = rng.uniform(0.3, 0.6)
+        z = rng.normal(0, cv * base * np.sqrt(1 - rho * rho), n)
+        noise = np.empty(n)
+        noise[0] = rng.normal(0, cv * base)
+        for i in range(1, n):
+            noise[i] = rho * noise[i - 1] + z[i]
     else:
         noise = base * (rng.lognormal(0, cv, n) - np.exp(cv * cv / 2))
     y = base + noise
     truth = {"family": family, "n": n, "onset": None, "period": None, "drift": False, "stall": False}
     onset = int(rng.integers(int(0.2 * n), int(0.8 * n)))
+    # an onset is the first step of the new regime: a climb's excess is u·slope there, u = t − onset + 1
+    u = np.where(t >= onset, t - onset + 1, 0).astype(float)
+    span = float(t[-1] - onset + 1)
     if family in ("step", "stall then step"):
         jump = base * rng.uniform(0.25, 1.0)
         y = y + np.where(t >= onset, jump, 0.0)
         truth.update(onset=onset, drift=True, shape="step", level=base, jump=jump)
-    elif family in ("linear", "warm-up then climb"):
+    elif family in ("linear", "warm-up then climb", "heavy-tailed climb", "autocorrelated climb"):
         rise = base * rng.uniform(0.4, 2.0)
-        y = y + np.where(t >= onset, rise * (t - onset) / (t[-1] - onset), 0.0)
-        truth.update(onset=onset, drift=True, shape="hinge", level=base, slope=rise / (t[-1] - onset))
+        y = y + rise * u / span
+        truth.update(onset=onset, drift=True, shape="hinge", level=base, slope=rise / span)
     elif family == "exponential":
-        efold = (t[-1] - onset) * rng.uniform(0.15, 0.35)
+        efold = span * rng.uniform(0.15, 0.35)
         rise = base * rng.uniform(0.5, 3.0)
-        excess = np.where(t >= onset, rise * np.expm1((t - onset) / efold) / np.expm1((t[-1] - onset) / efold), 0.0)
+        excess = rise * np.expm1(u / efold) / np.expm1(span / efold)
         y = y + excess
         # an exponential has no visible start: it left the early level where its excess reached the noise
         truth.update(onset=int(t[np.argmax(excess >= cv * base)]), drift=True, start=onset)
     elif family == "slow growth":  # memory that fills a cache: 30–50 % over most of the run
         onset = int(rng.integers(int(0.1 * n), int(0.3 * n)))
+        u, span = np.where(t >= onset, t - onset + 1, 0).astype(float), float(t[-1] - onset + 1)
         rise = base * rng.uniform(0.3, 0.5)
-        y = y + np.where(t >= onset, rise * (t - onset) / (t[-1] - onset), 0.0)
-        truth.update(onset=onset, drift=True, shape="hinge", level=base, slope=rise / (t[-1] - onset))
+        y = y + rise * u / span
+        truth.update(onset=onset, drift=True, shape="hinge", level=base, slope=rise / span)
+    elif family == "n log n":  # a history of m items a step, sorted every step
+        m = rng.uniform(30, 1000)
+        y = y + base * rng.uniform(0.5, 3.0) * u * np.log(np.maximum(m * u, 1.0)) / (span * np.log(m * span))
+        truth.update(onset=onset, drift=True)
+    elif family == "quadratic":  # every pair of a growing history compared
+        y = y + base * rng.uniform(0.5, 3.0) * (u / span) ** 2
+        truth.update(onset=onset, drift=True)
+    elif family == "kinked climb":  # a list that outgrows a cache: each item slower from some length on
+        knee = onset + int(span * rng.uniform(0.3, 0.6))
+        grown = u + rng.uniform(1.0, 4.0) * np.maximum(t - knee, 0)
+        y = y + base * rng.uniform(0.5, 3.0) * grown / grown[-1]
+        truth.update(onset=onset, drift=True)
+    elif family == "climb with a dip":  # a cache flushed once: the climb falls back part of the way, then goes on
+        dip = onset + int(span * rng.uniform(0.4, 0.7))
+        grown = np.where(t >= dip, u - rng.uniform(0.5, 1.0) * (dip - onset + 1), u)
+        y = y + base * rng.uniform(0.5, 3.0) * grown / grown[-1]
+        truth.update(onset=onset, drift=True)
     if family in ("warm-up", "warm-up then climb"):
         w = int(rng.integers(3, 16))
         y[:w] += base * rng.uniform(0.5, 4.0) * np.exp(-np.arange(w) / max(w / 3, 1))
@@ -112,7 +167,8 @@ def series(family: str, seed: int) -> dict:
 
 
 FAMILIES = ("step", "linear", "exponential", "slow growth", "periodic stall", "gc pauses", "warm-up",
-            "warm-up then climb", "stall then step", "noise")
+            "warm-up then climb", "stall then step", "noise", "n log n", "quadratic", "kinked climb", "climb with a dip",
+            "heavy-tailed climb", "autocorrelated climb", "autocorrelated noise")
 
 
 # -- the threshold method, as it was before the change-point module ---------------------------------------
@@ -239,7 +295,8 @@ def oracle_onsets(t, y, truth) -> tuple[int, int] | None:
     a = (sy - b * sx) / n
     sse = syy - a * sy - b * sxy
     known = ((y[None, :] - truth["level"] - truth["slope"] * x) ** 2).sum(1)
-    return int(round(taus[int(np.argmin(sse))])), int(round(taus[int(np.argmin(known))]))
+    # the first step after the fitted hinge: where the new regime's excess is positive
+    return int(np.floor(taus[int(np.argmin(sse))])) + 1, int(np.floor(taus[int(np.argmin(known))])) + 1
 
 
 # -- the change-point method ---------------------------------------------------------------------------------
@@ -302,7 +359,7 @@ def evaluate(method: str, seeds: int) -> list[dict]:
                 if tr["onset"] is not None:
                     stats["onset_err"].append(abs(onset - tr["onset"]))
                     stats["onset_pct"].append(100 * abs(onset - tr["onset"]) / tr["n"])
-                    if low is not None:  # the onset's 95 % interval: its width, and whether it holds the truth
+                    if low is not None:  # the onset's range: its width, and whether it holds the truth
                         stats["ci_width_pct"].append(100 * (high - low) / tr["n"])
                         stats["ci_holds"] += low <= tr["onset"] <= high
             best = oracle_onsets(t, y, tr)
@@ -367,7 +424,8 @@ def table(method: str, rows: list[dict]) -> str:
 def targets(rows: list[dict]) -> list[str]:
     by = {r["family"]: r for r in rows}
     lines = []
-    for fam in ("step", "linear", "exponential", "slow growth", "warm-up then climb"):
+    for fam in ("step", "linear", "exponential", "slow growth", "warm-up then climb", "n log n", "quadratic",
+                "kinked climb", "climb with a dip", "heavy-tailed climb", "autocorrelated climb"):
         p = by[fam]["onset_pct"]
         found = len(p) / by[fam]["series"]
         within = sum(1 for v in p if v <= 5.0) / max(len(p), 1)
@@ -375,10 +433,10 @@ def targets(rows: list[dict]) -> list[str]:
                 "of those found")
         w = by[fam]["ci_width_pct"]
         if w and len(w) == len(p):
-            # resolvable: the onset's 95 % interval is at most 10 % of the run wide (±5 %); a wider one says the
+            # resolvable: the onset's range is at most 10 % of the run wide (±5 %); a wider one says the
             # data cannot date it that closely, whatever the method
             ok = [e for e, width in zip(p, w) if width <= 10.0]
-            line += (f"; its 95 % interval holds the truth in {100 * by[fam]['ci_holds'] / len(w):.1f} %, is at most 10 % "
+            line += (f"; its interval holds the truth in {100 * by[fam]['ci_holds'] / len(w):.1f} %, is at most 10 % "
                      f"of the run wide in {len(ok)}/{len(w)} (median width {np.median(w):.1f} %, p95 "
                      f"{np.percentile(w, 95):.1f} %), and of those the onset is within ±5 % in "
                      f"{100 * sum(1 for e in ok if e <= 5.0) / max(len(ok), 1):.1f} %")
@@ -389,9 +447,10 @@ def targets(rows: list[dict]) -> list[str]:
                      f"level and {'jump' if fam == 'step' else 'slope'} given, in "
                      f"{100 * sum(1 for e in known if e <= 5.0) / len(known):.1f} %")
         lines.append(line)
-    noise = by["noise"]
-    lines.append(f"pure noise: no drift in {100 - 100 * noise['drift'] / noise['series']:.1f} %, no periodic stall in "
-                 f"{100 - 100 * noise['period_said_wrongly'] / noise['series']:.1f} % (target ≥ 99 %)")
+    for fam, name in (("noise", "pure noise"), ("autocorrelated noise", "autocorrelated noise")):
+        noise = by[fam]
+        lines.append(f"{name}: no drift in {100 - 100 * noise['drift'] / noise['series']:.1f} %, no periodic stall in "
+                     f"{100 - 100 * noise['period_said_wrongly'] / noise['series']:.1f} % (target ≥ 99 %)")
     cost = [1e3 * v for r in rows if r["family"] in DRIFTS for v in r["drift_s"]]
     lines.append(f"drift analysis per series (150–600 steps, drift families): median {np.median(cost):.1f} ms, p95 "
                  f"{np.percentile(cost, 95):.1f} ms")
@@ -403,74 +462,172 @@ def targets(rows: list[dict]) -> list[str]:
 
 # -- real CPU loops, profiled ---------------------------------------------------------------------------------
 
+# A training loop whose host work starts growing at step AT, by one growth law: the work is real (a list
+# scanned, sorted, compared pairwise; a fixed sort that starts at AT), timed by the step record
+# `gpuadvise profile` writes. Its step N runs from the N-th optimizer step to the next, so the work after
+# `opt.step()` in the loop's step N is the record's step N: the step law's onsets, found exactly, check it.
 LOOP = """
-import random, sys, time
+import itertools, random, sys, time
 import torch
 
 torch.set_num_threads(1)
-random.seed(0)
+law, steps, at, size, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+rng = random.Random(seed)
 model = torch.nn.Linear(16, 16)
-kind, steps, at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+chunk = [rng.random() for _ in range(size)]  # the step law's table; what the linear laws' history grows by
+history = []
+dip = at + int((steps - at) * rng.uniform(0.4, 0.7))  # the dip law's step where most of the history is dropped
+keep = rng.uniform(0.0, 0.5)  # and the share of it kept
 for i in range(steps):
-    model(torch.randn(4, 16)).sum().backward()
     step = i + 1
-    ms = 6.0 + random.uniform(0, 4.0)  # host jitter
-    if kind == "climb":
-        ms += 0.4 * max(0, step - at)  # a list scanned in full, one more item each step
-    elif kind == "step":
-        ms += 8.0 if step >= at else 0.0  # a cache that stops fitting
-    elif kind == "stall" and step % at == 0:
-        ms += 80.0  # a checkpoint every `at` steps
-    time.sleep(ms / 1e3)
+    model(torch.randn(4, 16)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    time.sleep(0.006 + rng.uniform(0, 0.004))  # host jitter: data loading, logging
+    if step < at or law == "steady":
+        continue
+    if law == "step":  # a fixed extra pass over a table every step from AT (a cache that stops fitting)
+        sum(v * v for v in chunk)
+    elif law == "n log n":  # a growing history, sorted every step
+        history.extend(rng.random() for _ in range(size))
+        sorted(history)
+    elif law == "quadratic":  # every pair of a growing history compared every step
+        history.extend(chunk)
+        sum(a < b for a, b in itertools.combinations(history, 2))
+    else:  # linear: a growing history scanned in full every step
+        history.extend(chunk)
+        if law == "dip" and step == dip:  # a cache flushed once: the climb falls back, then climbs again
+            del history[int(keep * len(history)):]
+        sum(v * v for v in history)
 """
-LOOPS = (("climb", 150, 60), ("step", 150, 70), ("stall", 150, 20), ("noisy steady", 150, 0))
+# per law: the items the work grows by each step (a list scanned: thousands; sorted: a couple of thousand;
+# compared pairwise: a dozen), or the fixed table's size for the step law: chosen (on this kind of machine,
+# ~20 ns an item scanned) so that the extra work reaches the steps' noise (~2 ms on a 10 ms step) within a few
+# percent of the run, whatever it does later (a list that outgrows a cache makes each item slower)
+LOOP_SIZES = {"linear": (8_000, 20_000), "n log n": (1_500, 3_000), "quadratic": (10, 16),
+              "step": (300_000, 800_000), "dip": (8_000, 20_000), "steady": (1, 2)}
+LOOP_LAWS = tuple(LOOP_SIZES)
 
 
-def loops() -> None:
-    """Each loop under `gpuadvise profile --when-slower 50`, then `gpuadvise analyze`: its truth against
-    the run-level levels, the periodic-stall finding and the windows recorded."""
-    import json
+def loop_plan(law: str, run: int) -> dict:
+    """One run of a law: its length (150 or 200 steps), onset (a quarter to 60 % of the way in) and size,
+    from a seed."""
+    rng = np.random.default_rng([zlib.crc32(law.encode()), run])
+    steps = int(rng.choice([150, 200]))
+    lo, hi = LOOP_SIZES[law]
+    return {"law": law, "run": run, "steps": steps, "at": int(rng.integers(int(0.25 * steps), int(0.6 * steps))),
+            "size": int(rng.integers(lo, hi + 1)), "seed": int(rng.integers(1 << 30))}
+
+
+def profile_loop(plan: dict, folder: Path, script: Path) -> None:
+    """`gpuadvise profile --when-slower 50` of the loop, as in the report's own test, into `folder`."""
     import os
     import subprocess
-    import tempfile
 
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    with tempfile.TemporaryDirectory() as tmp:
-        script = Path(tmp) / "loop.py"
+    subprocess.run([sys.executable, "-m", "gpuadvise", "profile", "-q", "-o", str(folder), "--wait", "3",
+                    "--warmup", "1", "--active", "3", "--when-slower", "50", "--slower-steps", "20", str(script),
+                    plan["law"], str(plan["steps"]), str(plan["at"]), str(plan["size"]), str(plan["seed"])],
+                   check=True, env=env, cwd=folder.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def loop_levels(folder: Path):
+    """What the run-level report says about the run's step record (its `long_runs[].levels`)."""
+    from gpuadvise.analyzer.measure.longrun import RunAnalysis
+    from gpuadvise.analyzer.read.steprecord import load_step_record
+
+    return RunAnalysis(record=load_step_record(folder / "steps.jsonl"), k=K).levels
+
+
+def loops(runs: int, keep: Path | None = None, again: Path | None = None) -> list[dict]:
+    """Each law's loop `runs` times under `gpuadvise profile --when-slower 50` (or the run folders kept
+    by an earlier `--keep`, read again), then the run-level levels of its step record against the truth."""
+    import json
+    import os
+    import shutil
+    import tempfile
+
+    rows = []
+    tmp = Path(tempfile.mkdtemp(prefix="loops-"))
+    try:
+        base = again or keep or tmp
+        base.mkdir(parents=True, exist_ok=True)
+        script = tmp / "loop.py"
         script.write_text(LOOP)
-        print("| Loop | Truth | Shape found | Onset found | Period found | Windows after the first (why) |")
-        print("|---|---|---|---:|---:|---|")
-        heads = []
-        for kind, steps, at in LOOPS:
-            run = Path(tmp) / kind.replace(" ", "-")
-            subprocess.run([sys.executable, "-m", "gpuadvise", "profile", "-q", "-o", str(run), "--wait", "3",
-                            "--warmup", "1", "--active", "3", "--when-slower", "50", "--slower-steps", "20",
-                            str(script), kind.split()[0], str(steps), str(at)], check=True, env=env, cwd=tmp)
-            doc = json.loads(subprocess.run([sys.executable, "-m", "gpuadvise", "analyze", str(run), "--format", "json"],
-                                            check=True, capture_output=True, text=True, env=env).stdout)
-            text = subprocess.run([sys.executable, "-m", "gpuadvise", "analyze", str(run)], capture_output=True,
-                                  text=True, env=env).stdout
-            lv = doc["long_runs"][0]["levels"] or {}
-            stall = next((f for f in doc["findings"] if f["topic"] == "periodic-stall"), None)
-            later = doc["long_runs"][0]["windows"][1:]
-            truth = {"climb": f"climb from step {at}", "step": f"step at step {at}", "stall": f"stall every {at}",
-                     "noisy steady": "steady"}[kind]
-            print(f"| {kind} | {truth} | {lv.get('shape', '–')} | {lv.get('began_at') or '–'} | "
-                  f"{stall['evidence']['numbers']['period_steps'] if stall else '–'} | "
-                  f"{len(later)} ({', '.join(w['trigger'] for w in later) or 'none'}) |")
-            heads.append((kind, [x for x in text.splitlines() if x.startswith(("over the run", "  window"))]
-                          + [x for x in text.splitlines() if x.startswith(("1. ", "2. ", "3. "))]))
-        for kind, lines in heads:
-            print(f"\n{kind}:")
-            print("\n".join(lines))
+        for law in LOOP_LAWS:
+            for run in range(runs):
+                plan = loop_plan(law, run)
+                folder = base / f"{law.replace(' ', '-')}-{run:03d}"
+                if again is None:
+                    if folder.exists():
+                        shutil.rmtree(folder)
+                    t0, plan["load"] = time.perf_counter(), os.getloadavg()[0]
+                    profile_loop(plan, folder, script)
+                    plan["seconds"] = time.perf_counter() - t0
+                    (folder / "truth.json").write_text(json.dumps(plan))
+                elif (folder / "truth.json").exists():
+                    plan = json.loads((folder / "truth.json").read_text())  # as it was run
+                else:
+                    continue
+                lv = loop_levels(folder)
+                rows.append({**plan, "found": lv is not None and lv.began_at is not None,
+                             "onset": lv.began_at if lv else None, "shape": lv.shape if lv else None,
+                             "between": (lv.began_between or (lv.began_at, lv.began_at)) if lv and lv.began_at else None})
+                print(f"  {law} {run}: {plan['steps']} steps, onset {plan['at']} → {rows[-1]['shape']} "
+                      f"{rows[-1]['onset']} {rows[-1]['between']}", file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return rows
+
+
+def loop_table(rows: list[dict]) -> str:
+    """Per law: how often a drift was found, how often the onset's interval held the true onset, its median
+    width and the point's error, and among the runs whose interval is at most 10 % of the run wide, how
+    often the point is within ±5 % of the run."""
+    out = ["| Growth law | Runs | Drift found | Interval holds the true onset | Median interval width, % of run | "
+           "Point error, % of run (median / max) | Interval ≤ 10 % of the run | of those, point within ±5 % |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for law in LOOP_LAWS:
+        rs = [r for r in rows if r["law"] == law]
+        if not rs:
+            continue
+        n = len(rs)
+        found = [r for r in rs if r["found"]]
+        if law == "steady":
+            out.append(f"| steady (no growth) | {n} | {_pct(len(found), n)} | – | – | – | – | – |")
+            continue
+        holds = sum(1 for r in found if r["between"][0] <= r["at"] <= r["between"][1])
+        width = [100 * (r["between"][1] - r["between"][0]) / r["steps"] for r in found]
+        err = [100 * abs(r["onset"] - r["at"]) / r["steps"] for r in found]
+        tight = [e for e, w in zip(err, width) if w <= 10.0]
+        out.append(f"| {law} | {n} | {_pct(len(found), n)} | {_pct(holds, n)} | "
+                   f"{np.median(width):.1f} | {np.median(err):.1f} / {max(err):.1f} | {len(tight)}/{len(found)} | "
+                   f"{_pct(sum(1 for e in tight if e <= 5.0), len(tight))} |" if found else
+                   f"| {law} | {n} | 0 % | 0 % | – | – | – | – |")
+    return "\n".join(out)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=120, help="series per family (default 120)")
     ap.add_argument("--method", choices=["both", *METHODS], default="both")
-    ap.add_argument("--loops", action="store_true", help="also profile the four real CPU loops (about a minute)")
+    ap.add_argument("--loops", action="store_true",
+                    help="real CPU loops instead: each growth law's loop profiled --runs times (up to a minute a run "
+                         "on a busy machine)")
+    ap.add_argument("--runs", type=int, default=20, help="with --loops: runs per growth law (default 20)")
+    ap.add_argument("--keep", type=Path, help="with --loops: keep the run folders (and their truth) here")
+    ap.add_argument("--again", type=Path, help="with --loops: read the run folders an earlier --keep kept, profile none")
     args = ap.parse_args(argv)
+    if args.loops:
+        import os
+
+        t0, load = time.perf_counter(), os.getloadavg()
+        rows = loops(args.runs, args.keep, args.again)
+        print(loop_table(rows))
+        print(f"\n({time.perf_counter() - t0:.1f} s; load average {load[0]:.1f} at the start, "
+              f"{os.getloadavg()[0]:.1f} at the end, {os.cpu_count()} CPUs)")
+        return 0
     for method in (METHODS if args.method == "both" else [args.method]):
         t0 = time.perf_counter()
         rows = evaluate(method, args.seeds)
@@ -479,8 +636,6 @@ def main(argv=None) -> int:
         for line in targets(rows):
             print(f"- {line}")
         print(f"\n({time.perf_counter() - t0:.1f} s)\n")
-    if args.loops:
-        loops()
     return 0
 
 

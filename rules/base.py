@@ -50,6 +50,13 @@ class Rule:
     # rules are shared between two processes (run/rulequeue.py), such rules are taken first, and the
     # cheap ones after them even out the two processes' ends. It changes nothing else.
     costly: bool = False
+    # the run.json facts its fix changes, as `gpuadvise compare` names them ("dataloader[*].num_workers": `*`
+    # is any index or word): compare counts the fix as applied where one of them differs between the runs
+    fix_facts: tuple = ()
+
+    def applied_in(self, key: str) -> bool:
+        """Whether a fact that differs between two runs (compare's key) is one this rule's fix changes."""
+        return any(re.fullmatch(re.escape(p).replace(r"\*", r"[^.\]]*"), key) for p in self.fix_facts)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from gpuadvise.analyzer.measure import perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
+from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.model.calls import LAUNCH_CALLS
 from gpuadvise.fixtures.builder import TraceBuilder
@@ -72,16 +73,13 @@ class CaptureProblem(Rule):
                        "CUDA calls: it was captured without `ProfilerActivity.CUDA`.",
                        "Add `ProfilerActivity.CUDA` to the profiler's activities.", "high")
         elif not has_gpu:
-            steps = perstep.count_of(len(a.metrics.steps), "step")
-            problem = (f"No GPU activity was recorded ({len(m.cpu)} CPU ops, {steps}, no CUDA/HIP "
-                       "calls): this looks like a CPU-only run, so GPU findings do not apply.",
-                       "If the job should use a GPU, check that the model and batches are moved to it (`.to('cuda')`).",
-                       "info")
+            problem = self._no_gpu_work(a, numbers)
         if problem:
-            message, advice, severity = problem
+            message, advice, severity, *fix = problem
             out.append(self.finding(message=message, evidence=Evidence(numbers=numbers), saving=0.0,
-                                    basis="not a time saving: the capture must be fixed first", advice=advice,
-                                    severity=severity))
+                                    basis="not a time saving: the capture must be fixed first" if not fix else
+                                    "not a time saving: nothing was wrong with the capture", advice=advice,
+                                    severity=severity, fix=fix[0] if fix else None))
         if meta.truncated:
             out.append(self.finding(
                 message=f"The trace file ends mid-event (the job stopped while writing it); {meta.events_total} complete "
@@ -90,6 +88,38 @@ class CaptureProblem(Rule):
                 saving=0.0, basis="not a time saving: findings may be incomplete", severity="medium",
                 advice="Let the profiler finish writing (`gpuadvise profile` writes the trace when the window completes)."))
         return out
+
+    def _no_gpu_work(self, a: Analysis, numbers: dict) -> tuple:
+        """No GPU work and no CUDA/HIP call in the trace. run.json says whether the process had a GPU: without
+        one this is a CPU run, which needs no capture fix (its findings are the CPU's); with one, the script
+        put no work on it. Without run.json the trace cannot tell a CPU run from a lost GPU timeline."""
+        m = a.model
+        steps = perstep.count_of(len(a.metrics.steps), "step")
+        gpu = runfacts.cuda_available(a.facts)
+        torch = runfacts.machine(a.facts).get("torch")
+        torch = torch if isinstance(torch, dict) else {}
+        if gpu is False:
+            build = torch.get("build")
+            version = torch.get("version")
+            why = (f"torch {version} is a CPU-only build" if build == "cpu" and isinstance(version, str) else
+                   "torch found no GPU in the profiled process")
+            numbers.update(run_had_gpu=False, **({"torch_build": build} if isinstance(build, str) else {}))
+            return (f"This run had no GPU (run.json: {why}), so no GPU activity was recorded ({len(m.cpu)} CPU ops, "
+                    f"{steps}) and no GPU finding applies: the findings here are about the CPU's time.",
+                    "Nothing to fix in the capture. To profile GPU work, run on a machine with a GPU"
+                    + (" and a CUDA or ROCm build of torch." if build == "cpu" else "."),
+                    "info", "")
+        if gpu is True:
+            name = runfacts.device_name(a.facts)
+            numbers.update(run_had_gpu=True)
+            return (f"The process had a GPU{f' ({name})' if name else ''} (run.json), but the recorded steps put no "
+                    f"work on it: {len(m.cpu)} CPU ops, {steps}, no CUDA/HIP calls.",
+                    "Move the model and the batches to the GPU (`model.to('cuda')`, "
+                    "`x.to('cuda', non_blocking=True)`) if the job should use it.", "info", "")
+        return (f"No GPU activity was recorded ({len(m.cpu)} CPU ops, {steps}, no CUDA/HIP "
+                "calls): this looks like a CPU-only run, so GPU findings do not apply.",
+                "If the job should use a GPU, check that the model and batches are moved to it (`.to('cuda')`).",
+                "info")
 
     def positive(self) -> TraceBuilder:
         # CUPTI failure: runtime launches but no GPU events

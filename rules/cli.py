@@ -12,8 +12,8 @@ from . import all_rules, catalog, find_rule
 
 def build_rules_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuadvise rules", description="List every rule: code, name, title.")
-    p.add_argument("--format", choices=("text", "markdown", "json"), default="text",
-                   help="text (one line a rule), markdown (the documentation's rule table) or json (everything a "
+    p.add_argument("--format", choices=("text", "markdown", "md", "json"), default="text",
+                   help="text (one line a rule), markdown or md (the documentation's rule table) or json (everything a "
                         "script needs: code, name, topic, title, requires, thresholds, docs sections)")
     p.add_argument("--update", metavar="FILE",
                    help="with --format markdown: write the table into FILE between its rule-table markers")
@@ -32,6 +32,8 @@ def build_explain_parser() -> argparse.ArgumentParser:
 
 def rules_main(argv: list[str]) -> int:
     args = build_rules_parser().parse_args(argv)
+    if args.format == "md":  # the name `analyze --format` gives markdown
+        args.format = "markdown"
     if args.pages:
         try:
             changed = catalog.write_pages(args.pages)

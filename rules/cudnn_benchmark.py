@@ -64,6 +64,7 @@ class CudnnBenchmark(Rule):
     name = "cudnn-benchmark"
     title = "cudnn.benchmark is off while fixed-shape convolutions take a real share of the step"
     thresholds = {"min_conv_pct_of_step": 10.0, "generic_kernel_speedup": 2.0}
+    fix_facts = ("settings.cudnn_benchmark",)
 
     def check(self, a: Analysis):
         if runfacts.flag(a.facts, "cudnn_benchmark") is not False:

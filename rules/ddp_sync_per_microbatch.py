@@ -26,8 +26,9 @@ for i, batch in enumerate(micro_batches):
 optimizer.step()
 optimizer.zero_grad(set_to_none=True)
 ```
-With Hugging Face Accelerate, `with accelerator.accumulate(model):` does this; in Lightning,
-`accumulate_grad_batches=N` does.
+With Hugging Face Accelerate, `with accelerator.accumulate(model):` does this.
+
+Under Lightning, `accumulate_grad_batches=N` does.
 
 ## Thresholds
 Fires when the median step holds at least 2 DDP forward passes and at least 2 of them all-reduced (or

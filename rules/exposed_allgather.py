@@ -89,7 +89,7 @@ class ExposedAllGather(Rule):
         else:
             message += (f"Prefetching each all-gather under the compute before it would hide up to "
                         f"{hide_us / 1e3:.2f} ms per step.{setting}")
-        order = np.argsort(-exposed)[:8]
+        order = np.argsort(-exposed, kind="stable")[:8]  # the earliest of equal ones, on any CPU
         evidence = Evidence(
             steps=[s.number for s in m.steps],
             time_ranges_ms=[(a.rel_ms(float(c.start_us[rows[i]] - c.base_us)), a.rel_ms(float(c.end_us[rows[i]] - c.base_us)))

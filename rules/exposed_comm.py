@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 model = DDP(
     model, device_ids=[local_rank],
-    bucket_cap_mb=25,              # smaller buckets start all-reducing earlier in backward
+    bucket_cap_mb=10,              # smaller buckets than the default 25 start all-reducing earlier
     gradient_as_bucket_view=True,  # no extra gradient copies into the buckets
     static_graph=True,             # lets DDP schedule the reduction of a fixed graph ahead
 )
@@ -137,23 +137,12 @@ class ExposedComm(Rule):
                  "other ranks included; every rank's trace tells the two apart")
         advice = ADVICE.get(next(iter(kinds)), ADVICE["all_reduce"])
         f = self.finding(message=message, evidence=evidence, saving=share, basis=basis, advice=advice,
-                         fix=self._fix(a.facts))
+                         fix=self._fix(a.facts, gpu=any(w == coll.KERNEL for w in c.where)))
         f.impact.upper_bound = True
         return [f]
 
-    def _fix(self, facts: dict) -> str:
-        """The Fix without the DDP settings run.json records as set already on every DDP the script built."""
-        built = runfacts.ddp(facts)
-        if not built:
-            return self.fix
-        already = {
-            "bucket_cap_mb=": all(d.bucket_cap_mb is not None and d.bucket_cap_mb <= 25 for d in built),
-            "gradient_as_bucket_view=": all(d.gradient_as_bucket_view for d in built),
-            "static_graph=": all(d.static_graph for d in built),
-        }
-        lines = [line for line in self.fix.splitlines()
-                 if not any(key in line and done for key, done in already.items())]
-        return "\n".join(lines)
+    def _fix(self, facts: dict, gpu: bool = True) -> str:
+        return ddp_fix(self.fix, facts, gpu)
 
     def positive(self) -> TraceBuilder:
         # rank 0 of a job that all-reduces after all of backward, in one bucket: 3 ms exposed in a ~13 ms step
@@ -162,6 +151,28 @@ class ExposedComm(Rule):
     def negative(self) -> TraceBuilder:
         # the same 3 ms of all-reduce in 4 buckets, each reduced while the next bucket computes
         return job_folder(ranks=4, compute_us=10_000, transfer_us=750, buckets=4).ranks[0]
+
+
+def ddp_fix(fix: str, facts: dict, gpu: bool, buckets_split: bool = True) -> str:
+    """A Fix block's DDP(...) call as it applies to this job: `device_ids` only where the collectives run on
+    a GPU (a gloo job on the CPU takes none), and none of the settings run.json records as set already on
+    every DDP the script built (`bucket_cap_mb` at the 10 asked for or below), nor `bucket_cap_mb` where no
+    bucket size splits the gradients (`buckets_split` False)."""
+    built = runfacts.ddp(facts)
+    already = {
+        "bucket_cap_mb=": not buckets_split or (
+            bool(built) and all(d.bucket_cap_mb is not None and d.bucket_cap_mb <= 10 for d in built)),
+        "gradient_as_bucket_view=": bool(built) and all(d.gradient_as_bucket_view for d in built),
+        "static_graph=": bool(built) and all(d.static_graph for d in built),
+    }
+    lines = []
+    for line in fix.splitlines():
+        if any(key in line and done for key, done in already.items()):
+            continue
+        if not gpu and "device_ids=[local_rank]" in line:
+            line = line.replace(" device_ids=[local_rank],", "").replace("device_ids=[local_rank], ", "")
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def _by_kind(c, rows: np.ndarray, m) -> dict:

@@ -35,13 +35,15 @@ busy < 60 %, host wait ≥ 50 % of GPU idle time, at least 50 % of kernels launc
 a CUDA graph), and the replay predicts a saving of at least 3 % when the CPU time between launches
 falls by 75 % (about what CUDA-graph replay or compilation removes from a launch-bound loop; an
 assumption, stated in the finding). The estimate is a share of today's step: when a DataLoader stall
-hides the launch overhead, the finding gives what the launch fix adds to the loader fix, and says what
-it becomes once the loader is fixed (the 3 % floor applies to that figure).
+hides the launch overhead, the finding gives what the launch fix adds to the loader fix (as
+dataloader-stall replays it: its waits down to what workers leave), and says what it becomes once the
+loader is fixed (the 3 % floor applies to that figure).
 """
 
 from __future__ import annotations
 
-from gpuadvise.analyzer.measure import intervals as iv
+from dataclasses import replace
+
 from gpuadvise.analyzer.measure import launchcost, perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model import runfacts, switches
@@ -53,6 +55,7 @@ from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.analyzer.measure.switches_on import switches_on
 
 from .base import Rule
+from .dataloader_stall import RULE as LOADER
 
 
 class LaunchBound(Rule):
@@ -85,11 +88,14 @@ class LaunchBound(Rule):
                 or host < t["min_host_wait_pct"] or direct < t["min_direct_launch_pct"]):
             return []
         dl = m.dataloader
-        dl_removed = iv.union(dl["ts"], dl["end"]) if len(dl) else None
-        base, _ = a.predicted_saving(Scenario("input pipeline fixed", cpu_removed=dl_removed))
-        both, basis = a.predicted_saving(Scenario(
-            f"CPU time between launches cut by {t['cpu_overhead_cut']:.0%} (CUDA graphs / torch.compile)",
-            cpu_removed=dl_removed, cpu_scale=1 - t["cpu_overhead_cut"]))
+        # the loader's fix as dataloader-stall replays it (its waits down to what workers leave), one figure for both
+        loader_fix = LOADER.fix_scenario(a) if len(dl) else None
+        base, _ = (a.predicted_saving(replace(loader_fix, name="input pipeline fixed")) if loader_fix is not None
+                   else a.predicted_saving(Scenario("input pipeline fixed")))
+        cut = f"CPU time between launches cut by {t['cpu_overhead_cut']:.0%} (CUDA graphs / torch.compile)"
+        both, basis = a.predicted_saving(
+            replace(loader_fix, name=cut, cpu_scale=loader_fix.cpu_scale * (1 - t["cpu_overhead_cut"]))
+            if loader_fix is not None else Scenario(cut, cpu_scale=1 - t["cpu_overhead_cut"]))
         if base is None or both is None:
             return []
         saving = max(0.0, both - base)  # what it adds to the loader fix, as a share of today's step
@@ -164,14 +170,20 @@ class LaunchBound(Rule):
 RULE = LaunchBound()
 
 
-def tiny_kernels(steps: int = 4, optimizer: bool = False) -> TraceBuilder:
+def tiny_kernels(steps: int = 4, optimizer: bool = False, compiled: bool = False) -> TraceBuilder:
     """Each step launches 200 kernels of 3 µs, 8 µs of Python apart (the positive fixture); with `optimizer`
-    each step ends in an optimizer step, as a training loop's does."""
+    each step ends in an optimizer step, as a training loop's does; `compiled`: they are Inductor's kernels,
+    launched inside a compiled region (a compiled model that is still launch-bound)."""
+    from contextlib import ExitStack
+
     b = TraceBuilder(launch_us=12.0)
     for _ in range(steps):
-        with b.step():
-            for _ in range(200):
-                b.kernel("void at::native::vectorized_elementwise_kernel<4, add>", 3)
+        with b.step(), ExitStack() as region:
+            if compiled:
+                region.enter_context(b.op("Torch-Compiled Region: 0/0"))
+                region.enter_context(b.op("CompiledFunction"))
+            for i in range(200):
+                b.kernel(f"triton_poi_fused_add_{i % 7}" if compiled else "void at::native::vectorized_elementwise_kernel<4, add>", 3)
                 b.idle(8)
             if optimizer:
                 with b.op("Optimizer.step#AdamW.step", cat="user_annotation"):

@@ -154,7 +154,9 @@ def _largest_gaps(m, n: int = 5) -> list[tuple[float, float]]:
     gs, ge = e[:-1], s[1:]
     keep = (ge > lo) & (gs < hi)
     gs, ge = gs[keep], ge[keep]
-    order = np.argsort(gs - ge)[:n]  # largest gaps first
+    # largest gaps first, the earliest of equal ones: a stable sort (numpy's default breaks ties one way on
+    # a CPU with AVX-512 and another without)
+    order = np.argsort(gs - ge, kind="stable")[:n]
     return [(float(gs[i]), float(ge[i])) for i in sorted(order, key=lambda i: gs[i])]
 
 

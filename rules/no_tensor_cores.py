@@ -272,12 +272,14 @@ def _advice(spec, dev_name: str, fixes: list[str], savings: dict, saving: float,
         return (f"{dev_name} ({spec.arch}) has fp16 Tensor Cores but no TF32: use AMP with fp16 "
                 f"(`torch.autocast('cuda', dtype=torch.float16)` and a GradScaler; {saving:.0f} % of the step).")
     had = switches.already(fw, "bf16") if amp == "bf16" else None
-    if had:
-        return (f"{had} is set, yet these matmuls ran in fp32: they run outside the autocast region the framework "
-                "opens (called outside `forward`, or forced to float32).")
-    first = (switches.bf16(fw) if amp == "bf16" and fw is not None else
-             f"run the forward pass under `torch.autocast('cuda', dtype=torch.{'bfloat16' if amp == 'bf16' else 'float16'})`")
-    advice = f"{switches.sentence(first)} ({saving:.0f} % of the step)."
+    if had:  # the framework's autocast left these matmuls in fp32 (where it acted on none, the engine says so first)
+        where = ("they run outside the autocast region the framework opens (called outside `forward`, or forced to "
+                 f"float32); inside it they save about {saving:.0f} % of the step.")
+        advice = f"{had} is set, yet these matmuls ran in fp32: {where}" if "autocast" in on else switches.sentence(where)
+    else:
+        first = (switches.bf16(fw) if amp == "bf16" and fw is not None else
+                 f"run the forward pass under `torch.autocast('cuda', dtype=torch.{'bfloat16' if amp == 'bf16' else 'float16'})`")
+        advice = f"{switches.sentence(first)} ({saving:.0f} % of the step)."
     tf32 = savings["tf32"][0] if "tf32" not in on else None  # TF32 on already: not asked for again
     if tf32 is not None and round(tf32) > 0 and fw is not None:
         advice += f" If you cannot change precision that far, {switches.tf32(fw)} (TF32) saves about {tf32:.0f} %."

@@ -63,6 +63,7 @@ class PageableMemcpy(Rule):
     name = "pageable-memcpy"
     title = "Host↔device copies use pageable memory"
     thresholds = {"min_copies": 1, "min_wait_share_pct": 1.0}
+    fix_facts = ("dataloader[*].pin_memory", "framework.settings.dataloader_pin_memory")
 
     def check(self, a: Analysis):
         m = a.metrics

@@ -44,7 +44,7 @@ from gpuadvise.analyzer.model.trace import name_mask
 from gpuadvise.analyzer.measure.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
-from gpuadvise.analyzer.measure.switches_on import is_on
+from gpuadvise.analyzer.measure.switches_on import is_on, switch_off
 
 from .base import Rule
 
@@ -100,11 +100,20 @@ class SingleTensorOptimizer(Rule):
                      "statistic": "median step" if every else "median step running the optimizer",
                      "optimizer": opt, "recorded_settings": recorded[:1]},
         )
-        had = is_on("fused_optimizer", a)  # recorded on, yet the trace shows the per-tensor path: not asked again
-        advice = (f"run.json records {had.what}, yet every update ran one tensor at a time: the multi-tensor path "
-                  "needs all parameters (and their gradients and state) on one CUDA device, of one dtype, and no "
-                  "`differentiable=True`; check what sends it down the per-tensor path." if had is not None else
-                  switches.sentence(switches.fused_optimizer(runfacts.framework(a.facts), opt)) + ".")
+        ask = switches.sentence(switches.fused_optimizer(runfacts.framework(a.facts), opt)) + "."
+        had = is_on("fused_optimizer", a)  # on, by run.json or the trace: not asked again
+        off = switch_off("fused_optimizer", a)  # recorded on, yet the trace shows the per-tensor path: the trace decides
+        if had is not None:
+            said = "run.json records" if had.source == "run.json" else "the trace shows"
+            advice = (f"{said} {had.what}, yet every update ran one tensor at a time: the multi-tensor path needs all parameters "
+                      "(and their gradients and state) on one CUDA device, of one dtype, and no `differentiable=True`; "
+                      "check what sends it down the per-tensor path.")
+        elif off is not None and off.source == "the trace":
+            advice = (f"{off.text}: the optimizer that steps is not that one, or something sends it down the "
+                      "per-tensor path (its parameters, gradients and state must be on one CUDA device, of one dtype, "
+                      f"without `differentiable=True`). {ask}")
+        else:  # a conflict run.json itself shows (a foreach/fused optimizer that did not step) the engine names first
+            advice = ask
         return [self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice)]
 
     def positive(self) -> TraceBuilder:

@@ -4,10 +4,12 @@
 The whole run's step times (the step record `gpuadvise profile` writes for every step, profiled or not)
 rise from their early level to a slower one, beyond chance (a CUSUM test at 1 %, stalls and a warm-up
 left out; analyzer/measure/changepoints.py). The drift's shape is a step (a new level), a climb (linear)
-or a faster climb (exponential); it began where the series left its early level (the step of a jump, the
-start of a climb's trend; an exponential's where its excess reached the noise), with a 95 % confidence
-interval for that step (the profile likelihood of the fit), and lasted to the step before it came back, if
-it did. The early level is the
+or a faster climb (its trend grows); it began where the series left its early level (the step of a jump,
+the start of a climb's trend; an exponential's where its excess reached the noise), dated to the steps
+where every growth law that fits about as well begins (a step; the step time growing as u, u^1.5, u², u³,
+u + u², u + u·ln u or exponentially in the steps u since then; the profile likelihood, widened for noise
+whose steps follow each other, on the whole climb and on its first stretch), and lasted to the step
+before it came back, if it did. The early level is the
 median of the unprofiled steps before the onset, the slow one the median of the new level (a step) or of
 a climb's last K steps (K = `--slower-steps`, 20 by default).
 When a window recorded the slow steps (`--when-slower`, `--on-signal`, `--every`), it is compared with
@@ -17,6 +19,10 @@ Where the run sampled the GPU's own telemetry (NVML, the `nvml` extra), a drift 
 fell says so: thermal or power throttling, by the reasons NVML reported. When the lower clock accounts for
 at least half of the drift (GPU-bound work slows by at most the clock's ratio), the fix is the machine's;
 otherwise the finding names the throttling beside what the windows found.
+A rise that comes back down and begins at a DataLoader's worker start (the step record notes each iterator
+that starts worker processes: every epoch's, unless `persistent_workers=True` keeps them) is no drift but
+the loader restarting: when the same steps are slow after the run's other worker starts too, the finding
+says so, counts what the restarts cost over the run, and names `persistent_workers=True` as the fix.
 
 ## Why it matters
 A run that slows down after its first epoch (DataLoader workers re-created each epoch, a cache that no
@@ -40,6 +46,12 @@ Fires when a rise is beyond chance (the CUSUM test's p < 1 %) and the slow level
 the windows; an op is named when its time per step grew by a tenth of the drift. The predicted saving is
 the share of a slow step the drift costs, 1 − early / slow, for the steps from the start of the drift on
 (an upper bound: the steps return to the early level when the cause is fixed). Severity follows it.
+A rise is the loader's restart when its onset's 95 % interval (or the onset) lies within a step of a
+worker start, it came back down more than K steps before the run's end, and, where the run has worker
+starts other than the first and this one, the steps around at least half of them (as many before and after
+the start as the rise's) have a median above the midpoint of the early and slow levels. Its predicted
+saving is the time those steps around each worker start after the first spend above the early median, of
+the unprofiled steps' time (persistent workers still start once); severity follows it.
 The clock counts as fallen when the median SM clock of the NVML samples during the drift is at least 5 %
 below the one before it and a one-sided Mann-Whitney test on the samples gives p < 0.01 (at least 3
 samples a side); a throttle reason is named when NVML reported it in a quarter of the samples during
@@ -48,9 +60,13 @@ the drift and in under half as many before it.
 
 from __future__ import annotations
 
+import numpy as np
+
 from gpuadvise.analyzer.measure.longrun import RunAnalysis
+from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.measure.telemetry import throttling_evidence
 from gpuadvise.analyzer.model.findings import Evidence
+from gpuadvise.analyzer.model.steprecord import dated
 from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.fixtures.longrun import RunFolder, Window, trace_for
 
@@ -76,15 +92,21 @@ class StepTimeDrift(RunRule):
         if lv.change_pct < t["min_drift_pct"] or lv.slow_ms - lv.early_ms < t["min_drift_ms"]:
             return []
         last = a.record.last_step
+        restart = _worker_start_at(a, lv)
+        if restart is not None and lv.until is not None and last is not None and lv.until < last - lv.k \
+                and _recurs(a, lv, restart[0]):
+            return [self._epoch_restart(a, lv, restart)]  # a blip after the loader's workers restarted: not a drift
         low, high = lv.began_between or (None, None)
-        dated = f" (dated to steps {low}–{high} at 95 % confidence)" if low is not None and high - low >= 2 else ""
-        span = f"from step {lv.began_at}{dated} on" if lv.until is None or last is None or lv.until >= last - lv.k else \
-            f"from step {lv.began_at}{dated} to step {lv.until}"
+        span = f"from step {lv.began_at}{dated(low, high)} on" if lv.until is None or last is None or \
+            lv.until >= last - lv.k else f"from step {lv.began_at}{dated(low, high)} to step {lv.until}"
         shape = SHAPES.get(lv.shape, lv.shape)
         slow_steps = lv.slow_steps or (lv.slow_at, lv.slow_at)
         message = (f"The step time {shape} from a median {lv.early_ms:.2f} ms (steps {lv.early_steps[0]}–"
                    f"{lv.early_steps[1]}) to {lv.slow_ms:.2f} ms (+{lv.change_pct:.0f} %, the median of steps "
                    f"{slow_steps[0]}–{slow_steps[1]}) {span}.")
+        if restart is not None:
+            message += (f" It began as a DataLoader started {_workers(restart[1])} at step {restart[0]} (each epoch's "
+                        "iterator starts its workers anew).")
         first, slow = a.window(1), self._slow_window(a, lv)
         cmp = a.comparisons.get(slow.index) if slow is not None else None
         items: list[dict] = []
@@ -116,7 +138,7 @@ class StepTimeDrift(RunRule):
             items=items,
             numbers={"early_ms": round(lv.early_ms, 3), "slow_ms": round(lv.slow_ms, 3),
                      "drift_pct": round(lv.change_pct, 1), "began_at_step": lv.began_at,
-                     "onset_interval": f"steps {low}–{high} (95 % confidence)" if low is not None else None,
+                     "onset_interval": f"steps {low}–{high} (every growth law that fits)" if low is not None else None,
                      "until_step": lv.until,
                      "late_ms": round(lv.late_ms, 3), "k": lv.k, "shape": lv.shape,
                      "statistic": f"median of steps {slow_steps[0]}–{slow_steps[1]}",
@@ -130,6 +152,49 @@ class StepTimeDrift(RunRule):
         f = self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice)
         f.impact.upper_bound = True  # the drift's cost; its cause's fix is the finding it names
         return [f]
+
+    def _epoch_restart(self, a: RunAnalysis, lv, restart: tuple[int, int]):
+        """The slow steps follow a DataLoader iterator starting its workers (an epoch boundary) and the step came
+        back after them: the workers' restart, whose cost recurs with every epoch's start, named with its fix."""
+        at, n = restart
+        starts = [s for s, w in a.record.worker_starts if w > 0]
+        before, after = at - lv.began_at, lv.until - at  # the slow steps around the start
+        steps, ms = a.record.unprofiled()
+        total = float(ms.sum()) if len(ms) else 0.0
+        later = [s for s in starts if s > starts[0]]  # persistent workers still start once
+        excess = sum(float(np.clip(ms[(steps >= s - before) & (steps <= s + after)] - lv.early_ms, 0, None).sum())
+                     for s in later)
+        saving = 100.0 * excess / total if total > 0 else 0.0
+        listed = ", ".join(str(s) for s in starts[:8]) + (" …" if len(starts) > 8 else "")
+        message = (f"Steps {lv.began_at}–{lv.until} ran at a median {lv.slow_ms:.2f} ms against {lv.early_ms:.2f} ms "
+                   f"before (+{lv.change_pct:.0f} %), then the step came back: they follow a DataLoader starting "
+                   f"{_workers(n)} at step {at}, an epoch's start (worker starts at steps {listed}). Each epoch's "
+                   "iterator starts its workers anew: this is the loader restarting, not a drift.")
+        loaders = [ld for ld in runfacts.training_loaders(a.facts) if (ld.num_workers or 0) > 0]
+        kept = [ld for ld in loaders if ld.persistent_workers]
+        where = f" at {loaders[0].where}" if loaders else ""
+        if loaders and len(kept) == len(loaders):
+            advice = (f"Build the DataLoader{where} once, outside the epoch loop: its workers persist "
+                      "(`persistent_workers` is on), but a new loader starts new ones.")
+        else:
+            advice = (f"Keep the workers between epochs: pass `persistent_workers=True` to the DataLoader{where}.")
+        evidence = Evidence(
+            steps=list(range(lv.began_at, lv.until + 1)),
+            items=[{"name": f"step {s}", "workers": w} for s, w in a.record.worker_starts[:10]],
+            numbers={"early_ms": round(lv.early_ms, 3), "slow_ms": round(lv.slow_ms, 3), "drift_pct": round(lv.change_pct, 1),
+                     "began_at_step": lv.began_at, "until_step": lv.until, "worker_start_step": at,
+                     "worker_starts": len(starts), "restart_cost_ms": round(excess, 3), "k": lv.k,
+                     "statistic": f"median of steps {lv.began_at}–{lv.until}"})
+        basis = (f"the steps around each later worker start ({len(later)}: {before} before to {after} after it, as "
+                 f"around step {at}) at the early median ({lv.early_ms:.2f} ms), of the step record's unprofiled "
+                 "steps' time")
+        fix = ("```python\n"
+               "loader = DataLoader(ds, batch_size=..., persistent_workers=True)  # workers kept between epochs\n"
+               "for epoch in range(epochs):\n"
+               "    for x, y in loader:\n"
+               "        ...\n"
+               "```")
+        return self.finding(message=message, evidence=evidence, saving=saving, basis=basis, advice=advice, fix=fix)
 
     @staticmethod
     def _slow_window(a: RunAnalysis, lv):
@@ -181,6 +246,31 @@ class StepTimeDrift(RunRule):
 
     def negative(self) -> RunFolder:
         return _drifting_run(slow_ms=2.1)  # a 5 % wobble is no drift
+
+
+def _worker_start_at(a: RunAnalysis, lv) -> tuple[int, int] | None:
+    """The DataLoader worker start (step, workers) at the rise's onset: inside its 95 % interval, or a step
+    either side of it (the start's step is the one its iterator was built in, the slow ones follow)."""
+    low, high = lv.began_between or (lv.began_at, lv.began_at)
+    near = [(s, n) for s, n in a.record.worker_starts if n > 0 and low - 1 <= s <= high + 1]
+    return min(near, key=lambda x: abs(x[0] - lv.began_at)) if near else None
+
+
+def _recurs(a: RunAnalysis, lv, at: int) -> bool:
+    """Whether the slow steps come back after the run's other worker starts (after the first, which persistent
+    workers keep too): the same steps around at least half of them run above the midpoint of the early and
+    slow levels (their median). A run with no other start has only this one to show."""
+    steps, ms = a.record.unprofiled()
+    before, after = at - lv.began_at, lv.until - at
+    others = [s for s, n in a.record.worker_starts if n > 0 and s != at][1:]
+    mid = lv.early_ms + 0.5 * (lv.slow_ms - lv.early_ms)
+    seen = [ms[(steps >= s - before) & (steps <= s + after)] for s in others]
+    seen = [x for x in seen if len(x)]
+    return not seen or sum(float(np.median(x)) > mid for x in seen) >= len(seen) / 2
+
+
+def _workers(n: int) -> str:
+    return f"{n} worker process{'es' if n != 1 else ''}"
 
 
 def _drifting_run(slow_ms: float) -> RunFolder:

@@ -16,7 +16,7 @@ NUMERIC = ("correlation", "external_id", "external_id_legacy", "stream", "device
            "total_allocated", "total_reserved", "device_type", "device_id", "addr", "python_id", "python_parent_id",
            "sequence_number", "group_size", "in_nelems", "out_nelems", "comm_seq", "graph_id", "graph_node_id")
 ANY = ("call_stack", "collective_name", "pg_name", "pg_desc", "pg_ranks", "dtype", "meta_name", "labels")
-RAW = ("input_type", "input_dims", "comms_id")
+RAW = ("input_type", "input_dims", "input_concrete", "comms_id")
 _ARG_ATTR = {"meta_name": "name"}
 
 

@@ -591,6 +591,29 @@ def test_annotate_copy_adds_the_probes_shapes_and_changes_nothing_else(tmp_path,
     assert got == expected
 
 
+def test_annotate_copy_carries_what_the_flop_count_needs_for_convolutions_and_attention(tmp_path):
+    """The probe copies shapes and scalar arguments (stride, padding, is_causal) of every op the FLOP
+    count reads, not only matmuls: convolutions and each SDPA backend's ops too."""
+    from gpuadvise.harness.facts import shapes
+
+    conv = {"Input Dims": [[8, 3, 32, 32], [16, 3, 3, 3], [16], [], [], [], []],
+            "Input type": ["c10::BFloat16"] * 3 + ["ScalarList"] * 3 + ["Scalar"],
+            "Concrete Inputs": ["", "", "", "[1, 1]", "[1, 1]", "[1, 1]", "1"]}
+    attn = {"Input Dims": [[2, 4, 128, 64]] * 3 + [[]] * 4, "Input type": ["c10::BFloat16"] * 3 + [""] * 4,
+            "Concrete Inputs": ["", "", "", "0.", "True", "False", ""]}
+    names = ["aten::conv2d", "aten::_scaled_dot_product_flash_attention", "aten::convolution_backward"]
+    probe = tmp_path / "probe.json"
+    probe.write_bytes(_trace([_mm(names[0], 1, **conv), _mm(names[1], 2, **attn), _mm(names[2], 3, **conv)], None))
+    src = tmp_path / "window.json"
+    src.write_bytes(_trace([_mm(n, 10 + i) for i, n in enumerate(names)], None))
+    out = tmp_path / "out.json"
+    with open(out, "wb") as dst:
+        report = shapes.annotate_copy(src, dst, shapes.probe_events(probe), steps=1)
+    assert report["state"] == "annotated" and report["annotated"] == 3
+    got = json.loads(out.read_text())["traceEvents"]
+    assert got[1]["args"]["Concrete Inputs"][4] == "True" and got[0]["args"]["Input Dims"] == conv["Input Dims"]
+
+
 def test_annotate_copy_leaves_a_thread_whose_matmuls_differ(tmp_path):
     from gpuadvise.harness.facts import shapes
 

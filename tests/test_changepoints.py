@@ -4,6 +4,8 @@ chance, and nothing named on noise or random pauses."""
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 
@@ -158,3 +160,87 @@ def test_the_onsets_interval_is_narrow_on_a_clear_climb_and_wide_where_noise_hid
     hidden = 10 + rng.normal(0, 1.5, len(t)) + np.where(t >= 60, 3.0 * (t - 60) / (t[-1] - 60), 0.0)
     h = find_change(t, hidden)
     assert h.is_drift and h.onset_low <= 60 <= h.onset_high and h.onset_high - h.onset_low >= 0.1 * len(t)
+
+
+def _grown(law: str, noise: str, seed: int):
+    """A loop whose step time starts growing at a known step by a law the fits do not hold (n log n with
+    any n per step, quadratic but for a cubic's reach, a slope that doubles or more where a list outgrows a
+    cache, a climb that falls back part of the way once), under heavy-tailed noise (Student's t, 3 degrees
+    of freedom) or noise whose steps follow each other (AR(1), lag-1 correlation 0.3–0.6). The truth is the
+    first step of the new regime."""
+    rng = np.random.default_rng([zlib.crc32(f"{law} {noise}".encode()), seed])
+    n = int(rng.choice([150, 300]))
+    base, cv = float(rng.choice([2.0, 10.0, 50.0])), float(rng.choice([0.02, 0.05, 0.1]))
+    t = np.arange(3, n + 3)
+    onset = int(rng.integers(int(0.2 * n), int(0.7 * n)))
+    u = np.where(t >= onset, t - onset + 1, 0).astype(float)
+    if law == "n log n":
+        m = rng.uniform(30, 1000)
+        grown = u * np.log(np.maximum(m * u, 1.0))
+    elif law == "quadratic":
+        grown = u * u
+    elif law == "kinked":
+        grown = u + rng.uniform(1.0, 4.0) * np.maximum(t - onset - int(rng.uniform(0.3, 0.6) * u[-1]), 0)
+    else:  # a dip
+        dip = onset + int(rng.uniform(0.4, 0.7) * u[-1])
+        grown = np.where(t >= dip, u - rng.uniform(0.5, 1.0) * (dip - onset + 1), u)
+    if noise == "student":
+        e = rng.standard_t(3, n) / np.sqrt(3.0)
+    else:
+        rho = rng.uniform(0.3, 0.6)
+        e = np.empty(n)
+        e[0], z = rng.normal(), rng.normal(0, np.sqrt(1 - rho * rho), n)
+        for i in range(1, n):
+            e[i] = rho * e[i - 1] + z[i]
+    y = base * (1 + rng.uniform(0.5, 3.0) * grown / grown[-1] + cv * e)
+    return t, np.maximum(y, 0.05 * base), onset, n
+
+
+HARD = [("n log n", "student"), ("quadratic", "ar"), ("kinked", "student"), ("dip", "ar")]
+
+
+@pytest.fixture(scope="module")
+def hard_onsets():
+    """(law, noise) → [(truth, run length, found Change)] over 30 seeded series each."""
+    out = {}
+    for law, noise in HARD:
+        rows = []
+        for seed in range(30):
+            t, y, onset, n = _grown(law, noise, seed)
+            rows.append((onset, n, find_change(t, y)))
+        out[law, noise] = rows
+    return out
+
+
+@pytest.mark.parametrize("law, noise", HARD)
+def test_the_onsets_interval_holds_the_truth_for_laws_and_noise_the_fits_do_not_assume(hard_onsets, law, noise):
+    """95 % by design; 30 series here (the bench measures 120 a family), so at least 27."""
+    rows = hard_onsets[law, noise]
+    missed = [(onset, c.onset_low, c.onset_high) for onset, _, c in rows
+              if not (c.is_drift and c.onset_low <= onset <= c.onset_high)]
+    assert len(missed) <= 3, missed
+
+
+def test_where_the_interval_is_narrow_the_onset_is_within_5_percent_of_the_run(hard_onsets):
+    """Where the interval is at most a tenth of the run wide, the onset found is within ±5 % of the run of the
+    truth: in 95 % of such series by design; here about 60 series, so at least 90 % (the bench measures it
+    on 120 a family)."""
+    narrow = [abs(c.onset - onset) / n for rows in hard_onsets.values()
+              for onset, n, c in rows if c.is_drift and c.onset_high - c.onset_low <= 0.1 * n]
+    assert len(narrow) >= 30 and np.mean(np.array(narrow) <= 0.05) >= 0.9, sorted(narrow)[-5:]
+
+
+def test_noise_whose_steps_follow_each_other_names_a_drift_no_more_often_than_the_test_allows():
+    """A busy machine slows a run of steps, not one (AR(1) noise, lag-1 correlation 0.3–0.6): beyond chance
+    for steps taken one by one, not for such noise. The test's level is 1 %: at most 2 of 100."""
+    named = []
+    for seed in range(100):
+        rng = np.random.default_rng([17, seed])
+        rho, n = rng.uniform(0.3, 0.6), int(rng.choice([150, 300]))
+        e = np.empty(n)
+        e[0], z = rng.normal(), rng.normal(0, np.sqrt(1 - rho * rho), n)
+        for i in range(1, n):
+            e[i] = rho * e[i - 1] + z[i]
+        c = find_change(np.arange(3, n + 3), 10.0 * (1 + 0.05 * e))
+        named += [(seed, c.shape, c.onset)] if c.is_drift else []
+    assert len(named) <= 2, named

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import os
 from pathlib import Path
 
@@ -68,6 +69,19 @@ def test_short_format_flag(capsys, stall_trace):
     rc, out, _ = call_main(capsys, "analyze", stall_trace, "-f", "md")
     assert rc == 0
     looks_like("md", out)
+
+
+@pytest.mark.parametrize("name", ["md", "markdown"])
+def test_every_command_takes_both_names_for_markdown(capsys, stall_trace, name):
+    rc, out, err = call_main(capsys, "analyze", stall_trace, "--format", name)
+    assert rc == 0, err
+    looks_like("md", out)
+    rc, out, err = call_main(capsys, "compare", stall_trace, stall_trace, "--format", name)
+    assert rc == 0, err
+    assert out.lstrip().startswith("#"), out[:200]
+    rc, out, err = call_main(capsys, "rules", "--format", name)
+    assert rc == 0, err
+    assert out.startswith("| code | topic |") and "[GA102](dataloader-stall.md)" in out, out[:200]
 
 
 def test_text_is_the_default_format(capsys, stall_trace):
@@ -228,8 +242,13 @@ def test_json_summary_and_finding_fields(capsys, stall_trace):
             assert key in f["evidence"], f"evidence lacks {key!r}"
         assert f["rank"] is None  # a single trace without distributedInfo
 
-    keys = [(SEVERITIES.index(f["severity"]), -f["impact"]["est_step_saving_pct"]) for f in doc["findings"]]
+    # by severity, then predicted saving; a symptom's ceiling (an upper bound) does not outrank the cause that
+    # explains at least half of it (findings.order)
+    keys = [(SEVERITIES.index(f["severity"]), -f["impact"]["est_step_saving_pct"]) for f in doc["findings"]
+            if not f["impact"]["upper_bound"]]
     assert keys == sorted(keys), "findings are ordered by severity, then predicted saving"
+    assert [SEVERITIES.index(f["severity"]) for f in doc["findings"]] == sorted(
+        SEVERITIES.index(f["severity"]) for f in doc["findings"])
     dl = [f for f in doc["findings"] if f["topic"] == "dataloader-stall"]
     assert len(dl) == 1 and dl[0]["rule"] == "GA102"
 
@@ -456,6 +475,22 @@ def test_rank_folder_markdown_has_a_rank_column(capsys, tmp_path):
     assert rc == 0
     assert "| # | Finding | Topic | Severity | Est. saving | Rank |" in out
     assert "(rank 0)" in out and "(rank 1)" in out
+
+
+def test_a_jobs_markdown_lists_a_finding_once_with_its_ranks_as_the_text_does(capsys, tmp_path):
+    folder = write_rank_folder(tmp_path / "job")
+    rc, out, _ = call_main(capsys, "analyze", folder, "--format", "md")
+    assert rc == 0
+    rc, text, _ = call_main(capsys, "analyze", folder, "--top", "99")
+    assert rc == 0
+    rc, js, _ = call_main(capsys, "analyze", folder, "--format", "json")
+    per_rank = [(f["topic"], f["rank"]) for f in json.loads(js)["findings"]]
+    twice = {t for t, r in per_rank if r is not None and sum(1 for x, _ in per_rank if x == t) > 1}
+    assert twice, per_rank  # the fixture has a finding on both ranks
+    headings = re.findall(r"^### \d+\. (.+)$", out, re.M)
+    listed = re.findall(r"^\d+\. \[\w+\] ", text, re.M)
+    assert len(headings) == len(listed) == len({t for t, _ in per_rank}), (headings, listed)
+    assert "a finding on several ranks is listed once" in out and "ranks 0–1" in out
 
 
 def test_two_trace_arguments(capsys, tmp_path):

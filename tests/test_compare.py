@@ -100,10 +100,13 @@ def test_each_resolved_finding_pairs_its_prediction_with_the_measured_change(sid
     assert st["saving_pct"] == pytest.approx(100 * (1 - a / b), abs=0.005)
     assert st["change_pct"] == pytest.approx(-st["saving_pct"], abs=0.005)
     assert b == sides["stall"].head.figures.median_step_ms
-    assert [p["rule"] for p in fix["predictions"]] == [e["rule"] for e in fix["findings"]["resolved"]]
+    # every finding of BEFORE beside the measured change: the resolved ones, then those still there
+    assert [p["rule"] for p in fix["predictions"]] == [e["rule"] for e in fix["findings"]["resolved"]] + [
+        e["rule"] for e in fix["findings"]["still_there"]]
     for p in fix["predictions"]:
         assert p["predicted_pct"] == lead(sides["stall"], p["rule"]).impact.est_step_saving_pct
         assert p["measured_saving_pct"] == st["saving_pct"]
+        assert (not p["changed"] or p["applied"]) and not p["worse"]
 
 
 def test_step_spread_comes_from_the_profiled_steps(sides, fix):
@@ -126,6 +129,28 @@ def test_unprofiled_figures_are_preferred_when_both_runs_have_them_and_said(side
     cmp = cm.compare(before, after)
     assert cmp["step_time"]["figure"] == "profiled"
     assert any("only BEFORE has an unprofiled step time" in w for w in cmp["warnings"])
+
+
+def test_a_fix_that_made_the_step_slower_is_named_beside_its_prediction(sides):
+    """The stall's fix (num_workers 0 → 8 in run.json, the finding resolved) with an unprofiled step that got
+    twice as long: the comparison says which fix made training slower, with what it predicted; a finding
+    that went without its fix's facts changing (host-sync here) is shown with its prediction, not blamed."""
+    before = with_figures(sides["stall"], unprofiled_median_step_ms=3.96)
+    after = with_figures(sides["fixed"], unprofiled_median_step_ms=8.31)
+    cmp = cm.compare(before, after)
+    by_topic = {p["topic"]: p for p in cmp["predictions"]}
+    stall = by_topic["dataloader-stall"]
+    assert stall["applied"] and stall["worse"] and stall["status"] == "resolved"
+    assert {c["key"] for c in stall["changed"]} >= {"dataloader[0].num_workers"}
+    assert not by_topic["host-sync"]["worse"] and not by_topic["host-sync"]["applied"]
+    text, md = rc.render_text(cmp), rc.render_markdown(cmp)
+    for out in (text, md):
+        assert "the step got 109.8 % slower" in out
+        verdict = next(line for line in out.splitlines() if line.lstrip("*").startswith("The step got 109.8 % slower"))
+        assert f"dataloader-stall's fix (predicted to save {rc.predicted(stall)})" in verdict
+        assert "made training slower" in verdict and "host-sync" not in verdict
+        assert "dataloader[0].num_workers 0 → 8" in out
+    assert "this fix made training slower" in md.split("## Predicted vs measured", 1)[1]
 
 
 def test_kernels_that_changed_most_are_per_step_and_sorted(regress):
@@ -314,12 +339,12 @@ def test_markdown_file_has_svg_charts_beside_it_with_the_same_numbers(capsys, ru
 
     preds = md_table(md, "## Predicted vs measured")
     texts = svg_texts((tmp_path / "cmp-predictions.svg").read_text())
-    for row in preds:
+    for row in preds:  # finding, on AFTER, predicted on BEFORE, measured
         rule = unescape_md(row[0].split()[0])
-        assert texts[texts.index(f"{rule} {row[0].split()[1]} predicted") + 1] == row[1]
+        assert texts[texts.index(f"{rule} {row[0].split()[1]} predicted") + 1] == row[2]
         impact = lead(sides["stall"], rule).impact
-        assert row[1] == ("up to " if impact.upper_bound else "") + f"{impact.est_step_saving_pct:.1f} %"
-    measured = re.search(r"the step got (\d+\.\d) % faster", preds[0][2]).group(1)
+        assert row[2] == ("up to " if impact.upper_bound else "") + f"{impact.est_step_saving_pct:.1f} %"
+    measured = re.search(r"the step got (\d+\.\d) % faster", preds[0][3]).group(1)
     assert texts[texts.index("measured") + 1] == f"{measured} % faster"
 
 

@@ -263,7 +263,7 @@ def test_reduce_overhead_counts_cuda_graph_captures_and_replays(monkeypatch):
     assert s["calls"][0]["mode"] == "reduce-overhead" and s["calls"][0]["step"] == 3
     assert {k: s["cudagraphs"][k] for k in ("requested", "captures", "replays")} == \
         {"requested": True, "captures": 1, "replays": 5}
-    compiled._reset_for_tests()
+    compiled.reset()
 
 
 def test_default_mode_does_not_touch_cuda_graphs(monkeypatch):
@@ -274,7 +274,7 @@ def test_default_mode_does_not_touch_cuda_graphs(monkeypatch):
     fake.compile(object())
     assert fake.cuda.CUDAGraph.replay is original
     assert compiled.summary()["cudagraphs"]["requested"] is False
-    compiled._reset_for_tests()
+    compiled.reset()
 
 
 def test_nothing_is_attached_before_torch_compile_is_called(monkeypatch):

@@ -16,7 +16,10 @@ engineer checks at once, never values:
 - a figure a finding quotes per step is the median over the steps, and its evidence says so (host-sync's
   blocked time per step is the per-step table's median sync time, never a total divided by the steps);
 - findings are ordered by severity, then saving;
-- a snapshot of several devices reports every one of them.
+- a snapshot of several devices reports every one of them;
+- one figure, one computation (tests/_figures_support.py): across the text, markdown and JSON reports and the
+  TUI's tables, a quantity stated twice has one value, a percent the sign its word says, a ratio the
+  verdict it gets, and ranges side by side do not overlap (the job rules' fixtures too).
 
 Each input is analysed once per test process (a corpus file's analysis is shared with test_corpus.py,
 tests/_corpus_support.py); the renders are cached with it.
@@ -33,7 +36,9 @@ import pytest
 
 from _cli_support import evidence_parts, library_pointers, python_reprs
 from _corpus_support import SNAPSHOT_NAMES, TRACES, XDIST_GROUP, analysed as analysed_path, corpus_files
+from _figures_support import problems as figure_problems
 from gpuadvise.analyzer.model.findings import SEVERITIES
+from gpuadvise.analyzer.run.engine import analyze_paths
 
 pytestmark = pytest.mark.xdist_group(XDIST_GROUP)
 
@@ -50,6 +55,14 @@ FIXTURES = _fixtures()
 _CACHE: dict[str, dict] = {}
 
 
+def _job_fixtures() -> list[str]:
+    """The job rules' positive fixtures (a job of 4 or 8 ranks each: 1.5–2.6 s to analyse, so not their
+    negatives too; the end-to-end torchrun tests check real jobs)."""
+    from gpuadvise.rules import all_rules
+
+    return [f"{r.name}:positive" for r in all_rules() if getattr(r, "requires", ()) == ("ranks",)]
+
+
 def _input_path(key: str, tmp_root: Path) -> Path:
     if ":" not in key:
         return TRACES / key
@@ -61,8 +74,7 @@ def _input_path(key: str, tmp_root: Path) -> Path:
     if getattr(builder, "facts", None) is not None:  # with its run.json: the run folder `gpuadvise profile` leaves
         return builder.write_run_folder(tmp_root / f"{name}-{side}")
     path = tmp_root / f"{name}-{side}{getattr(builder, 'suffix', '.json')}"
-    builder.write(path)
-    return path
+    return builder.write(path) or path
 
 
 def analysed(key: str, tmp_root: Path) -> dict:
@@ -70,10 +82,11 @@ def analysed(key: str, tmp_root: Path) -> dict:
         from gpuadvise.analyzer.report import render
 
         path = _input_path(key, tmp_root)
-        reports = list(analysed_path(str(path)))
+        reports = analysed_path(str(path)) if key in CORPUS else analyze_paths([str(path)], jobs=1)
         out = {fmt: render(reports, fmt, top=100) for fmt in ("text", "md", "json", "html")}
         out["doc"] = json.loads(out["json"])
         out["reports"] = list(reports)
+        out["analysis"] = reports  # as analyze returns them (a job's view with them)
         out["path"] = path
         _CACHE[key] = out
     return _CACHE[key]
@@ -291,3 +304,13 @@ def test_every_pointer_is_into_the_users_code(key, tmp_root):
     never a file inside torch, a framework or the standard library."""
     for f in _findings(analysed(key, tmp_root)):
         assert not library_pointers(f), (f["topic"], library_pointers(f))
+
+
+@pytest.mark.parametrize("key", INPUTS + _job_fixtures())
+def test_one_figure_one_computation(key, tmp_root):
+    """Each quantity the reports state twice (a trace's median step, a rank's wait and time inside
+    collectives, its DataLoader wait, its unprofiled step) has one value in the text, markdown and JSON
+    reports and the TUI's tables; every percent has the sign its word says, every ratio the verdict it gets."""
+    a = analysed(key, tmp_root)
+    found = figure_problems(a["analysis"], {"text": a["text"], "md": a["md"], "json": a["json"]})
+    assert not found, "\n".join(found)

@@ -185,3 +185,45 @@ def test_no_utilization_verdict_without_gpu_events():
     assert not wrong, f"traces with no GPU events got a low-gpu-utilization verdict: {wrong}"
     silent = [rel for rel in no_gpu if "capture-problem" not in topics(rel)]
     assert not silent, f"traces with no GPU events should get capture-problem: {silent}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# transformer steps: how attention ran, and activation checkpointing
+
+
+def test_attention_is_told_to_fuse_only_where_it_ran_unfused():
+    """Every open trace with attention: a trace whose attention ran only on fused kernels (flash, cuDNN,
+    memory-efficient: the H100 runs, the TraceLens Qwen and BERT traces) gets no unfused-attention finding;
+    one whose attention a Hugging Face model ran eagerly (matmul → softmax → matmul) gets it, with the
+    model's own switch as the fix."""
+    from gpuadvise.analyzer.measure import attention
+
+    fused_only, unfused = [], []
+    for rel in OPEN_TRACES:
+        r = next(iter(analysed(str(TRACES / rel))), None)
+        if r is None or r.model is None or r.metrics is None:
+            continue
+        found = attention.find(r.model, r.metrics.launches)
+        if found is None:
+            assert "unfused-attention" not in topics(rel), rel
+            continue
+        if found.unfused.empty:
+            fused_only.append(rel)
+            assert "unfused-attention" not in topics(rel), rel
+        elif "unfused-attention" in topics(rel):
+            unfused.append(rel)
+            f = next(f for f in report(rel)["doc"]["findings"] if f["topic"] == "unfused-attention")
+            if set(found.unfused["library"]) == {"transformers"}:
+                assert 'attn_implementation="sdpa"' in f["recommendation"], rel
+    assert len(fused_only) >= 4 and unfused, (fused_only, unfused)
+
+
+def test_no_open_trace_is_told_of_a_recompute_it_did_not_run():
+    from gpuadvise.analyzer.measure import recompute
+
+    for rel in OPEN_TRACES:
+        r = next(iter(analysed(str(TRACES / rel))), None)
+        if r is None or r.model is None:
+            continue
+        if recompute.find(r.model) is None:
+            assert "unneeded-recompute" not in topics(rel), rel

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -139,6 +140,33 @@ def test_workers_are_checked_against_the_cores():
     fits = doctor("--format", "json", "--workers", "0")
     assert by_id(json.loads(too_many.stdout))["cpu"]["verdict"] == "warn"
     assert by_id(json.loads(fits.stdout))["cpu"]["verdict"] == "ok"
+
+
+def _warn_here():
+    warnings.warn("the script's own warning, shown once here")
+
+
+def test_reading_the_facts_leaves_the_scripts_warnings_as_they_were(monkeypatch):
+    """`gpuadvise profile` reads these facts inside the script's process, each step: a warning the script
+    showed once must stay shown once (changing the warnings filters would show it again), and a warning
+    raised while a fact is read must still show when the script raises it."""
+    torch = pytest.importorskip("torch")
+    shown = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")  # once per location, python's default for a UserWarning
+        monkeypatch.setattr(warnings, "showwarning", lambda message, *a, **k: shown.append(str(message)))
+        _warn_here()
+        probe.backend_flags(torch)
+        probe.cuda_available(torch)
+        with probe.warnings_held():
+            _warn_here()
+            warnings.warn("raised while a fact is read")
+        _warn_here()
+        with probe.warnings_held(record=True) as caught:
+            warnings.warn("recorded while a fact is read")
+        warnings.warn("raised while a fact is read")
+    assert shown == ["the script's own warning, shown once here", "raised while a fact is read"]
+    assert [str(w.message) for w in caught] == ["recorded while a fact is read"]
 
 
 @pytest.mark.parametrize("args", [["--workers", "-1"], ["--workers", "many"], ["--format", "xml"]])

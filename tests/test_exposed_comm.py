@@ -66,9 +66,24 @@ def test_the_fix_leaves_out_the_ddp_settings_run_json_shows_set(load_built):
         {"created_at": "train.py:40", "static_graph": True, "gradient_as_bucket_view": True, "bucket_cap_mb": 25}]}}
     (f,) = _findings(load_built, b)
     assert "static_graph=True" not in f.fix and "gradient_as_bucket_view=True" not in f.fix
-    assert "bucket_cap_mb=25" not in f.fix and "no_sync()" in f.fix
+    # the default 25 in use: the fix asks for smaller buckets, never for the value run.json shows
+    assert "bucket_cap_mb=25" not in f.fix and "bucket_cap_mb=10" in f.fix and "no_sync()" in f.fix
+    b.facts["distributed"]["ddp"][0]["bucket_cap_mb"] = 5
+    (small,) = _findings(load_built, b)
+    assert "bucket_cap_mb=" not in small.fix
     (plain,) = _findings(load_built, RULE.positive())  # no run.json: the whole fix
-    assert "static_graph=True" in plain.fix and "bucket_cap_mb=25" in plain.fix
+    assert "static_graph=True" in plain.fix and "bucket_cap_mb=10" in plain.fix
+
+
+def test_the_fix_passes_device_ids_only_to_a_gpu_job(load_built):
+    """The positive fixture's collectives are NCCL kernels: DDP gets its GPU; a gloo job on the CPU (its
+    collectives a CPU backend's) gets no device_ids, which DDP refuses for a CPU module."""
+    from gpuadvise.rules.exposed_comm import ddp_fix
+
+    (gpu,) = _findings(load_built, RULE.positive())
+    assert "device_ids=[local_rank]" in gpu.fix
+    cpu = ddp_fix(RULE.fix, {}, gpu=False)
+    assert "device_ids" not in cpu and "model = DDP(\n    model,\n" in cpu
 
 
 def test_a_gpu_jobs_collectives_on_gloo_are_left_to_cpu_backend_on_gpu(load_built):

@@ -153,3 +153,103 @@ def _line_of(statement: str) -> int:
     """The line of this file that holds exactly `statement`."""
     lines = open(__file__).read().splitlines()
     return next(i for i, ln in enumerate(lines, 1) if ln.strip() == statement)
+
+
+# A fresh Python that imports gpuadvise from a copy of the checkout, mapped the way the editable install maps
+# it (pyproject.toml's package-dir: each import package to its own folder), and judges the copy's files.
+_JUDGE_A_COPY = r"""
+import importlib.abc, importlib.util, json, os, sys
+
+root, mapping = sys.argv[1], json.loads(sys.argv[2])
+
+
+class Mapped(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name not in mapping:
+            return None
+        folder = os.path.join(root, mapping[name])
+        return importlib.util.spec_from_file_location(name, os.path.join(folder, "__init__.py"),
+                                                      submodule_search_locations=[folder])
+
+
+sys.meta_path.insert(0, Mapped())
+from gpuadvise.analyzer.model import frames
+
+assert frames.__file__.startswith(root), frames.__file__
+files = {name: os.path.join(root, *name.split("/")) for name in (
+    "tests/test_model.py", "examples/train.py", "gpuadvise/harness/facts/general.py", "analyzer/model/frames.py",
+    "rules/base.py", "fixtures/builder.py")}
+space = {}  # the live stack: a harness frame called from the example's code
+exec(compile("def hook(frames):\n    return frames.live(0)\n", files["gpuadvise/harness/facts/general.py"], "exec"), space)
+exec(compile("def build(hook, frames):\n    return hook(frames)\n", files["examples/train.py"], "exec"), space)
+chosen = space["build"](space["hook"], frames)
+print(json.dumps({
+    "library": {name: frames.is_library(path) for name, path in files.items()},
+    "package": frames.package(files["gpuadvise/harness/facts/general.py"]),
+    "live": [os.path.relpath(f.file, root) if f else None for f in (chosen.user, chosen.library)],
+    "picked": frames.pick([f"{files['gpuadvise/harness/facts/general.py']}(120): __init__",
+                           f"{files['tests/test_model.py']}(9): test_build"]).site,
+}))
+"""
+
+
+def _package_dirs() -> dict[str, str]:
+    import tomllib
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)["tool"]["setuptools"]["package-dir"]
+
+
+@pytest.mark.slow  # one fresh Python, for both copies
+def test_a_checkout_called_gpuadvise_keeps_its_tests_and_examples_the_users(tmp_path):
+    """Cloned the ordinary way, the checkout's folder is called `gpuadvise`: its tests and examples are still
+    user code and only its package folders are gpuadvise's own, as in a checkout called otherwise. Each copy
+    is imported the way the editable install maps it, in a Python that never saw the worktree's package."""
+    import shutil
+    import subprocess
+    import sys
+
+    mapping = _package_dirs()
+    assert set(mapping) == set(frames.OWN_PACKAGES)  # the packages frames.py looks up are those pyproject maps
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    results = {}
+    for name in ("gpuadvise", "my-checkout"):
+        copy = tmp_path / name
+        for folder in set(mapping.values()):
+            shutil.copytree(os.path.join(here, folder), copy / folder,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.c"))
+        for user_file in ("tests/test_model.py", "examples/train.py"):
+            (copy / user_file).parent.mkdir(parents=True, exist_ok=True)
+            (copy / user_file).write_text("")
+    script = "import runpy, sys\n" + "\n".join(
+        f"sys.argv = ['judge', {str(tmp_path / n)!r}, {json.dumps(json.dumps(mapping))}]\n"
+        f"runpy.run_path({str(tmp_path / 'judge.py')!r}, run_name='__main__')\n"
+        f"[sys.modules.pop(m) for m in [m for m in sys.modules if m == 'gpuadvise' or m.startswith('gpuadvise.')]]\n"
+        f"sys.meta_path.pop(0)" for n in ("gpuadvise", "my-checkout"))
+    (tmp_path / "judge.py").write_text(_JUDGE_A_COPY)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for name, line in zip(("gpuadvise", "my-checkout"), proc.stdout.strip().splitlines()):
+        results[name] = json.loads(line)
+    for name, got in results.items():
+        assert got["library"] == {"tests/test_model.py": False, "examples/train.py": False,
+                                  "gpuadvise/harness/facts/general.py": True, "analyzer/model/frames.py": True,
+                                  "rules/base.py": True, "fixtures/builder.py": True}, name
+        assert got["package"] == "gpuadvise", name
+        # the example's frame, not skipped as gpuadvise's; the harness's frame inside it is
+        assert got["live"] == ["examples/train.py", "gpuadvise/harness/facts/general.py"], name
+        assert got["picked"].endswith("tests/test_model.py:9"), name
+
+
+def test_gpuadvise_frames_from_another_machine_are_known_by_the_packages_layout():
+    """A trace recorded elsewhere names that machine's paths: gpuadvise's own frames are those under a
+    `gpuadvise` folder followed by a name the package holds, in a checkout of any name or an install."""
+    assert frames.is_library("/home/u/src/gpuadvise/gpuadvise/harness/facts/general.py")
+    assert frames.is_library("/home/u/src/checkout/gpuadvise/harness/steps/sources.py")
+    assert frames.is_library("gpuadvise/harness/session/bootstrap.py")  # written relative to its sys.path entry
+    assert frames.package("/home/u/src/gpuadvise/gpuadvise/harness/facts/general.py") == "gpuadvise"
+    # a checkout called gpuadvise there: its examples and tests are the user's
+    assert not frames.is_library("/home/u/src/gpuadvise/examples/train_stall.py")
+    assert not frames.is_library("/home/u/src/gpuadvise/tests/test_profile.py")
+    assert not frames.is_library("gpuadvise/examples/train_stall.py")

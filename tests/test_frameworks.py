@@ -265,6 +265,21 @@ def test_training_loaders_are_the_ones_that_feed_training():
     assert len(runfacts.training_loaders(_facts(None, LIGHTNING_LOADERS))) == 2  # no framework: every loader counts
 
 
+def test_the_loader_the_steps_iterate_stands_for_the_users_own_when_a_framework_rebuilt_it():
+    """Where run.json counts the batches the recorded steps took, a loader they did not iterate does not feed
+    training, but the user's own loader a framework copied (Accelerate's prepare, Lightning's distributed
+    sampler: same settings, built by the framework) is the one the iterated copy stands for."""
+    user = {"created_at": "train.py:12", "in_function": "<module>", "num_workers": 0, "pin_memory": False,
+            "batch_size": 8, "prefetch_factor": None, "persistent_workers": False, "batches_in_window": 0}
+    copy = dict(user, created_at="train.py:13", built_by="accelerate", call="accelerator.prepare(loader)",
+                batch_size=None, batches_in_window=3)
+    unused = dict(user, created_at="train.py:20", num_workers=4, pin_memory=True)  # built, never iterated
+    [train] = runfacts.training_loaders(_facts(None, [user, unused, copy]))
+    assert train.created_at == "train.py:12"
+    [alone] = runfacts.training_loaders(_facts(None, [user, unused, dict(copy, built_by=None)]))
+    assert alone.created_at == "train.py:13"  # the user's own second loader: the one they iterate
+
+
 # -- advice in the framework's own terms -------------------------------------------------------------------------------
 def _stall() -> TraceBuilder:
     return find_rule("dataloader-stall").positive()
@@ -287,6 +302,32 @@ def test_a_hand_written_loop_keeps_the_torch_words(load_built):
     f = _finding(load_built, _stall(), _facts(None, [dict(LIGHTNING_LOADERS[1], in_function="<module>")]), "dataloader-stall")
     assert f.advice.startswith("The loader runs in the training process (`num_workers=0`): give it worker processes.")
     assert "TrainingArguments" not in f.advice
+
+
+@pytest.mark.parametrize("framework, kept, left_out", [
+    (None, [], ["Trainer", "Lightning"]),
+    (HF, ["Under transformers' Trainer the switch is `TrainingArguments(dataloader_num_workers=…,\n"
+          "dataloader_pin_memory=True)`"], ["Lightning"]),
+    (LIGHTNING, ["Under Lightning, the switch is the `DataLoader`"], ["Trainer", "TrainingArguments"]),
+])
+def test_a_fix_carries_only_the_paragraphs_of_the_framework_the_run_used(load_built, framework, kept, left_out):
+    loaders = {None: [dict(LIGHTNING_LOADERS[1], in_function="<module>")], "transformers": HF_LOADERS,
+               "lightning": LIGHTNING_LOADERS}[framework and framework["name"]]
+    f = _finding(load_built, _stall(), _facts(framework, loaders), "dataloader-stall")
+    assert "If workers are already in use and still stall" in f.fix  # the fix's own prose stays
+    for text in kept:
+        assert text in f.fix
+    for word in left_out:
+        assert word not in f.fix, f.fix
+
+
+def test_lightnings_profiler_marks_show_the_framework_without_run_json(load_built):
+    b = _stall()
+    with b.op("[pl][profile][Strategy]SingleDeviceStrategy.training_step", cat="user_annotation"):
+        b.idle(10)
+    b.finish()
+    f = _finding(load_built, b, {}, "dataloader-stall")
+    assert "Under Lightning" in f.fix and "Trainer" not in f.fix
 
 
 def test_measured_workers_advice_names_the_switch():
@@ -332,21 +373,52 @@ def test_bf16_is_never_asked_for_when_the_run_had_it(load_built):
     plain = _finding(load_built, rule.positive(), _facts(None), "no-tensor-cores")
     assert asked.advice.startswith("Set `bf16=True` in `TrainingArguments`")
     assert "set `tf32=True` in `TrainingArguments`" in asked.advice
-    assert had.advice.startswith("`bf16=True` in `TrainingArguments` is set, yet these matmuls ran in fp32")
+    # set, and the trace shows it acting on some matmuls: these run outside the framework's autocast region
+    acting = _finding(load_built, _some_matmuls_in_bf16(), _facts(hf_bf16), "no-tensor-cores")
+    assert acting.advice.startswith("`bf16=True` in `TrainingArguments` is set, yet these matmuls ran in fp32: they "
+                                    "run outside the autocast region the framework opens")
+    assert "Set `bf16=True`" not in acting.advice
+    # set, yet every matmul ran in fp32: the trace decides, and the advice names the conflict first
+    assert had.advice.startswith("run.json records `bf16=True` in `TrainingArguments`, but the trace shows it did not "
+                                 "act: all ")
+    assert "They run outside the autocast region the framework opens" in had.advice
+    assert "Set `bf16=True`" not in had.advice
     assert lightning.advice.startswith('Pass `precision="bf16-mixed"` to the `Trainer`')
     assert plain.advice.startswith("Run the forward pass under `torch.autocast('cuda', dtype=torch.bfloat16)`")
+
+
+def _some_matmuls_in_bf16() -> TraceBuilder:
+    """no-tensor-cores' loop with one bf16 Tensor Core GEMM a step beside its fp32 SIMT ones."""
+    b = TraceBuilder(device="NVIDIA A100-SXM4-80GB", compute=(8, 0))
+    for _ in range(4):
+        with b.step():
+            b.kernel("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_tn", 200)
+            for _ in range(20):
+                b.kernel("ampere_sgemm_128x64_nn", 800)
+                b.kernel("void at::native::vectorized_elementwise_kernel<4, relu>", 40)
+            b.sync()
+    b.finish()
+    return b
 
 
 def test_optimizer_and_compile_advice_name_the_trainers_switches(load_built):
     opt = _finding(load_built, find_rule("single-tensor-optimizer").positive(), _facts(HF), "single-tensor-optimizer")
     assert opt.advice == 'Set `optim="adamw_torch_fused"` in `TrainingArguments`.'
+    from gpuadvise.rules.launch_bound import tiny_kernels
+
     launch = find_rule("launch-bound")
+    compiling = _facts(dict(HF, settings=dict(HF["settings"], torch_compile=True)))
     off = _finding(load_built, launch.positive(), _facts(HF), "launch-bound")
-    on = _finding(load_built, launch.positive(), _facts(dict(HF, settings=dict(HF["settings"], torch_compile=True))), "launch-bound")
+    on = _finding(load_built, tiny_kernels(compiled=True), compiling, "launch-bound")
     assert "Under transformers' Trainer: set `torch_compile=True` in `TrainingArguments`." in off.advice
     assert on.advice.startswith("torch.compile is on already (`torch_compile=True` in `TrainingArguments`).")
     assert '`torch_compile_mode="reduce-overhead"` in `TrainingArguments`' in on.advice  # the next step: CUDA graphs
     assert "set `torch_compile=True`" not in on.advice and "torch.compile(model)" not in on.advice + on.fix
+    # set, yet the recorded steps ran eagerly: the trace decides, and the advice says why it asks again
+    eager = _finding(load_built, launch.positive(), compiling, "launch-bound")
+    assert eager.advice.startswith("run.json records `torch_compile=True` in `TrainingArguments`, but the trace shows "
+                                   "no compiled code in the recorded steps")
+    assert "set `torch_compile=True` in `TrainingArguments`" in eager.advice
 
 
 def test_switch_phrases_per_framework():

@@ -61,3 +61,18 @@ def test_one_step_is_one_step_not_one_steps(load_built):
     (f,) = [f for f in report.findings if f.topic == "low-gpu-utilization"]
     assert "inside the steps (1 step, " in f.message and "1 steps" not in f.message
 
+
+
+def test_the_largest_gaps_are_the_earliest_of_equal_ones_on_any_cpu():
+    """numpy's default sort breaks ties one way on a CPU with AVX-512 and another without: the gaps a
+    finding shows (and its golden report) must not depend on the machine."""
+    import numpy as np
+    from types import SimpleNamespace
+
+    from gpuadvise.rules.low_gpu_utilization import _largest_gaps
+
+    starts = np.arange(40, dtype=float) * 20.0  # 40 kernels of 3 µs, 17 µs apart: every gap ties
+    ends = starts + 3.0
+    ends[10] -= 1.0  # one gap a µs longer, in the middle
+    gaps = _largest_gaps(SimpleNamespace(gpu_union=(starts, ends), window=(0.0, 800.0)))
+    assert gaps == [(3.0, 20.0), (23.0, 40.0), (43.0, 60.0), (63.0, 80.0), (202.0, 220.0)]

@@ -43,7 +43,8 @@ NUM_ARGS = {
     "sequence_number": "Sequence number", "group_size": "Group size", "in_nelems": "In msg nelems",
     "out_nelems": "Out msg nelems", "comm_seq": "Seq", "graph_id": "graph id", "graph_node_id": "graph node id",
 }
-RAW_ARGS = {"input_type": "Input type", "input_dims": "Input Dims", "comms_id": "Comms Id"}  # msgspec.Raw fields
+RAW_ARGS = {"input_type": "Input type", "input_dims": "Input Dims", "input_concrete": "Concrete Inputs",
+            "comms_id": "Comms Id"}  # msgspec.Raw fields
 ANY_ARGS = {  # Any fields; the struct attribute of meta_name is `name`
     "call_stack": "Call stack", "collective_name": "Collective name", "pg_name": "Process Group Name",
     "pg_desc": "Process Group Description", "pg_ranks": "Process Group Ranks",
@@ -231,7 +232,7 @@ def test_a_typical_event_lands_in_every_column():
         b'"args":{"correlation":12,"External id":3,"external id":4,"stream":7,"device":0,"bytes":1e3,'
         b'"Bytes":-5,"Total Allocated":1.5,"Total Reserved":2.25,"Device Type":1,"Device Id":0,"Addr":140000000000,'
         b'"Python id":9,"Python parent id":8,"Sequence number":77,"Group size":8,"In msg nelems":1024,'
-        b'"Out msg nelems":2048,"Seq":5,"Input type":["float", "int"],"Input Dims":[[1,2],[]],'
+        b'"Out msg nelems":2048,"Seq":5,"Input type":["float", "int"],"Input Dims":[[1,2],[]],"Concrete Inputs":["", "1"],'
         b'"Call stack":"a;b","Collective name":"allreduce","Process Group Name":"0","dtype":"Float",'
         b'"Process Group Description":"mesh_dp","Process Group Ranks":"[0, 2]","Comms Id":18446744073709551557,'
         b'"graph id":3,"graph node id":41,'
@@ -244,6 +245,7 @@ def test_a_typical_event_lands_in_every_column():
     assert col(got, "pid") == 0 and col(got, "pid_raw") == -1  # -1: an integer
     assert col(got, "ts") == 1661938466265032.5 and col(got, "nbytes") == 1000.0
     assert col(got, "input_dims") == b"[[1,2],[]]" and col(got, "input_type") == b'["float", "int"]'
+    assert col(got, "input_concrete") == b'["", "1"]'
     # a Comms Id beyond int64 stays its text; a graph's node is a number
     assert col(got, "comms_id") == b"18446744073709551557" and col(got, "graph_node_id") == 41.0
 

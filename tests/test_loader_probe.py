@@ -135,38 +135,83 @@ def test_stall_finding_names_the_slow_function_and_the_build_time(tmp_path, work
 
 
 # -- the "more workers" prediction ---------------------------------------------------------------------
-def _run_folder(tmp_path: Path, usable_cpus: int, workers: int = 0) -> Path:
+def _run_folder(tmp_path: Path, usable_cpus: int, workers: int = 0, ranks_on_node: int | None = None,
+                build_ms: float = 20.0, build_cpu_ms: float | None = None) -> Path:
+    """The rule's positive trace (20 ms waits in ~32 ms steps: 12 ms between batches) with run.json's machine
+    and measured loading: the build takes `build_ms` of the 20 ms wait the probe saw over the same batches."""
     from gpuadvise.rules import find_rule
 
     b: TraceBuilder = find_rule("dataloader-stall").positive()  # 20 ms waits per step, num_workers=0
     b.facts = {
         "environment": {"machine": {"cpu": {"logical": usable_cpus, "usable": usable_cpus, "cgroup_limit": None}}},
         "dataloaders": [{"created_at": "train.py:12", "num_workers": workers, "pin_memory": True}],
-        "capture": {"loader": {"num_workers": workers, "build_ms_per_batch": 20.0, "between_batches_ms": 4.0,
+        "capture": {"loader": {"num_workers": workers, "build_ms_per_batch": build_ms, "between_batches_ms": 12.0,
                    "wait_ms_per_batch": 20.0, "fetch_ms_per_sample": 5.0, "collate_ms_per_batch": 0.1,
                    "fetch": "__getitem__",
                    "functions": [{"function": "decode_image", "file": "dataset.py", "line": 41, "share_pct": 71.0,
                                   "ms_per_batch": 14.2}]}},
     }
-    return b.write_run_folder(tmp_path / f"run{usable_cpus}")
+    if build_cpu_ms is not None:
+        b.facts["capture"]["loader"]["build_cpu_ms_per_batch"] = build_cpu_ms
+    if ranks_on_node:
+        b.facts["distributed"] = {"world_size": ranks_on_node, "rank": 0, "local_world_size": ranks_on_node,
+                                  "backend": "gloo"}
+    return b.write_run_folder(tmp_path / f"run{usable_cpus}-{ranks_on_node}-{build_ms:g}-{build_cpu_ms}")
+
+
+def _code(fix: str) -> str:
+    """The fix's ```python block."""
+    return fix.split("```python", 1)[1].split("```", 1)[0] if "```python" in fix else ""
 
 
 def _stall(folder: Path):
     return next(f for f in analyze(folder).findings if f.topic == "dataloader-stall")
 
 
-def test_more_workers_prediction_follows_the_free_cores(tmp_path):
-    # 20 ms per batch, one used every 4 ms: 5 workers keep up; 3 free cores allow 3 (20/3 - 4 = 2.7 ms left)
-    few, many, none = _stall(_run_folder(tmp_path, 4)), _stall(_run_folder(tmp_path, 16)), _stall(_run_folder(tmp_path, 1))
-    assert few.evidence["numbers"]["suggested_num_workers"] == 3 and few.evidence["numbers"]["free_cores"] == 3
-    assert many.evidence["numbers"]["suggested_num_workers"] == 5
-    assert "num_workers=3" in few.recommendation and "num_workers=5" in many.recommendation
-    assert many.saving_pct > few.saving_pct > 0
-    # no free core: adding workers is not recommended, and nothing is predicted from it
-    assert "num_workers=" not in none.recommendation.split("\n")[0]
-    assert "no free core" in none.recommendation.lower()
-    assert none.saving_pct < few.saving_pct
-    assert "71% of the build is in `decode_image` (dataset.py:41)" in few.message
+def test_more_workers_prediction_follows_the_cores_each_rank_has(tmp_path):
+    # 20 ms per batch, one used every 12 ms: 2 workers keep up; 2 usable cores leave 1 free (20 - 12 = 8 ms
+    # left, plus the hand-over), 16 allow the 2 that keep up (the hand-over left)
+    one, two = _stall(_run_folder(tmp_path, 2)), _stall(_run_folder(tmp_path, 16))
+    assert one.evidence["numbers"]["suggested_num_workers"] == 1 and one.evidence["numbers"]["free_cores"] == 1
+    assert two.evidence["numbers"]["suggested_num_workers"] == 2
+    assert "num_workers=1" in one.recommendation and "num_workers=2" in two.recommendation
+    assert two.saving_pct > one.saving_pct > 0
+    assert "71% of the build is in `decode_image` (dataset.py:41)" in one.message
+    # the fix block gives the count the advice gives, never a formula that disagrees with it
+    assert "num_workers=2," in _code(two.fix) and "os.cpu_count" not in _code(two.fix)
+    # no free core: on one core, or two ranks of a torchrun job on two cores (a core each): no worker is
+    # recommended, nothing is predicted from one, and the fix block asks for none
+    for none in (_stall(_run_folder(tmp_path, 1)), _stall(_run_folder(tmp_path, 2, ranks_on_node=2))):
+        assert "num_workers=" not in none.recommendation.split("\n")[0]
+        assert "no free core" in none.recommendation.lower()
+        assert none.saving_pct == 0 and none.severity == "low"
+        assert "num_workers=" not in _code(none.fix)
+    ddp = _stall(_run_folder(tmp_path, 2, ranks_on_node=2))
+    assert "2 usable, 2 ranks on this node: 1 per rank" in ddp.recommendation
+    assert ddp.evidence["numbers"]["cores_per_rank"] == 1
+
+
+def test_a_build_that_waits_on_io_needs_little_of_a_core(tmp_path):
+    """A 20 ms build of which 1 ms is CPU (the rest sleeps on a disk): on 2 cores one core is spare, and each
+    worker needs a twentieth of it, so the 2 that keep up fit where a CPU-bound build allows one; with two
+    ranks on the two cores no core is spare, whatever the build."""
+    io, cpu = _stall(_run_folder(tmp_path, 2, build_cpu_ms=1.0)), _stall(_run_folder(tmp_path, 2, build_cpu_ms=20.0))
+    assert io.evidence["numbers"]["suggested_num_workers"] == 2 and cpu.evidence["numbers"]["suggested_num_workers"] == 1
+    assert io.saving_pct > cpu.saving_pct
+    ddp = _stall(_run_folder(tmp_path, 2, ranks_on_node=2, build_cpu_ms=1.0))
+    assert ddp.evidence["numbers"]["suggested_num_workers"] == 0 and ddp.saving_pct == 0
+
+
+def test_no_workers_where_receiving_a_batch_costs_more_than_building_it(tmp_path):
+    """The build is 1 ms of the 20 ms wait (the rest is the sampler and the iterator, which stay in the
+    training process): a worker would hide 1 ms and cost the hand-over of a ready batch (up to 2 ms), so the
+    replay says workers cost time, and none are advised even with cores to spare."""
+    f = _stall(_run_folder(tmp_path, 16, build_ms=1.0))
+    assert f.evidence["numbers"]["suggested_num_workers"] == 0
+    assert f.saving_pct == 0 and "num_workers=" not in f.recommendation.split("\n")[0]
+    assert "workers would not pay" in f.recommendation.lower()
+    # the build is quoted as part of the median wait, never above it
+    assert f.evidence["numbers"]["build_per_batch_ms"] <= f.evidence["numbers"]["median_dataloader_ms_per_step"]
 
 
 def test_a_killed_runs_folder_is_removed_by_the_next_run(tmp_path):

@@ -231,7 +231,8 @@ def test_the_run_summary_states_how_closely_the_onset_is_dated(tmp_path):
     lv = summary["levels"]
     low, high = lv["began_between"]
     assert lv["shape"] == "climb" and low <= 80 <= high and low < lv["began_at"] < high
-    assert f"a steady climb from step {lv['began_at']} (dated to steps {low}–{high} at 95 % confidence)" in headline(summary)
+    assert (f"a steady climb from step {lv['began_at']} (dated to steps {low}–{high} by every growth law that fits)"
+            in headline(summary))
 
 
 def test_a_level_reaches_only_steps_nearby():
@@ -305,7 +306,8 @@ def test_a_finding_in_every_window_is_stated_once_with_the_windows_it_holds_in(d
     loader = next(f for f in found if f.topic == "dataloader-stall")
     # kept where its fix saves most (window 2, the slow steps), saying where else it holds and how it grew
     assert "trace.w2" in loader.trace and "Windows 1, 2 of this run show it" in loader.message
-    assert "from 5 % in window 1 to 70 % in window 2" in loader.message
+    # window 1's waits are shorter than the hand-over of a batch from a worker (dataloader-stall): nothing to save
+    assert "from 0 % in window 1 to 36 % in window 2" in loader.message
     causes = {c["topic"]: c for c in reports.long_runs[0].summary["causes"]}
     assert [w["index"] for w in causes["dataloader-stall"]["windows"]] == [1, 2]
     assert causes["dataloader-stall"]["kept_in"] == 2
@@ -323,9 +325,9 @@ def test_the_run_report_tables_each_causes_saving_window_by_window(drift_fixture
     loader = rows[[i for i, r in enumerate(rows) if "dataloader-stall" in r][0]:][:2]
     # one row per window the cause holds in, its steps and its fix's saving there; the window whose figures
     # the finding states is marked
-    assert [r.split("|")[2:5] for r in loader] == [[" 1 ", f" {steps[0]} ", " 5 % of the step "],
-                                                   [" 2 * ", f" {steps[1]} ", " 70 % of the step "]]
+    assert [r.split("|")[2:5] for r in loader] == [[" 1 ", f" {steps[0]} ", " none predicted "],
+                                                   [" 2 * ", f" {steps[1]} ", " 36 % of the step "]]
     text = render(reports, "text")
     line = next(x for x in text.splitlines() if "(dataloader-stall):" in x)
-    assert f"window 1 (steps {steps[0]}) 5 % of the step; window 2* (steps {steps[1]}) 70 % of the step" in line
+    assert f"window 1 (steps {steps[0]}) none predicted; window 2* (steps {steps[1]}) 36 % of the step" in line
     assert "'" not in line and "{" not in line  # words, not Python reprs

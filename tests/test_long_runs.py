@@ -284,6 +284,10 @@ def test_a_climb_is_dated_where_it_left_the_early_level(climb_run):
     lv = over["levels"]
     # ±10 steps (6 % of the run) on a busy machine; a threshold put it where the level crossed a quarter
     assert lv["shape"] in ("climb", "faster climb") and abs(lv["began_at"] - CLIMB_FROM) <= 10, lv
+    # the interval holds the true onset (the record's step 60 holds the loop's first extra work: its steps end
+    # at backward(), and the extra sleep follows it)
+    low, high = lv["began_between"]
+    assert low <= CLIMB_FROM <= high, lv
     drift = _finding(doc, "step-time-drift")
     assert drift["evidence"]["numbers"]["began_at_step"] == lv["began_at"] and "climbed" in drift["message"]
     assert not [f for f in doc["findings"] if f["topic"] == "periodic-stall"]

@@ -382,7 +382,7 @@ def test_inside_any_agrees_with_checking_every_span():
     import numpy as np
     import pandas as pd
 
-    from gpuadvise.analyzer.measure.spans import _inside_any
+    from gpuadvise.analyzer.measure.spans import inside_any
 
     rng = np.random.default_rng(7)
     s_ts = rng.uniform(0, 1000, 60)
@@ -396,8 +396,8 @@ def test_inside_any_agrees_with_checking_every_span():
         inside |= (ts >= a) & (ends <= b) & (tid == t)
         launched |= (ts >= a) & (ts < b) & (tid == t)
     assert inside.any() and not inside.all()
-    assert (_inside_any(ts, tid, spans, ends=ends) == inside).all()
-    assert (_inside_any(ts, tid, spans) == launched).all()
+    assert (inside_any(ts, tid, spans, ends=ends) == inside).all()
+    assert (inside_any(ts, tid, spans) == launched).all()
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -261,7 +261,17 @@ def test_train_stall_example_finds_the_dataloader_stall_at_its_line(stall_run):
     assert any(same_file(s, cwd, script, line) for s in sources), (sources, f"train_stall.py:{line}")
 
 
-def test_the_stall_runs_trace_alone_agrees_with_its_run_folder(stall_run):
+@pytest.fixture(scope="module")
+def stall_reports(stall_run):
+    """The stall run's folder, analysed once for the tests below."""
+    from gpuadvise.analyzer.run.engine import analyze_paths
+
+    cwd, run_dir, script, proc = stall_run
+    assert proc.returncode == 0, show(proc)
+    return analyze_paths([str(run_dir)], jobs=1)
+
+
+def test_the_stall_runs_trace_alone_agrees_with_its_run_folder(stall_run, stall_reports):
     """The run folder and its trace without run.json (as another tool's trace would come): the same
     topics, savings within 5 points, but for those docs/rule-api.md lists as needing run.json."""
     from _trace_alone import disagreements
@@ -269,11 +279,19 @@ def test_the_stall_runs_trace_alone_agrees_with_its_run_folder(stall_run):
     from gpuadvise.analyzer.run.engine import analyze_paths
 
     cwd, run_dir, script, proc = stall_run
-    assert proc.returncode == 0, show(proc)
-    recorded = all_findings(analyze_paths([str(run_dir)], jobs=1))
+    recorded = all_findings(stall_reports)
     alone = all_findings(analyze_paths([str(run_dir / "trace.pt.trace.json.gz")], jobs=1))
     assert "dataloader-stall" in {f.topic for f in alone}
     found = disagreements(recorded, alone, "train_stall.py")
+    assert not found, "\n".join(found)
+
+
+def test_the_stall_runs_reports_state_each_figure_once(stall_run, stall_reports):
+    """One figure, one computation on a real CPU run: its text, markdown and JSON reports and the TUI's
+    tables (tests/_figures_support.py), and the summary `profile` printed."""
+    from _figures_support import problems, wording
+
+    found = problems(stall_reports) + wording(stall_run[3].stderr, "profile's summary")
     assert not found, "\n".join(found)
 
 

@@ -456,3 +456,64 @@ def test_collective_waits_match_a_hand_count_on_the_dlrm_pair():
     # the late rank is named; its work in the step is no more than rank 1's: it began the step late
     assert f.rank == 0 and "Rank 1 waits a median 5.56 ms per step for it" in f.message, f.message
     assert "rank 0 starts its steps after the others" in f.message
+
+
+# -- what better overlap can hide: the compute after the first gradient is ready --------------------------
+def _data_parallel_job(tmp_path: Path, grads_ready_per_layer: bool) -> Path:
+    """Two ranks, four layers: a forward, then each layer's backward (2 ms of GEMMs), then a 3 ms all-reduce
+    with nothing beside it. Gradients are ready after each layer's backward (a deep model, several DDP
+    buckets), or all at the end (one layer's worth: `Linear(20, 1)`)."""
+    from gpuadvise.analyzer.measure.gradients import READY
+    from gpuadvise.fixtures.builder import GEMM, RankFolder
+
+    out = []
+    for r in range(2):
+        b = TraceBuilder(rank=r, world_size=2)
+        for _ in range(4):
+            with b.step():
+                with b.op("aten::linear"):
+                    for _ in range(10):
+                        b.kernel(GEMM, 300)
+                for layer in range(4):
+                    with b.op("autograd::engine::evaluate_function: AddmmBackward0"):
+                        for _ in range(5):
+                            b.kernel(GEMM, 400)
+                    if grads_ready_per_layer or layer == 3:
+                        b.cpu(READY, 20)
+                with b.op("nccl:all_reduce"):
+                    b.comm(3_000)
+                b.sync()
+        b.finish()
+        out.append(b)
+    return RankFolder(out).write(tmp_path / ("deep" if grads_ready_per_layer else "one-layer"))
+
+
+def test_comm_overlap_saves_only_what_compute_after_the_first_gradient_can_hide(tmp_path):
+    deep = analyze_paths([str(_data_parallel_job(tmp_path, True))], jobs=1)
+    flat = analyze_paths([str(_data_parallel_job(tmp_path, False))], jobs=1)
+    (d,) = [f for f in deep.job.findings if f.topic == "comm-overlap"]
+    (o,) = [f for f in flat.job.findings if f.topic == "comm-overlap"]
+    # the same exposed transfer in both; 6 ms of backward follow the first gradient in the deep model (all
+    # 3 ms can hide), none in the one-layer one: its saving and severity say there is nothing to overlap with
+    assert d.evidence.numbers["exposed_transfer_ms_per_step"] == pytest.approx(o.evidence.numbers["exposed_transfer_ms_per_step"])
+    assert d.evidence.numbers["compute_after_first_gradient_ms"] == pytest.approx(6.0, abs=0.3)
+    assert o.evidence.numbers["compute_after_first_gradient_ms"] == pytest.approx(0.0, abs=0.05)
+    assert d.impact.est_step_saving_pct == pytest.approx(d.evidence.numbers["exposed_share_pct"], abs=0.5)
+    assert d.severity == "high" and o.severity == "low" and o.impact.est_step_saving_pct < 1.0
+    assert "communicate less" in o.advice and "DDP buckets" in d.advice
+
+
+def test_comm_overlap_on_a_ddp_whose_gradients_fit_one_bucket(tmp_path):
+    """run.json: DDP put its 84 bytes of gradients in one bucket, which no bucket_cap_mb splits (they fit
+    the first bucket): nothing to hide the reduction behind, and the fix asks for no bucket size, nor for
+    the settings it already has."""
+    folder = _data_parallel_job(tmp_path, True)
+    facts = {"distributed": {"world_size": 2, "local_world_size": 2, "backend": "gloo", "ddp": [
+        {"created_at": "train.py:9", "bucket_cap_mb": 25.0, "static_graph": False, "gradient_as_bucket_view": True,
+         "buckets": 1, "parameter_bytes": 84, "params": 2}]}}
+    for r in (0, 1):
+        (folder / ("run.json" if r == 0 else f"run.rank{r}.json")).write_text(json.dumps({**facts, "rank": r}))
+    (f,) = [f for f in analyze_paths([str(folder)], jobs=1).job.findings if f.topic == "comm-overlap"]
+    assert f.severity == "low" and f.impact.est_step_saving_pct == 0.0
+    assert "DDP reduces its 84 bytes of gradients in one bucket" in f.message
+    assert "bucket_cap_mb" not in f.fix and "gradient_as_bucket_view" not in f.fix and "static_graph=True" in f.fix

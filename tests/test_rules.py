@@ -314,6 +314,24 @@ def test_cpu_only_and_no_cuda_findings_are_complete(load_built):
 # Targeted behaviours
 
 
+def test_dataloader_waits_shorter_than_a_workers_hand_over_get_no_workers(load_built):
+    """A 0.5 ms wait per batch in a 5 ms step (10 %): receiving a ready batch from a worker can take 2 ms, so
+    the replay says workers would cost time; nothing is predicted from them and neither the advice nor the
+    fix block asks for them."""
+    b = TraceBuilder()
+    for _ in range(4):
+        with b.step():
+            b.cpu(SINGLE, 500)
+            for _ in range(15):
+                b.kernel("ampere_tf32_s1688gemm_64x64_nn", 300)
+            b.sync()
+    b.finish()
+    f = next(f for f in analyze(b, load_built).findings if f.topic == "dataloader-stall")
+    assert f.impact.est_step_saving_pct == 0 and f.severity == "low"
+    assert "workers would not pay" in f.advice and "use num_workers=" not in f.advice.lower()
+    assert "num_workers=" not in f.fix.split("```python", 1)[1].split("```", 1)[0]
+
+
 def test_dataloader_saving_counts_overlap_not_share(load_built):
     """The loader runs while the previous launches still execute: removing it gets back only the part
     the GPU did not cover, far less than the loader's share of the step."""
@@ -338,7 +356,9 @@ def test_dataloader_saving_counts_overlap_not_share(load_built):
 
 
 def test_dataloader_without_overlap_saves_about_its_share(load_built):
-    """Control for the test above: with nothing to overlap, the saving is close to the share."""
+    """Control for the test above: with nothing to overlap, the saving is close to the share, less what
+    workers cannot take from the training process: the hand-over of each ready batch (its upper end, 2 ms
+    of each 20 ms wait)."""
     b = TraceBuilder()
     for _ in range(4):
         with b.step():
@@ -351,7 +371,8 @@ def test_dataloader_without_overlap_saves_about_its_share(load_built):
     m = report.metrics
     share = 100 * m.per_step["dataloader_us"].sum() / m.per_step["dur_us"].sum()
     f = next(f for f in report.findings if f.topic == "dataloader-stall")
-    assert abs(f.impact.est_step_saving_pct - share) < 3, (f.impact.est_step_saving_pct, share)
+    handover = 2.0 / 20.0  # of each wait
+    assert abs(f.impact.est_step_saving_pct - share * (1 - handover)) < 3, (f.impact.est_step_saving_pct, share)
 
 
 def _gemm_trace(device, compute, gemm):

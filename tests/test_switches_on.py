@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.measure.metrics import compute
-from gpuadvise.analyzer.measure.switches_on import On, asked_for, is_on, switches_on, without_what_is_on
+from gpuadvise.analyzer.measure.switches_on import On, asked_for, is_on, switch_off, switches_on, without_what_is_on
 from gpuadvise.analyzer.run.single import analyze_model
 from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.fixtures.compiled import compiled_facts, compiled_loop
@@ -59,8 +59,13 @@ def test_compile_is_on_from_the_trace_alone_and_from_run_json(load_built):
     assert "compiled-frame call" in from_trace.what and "Inductor kernels" in from_trace.what
     plain = load_built(find_rule("launch-bound").positive())
     assert is_on("compile", _analysis(plain)) is None
-    from_facts = is_on("compile", _analysis(plain, compiled_facts(mode="default")))
+    from_facts = is_on("compile", Analysis(None, None, compiled_facts(mode="default")))
     assert from_facts is not None and from_facts.source == "run.json"
+    # run.json's compile over a trace of eager steps: the trace decides, and the conflict is named
+    eager = _analysis(plain, compiled_facts(mode="default"))
+    assert is_on("compile", eager) is None
+    assert "no compiled code in the recorded steps" in switch_off("compile", eager).text
+    assert is_on("compile", _analysis(model, compiled_facts(mode="default"))).source == "run.json"
 
 
 def test_loader_and_optimizer_switches_from_the_trace(load_built):
@@ -230,3 +235,30 @@ def test_channels_last_fix_autocasts_in_the_type_the_tensor_cores_take(load_buil
     assert "dtype=torch.bfloat16" in newer.fix
     # the same transposes launched by a non-convolution op are someone else's layout
     assert not _findings(load_built, _convnet(conversion_us=60, miopen=True, launcher="aten::bmm"), topic="channels-last")
+
+
+def test_a_fused_optimizer_run_json_records_over_per_tensor_updates_is_off_and_asked_for(load_built):
+    """run.json records AdamW(fused=True), the trace's optimizer steps launch one kernel per tensor and no
+    multi-tensor one: the trace decides, the advice names the conflict and asks for the fused path again."""
+    facts = run_json()
+    facts["optimizers"] = [{"class": "AdamW", "foreach": None, "fused": True, "params": 60, "param_devices": {"cuda": 60}}]
+    model = load_built(find_rule("single-tensor-optimizer").positive())
+    assert is_on("fused_optimizer", _analysis(model, facts)) is None
+    (f,) = _findings(load_built, find_rule("single-tensor-optimizer").positive(), facts, topic="single-tensor-optimizer")
+    assert f.advice.startswith("run.json records AdamW with fused=True, but the trace shows its updates one tensor at a time")
+    assert "fused_optimizer" in asked_for(f.advice)
+
+
+def test_an_autocast_never_entered_in_the_steps_is_off_unless_compiled_code_could_have_entered_it(load_built):
+    """run.json counts the Python `with` entries of each autocast: none in the recorded steps is off, with the
+    conflict named; where the steps run compiled code, torch.compile's graph enters it without Python, so
+    the uncounted entry says nothing and run.json's autocast stands."""
+    facts = run_json()
+    facts["autocast"] = [{"created_at": "train.py:40", "device_type": "cuda", "dtype": "torch.bfloat16", "enabled": True,
+                          "entered": 2, "entered_in_window": 0}]
+    eager = _analysis(load_built(find_rule("launch-bound").positive()), facts)
+    assert is_on("autocast", eager) is None
+    assert switch_off("autocast", eager).text == ("autocast to bfloat16 built at train.py:40 was not entered while the "
+                                                  "recorded steps ran")
+    compiled = _analysis(load_built(compiled_loop()), facts)
+    assert is_on("autocast", compiled).source == "run.json" and switch_off("autocast", compiled) is None

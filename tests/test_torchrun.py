@@ -58,9 +58,16 @@ def run_json(folder: Path, rank: int) -> dict:
 
 
 def profiled(tmp_path: Path, *script_args: str):
+    """The job's run, its folder analysed, and every figure of its reports and summary stated once
+    (tests/_figures_support.py: the job table, the waits per collective, the Steps tables, the TUI's)."""
+    from _figures_support import problems, wording
+
     folder = tmp_path / "run"
     proc = torchrun(folder, *script_args)
-    return folder, proc, analyze_paths([str(folder)], jobs=1)
+    reports = analyze_paths([str(folder)], jobs=1)
+    found = problems(reports) + wording(proc.stderr, "profile's summary")
+    assert not found, "\n".join(found)
+    return folder, proc, reports
 
 
 # Each test below is one torchrun job (10-20 s): its checks share that run, and no two tests share one (a

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from gpuadvise.analyzer.errors import EXIT_GATE, EXIT_OK, InputError
 
-from gpuadvise.analyzer.report.formats import NAMES as FORMATS
+from gpuadvise.analyzer.report.formats import CHOICES as FORMATS
 
 
 def build_parser() -> argparse.ArgumentParser:

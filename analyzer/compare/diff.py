@@ -76,6 +76,7 @@ def compare(before: Side, after: Side) -> dict:
     b_run, a_run = run_figures(before), run_figures(after)
     step = step_change(b_run, a_run)
     findings = match_findings(before, after)
+    env = environment(before, after)
     out = {
         "tool": "gpuadvise",
         "version": __version__,
@@ -86,10 +87,10 @@ def compare(before: Side, after: Side) -> dict:
         "step_time": step,
         "breakdown": breakdown(before, after),
         "findings": findings,
-        "predictions": predictions(findings["resolved"], step),
+        "predictions": predictions(findings, step, env),
         "kernels": changes(before, after, "kernels"),
         "ops": changes(before, after, "ops"),
-        "environment": environment(before, after),
+        "environment": env,
     }
     return out
 
@@ -121,10 +122,23 @@ def run_figures(side: Side) -> dict:
         "peak_reserved_bytes": finite(mem.peak_reserved) if mem is not None else None,
         "findings": side.summary.figures.findings,
     }
+    out.update(_mfu(side))
     if median and out["min_step_ms"] is not None:
         # max − min over the median: how much the profiled steps disagree with each other
         out["spread_pct"] = round(100 * (out["max_step_ms"] - out["min_step_ms"]) / median, 1)
     return out
+
+
+def _mfu(side: Side) -> dict:
+    """The heading trace's MFU (measured on its profiled median step, and over the unprofiled one when
+    run.json has it), its model FLOPs per step and the headline's arithmetic."""
+    f = side.head.figures.flops if side.head is not None and side.head.figures is not None else None
+    counted = f is not None and f.state == "counted"
+    return {"mfu_pct": f.mfu_pct if counted else None,
+            "unprofiled_mfu_pct": f.unprofiled_mfu_pct if counted else None,
+            "model_flops": finite(f.model_flops) if counted else None,
+            "mfu_dtypes": [p.dtype for p in f.peaks] if counted else [],
+            "mfu_basis": (f.basis if counted else f.note) if f is not None else None}
 
 
 FIGURES = {
@@ -237,12 +251,34 @@ def _num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def predictions(resolved: list[dict], step: dict) -> list[dict]:
-    """Each resolved finding's predicted saving (on BEFORE) next to the change measured."""
-    return [{"rule": f["rule"], "topic": f["topic"], "title": f["title"],
-             "predicted_pct": f["before"]["est_step_saving_pct"], "upper_bound": f["before"]["upper_bound"],
-             "measured_saving_pct": step.get("saving_pct"), "figure": step.get("figure")}
-            for f in resolved]
+# A step this much slower is beyond run-to-run noise (about 5 % measured between unprofiled runs of one
+# script, as the profiler's own overhead threshold, measure/calibration.NOISE)
+WORSE_PCT = 5.0
+
+
+def predictions(findings: dict, step: dict, environment: list[dict]) -> list[dict]:
+    """Every BEFORE finding's predicted saving next to the change measured: the resolved ones, then those
+    still there. A fix counts as applied when a run.json fact its rule's fix changes (`Rule.fix_facts`)
+    differs between the runs (`changed`), or, where the facts show no fix at all, when its finding is
+    resolved; an applied fix with a step slower by more than WORSE_PCT made training slower (`worse`)."""
+    from gpuadvise.rules import find_rule
+
+    slower = step.get("saving_pct") is not None and step["saving_pct"] <= -WORSE_PCT
+    rows = []
+    for status, key in (("resolved", "resolved"), ("still there", "still_there")):
+        for f in findings[key]:
+            rule = find_rule(f["rule"])
+            changed = [r for r in environment if rule is not None and rule.applied_in(r["key"])]
+            rows.append((f, status, changed))
+    shown = any(changed for _, _, changed in rows)  # the facts show which fixes were made
+    out = []
+    for f, status, changed in rows:
+        applied = bool(changed) or (status == "resolved" and not shown)
+        out.append({"rule": f["rule"], "topic": f["topic"], "title": f["title"], "status": status,
+                    "predicted_pct": f["before"]["est_step_saving_pct"], "upper_bound": f["before"]["upper_bound"],
+                    "changed": changed, "applied": applied, "worse": applied and slower,
+                    "measured_saving_pct": step.get("saving_pct"), "figure": step.get("figure")})
+    return out
 
 
 def changes(before: Side, after: Side, table: str) -> list[dict]:

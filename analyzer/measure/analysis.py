@@ -21,6 +21,7 @@ from gpuadvise.analyzer.model import devices, runfacts
 from gpuadvise.analyzer.model.kernels import is_comm
 from .memory import MemorySummary
 from .metrics import Metrics
+from .utilization import utilization
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask
 
 
@@ -50,6 +51,14 @@ class Analysis:
         names = self.metrics.kernels["name"].head(200) if self.metrics is not None and len(self.metrics.kernels) else []
         platform = self.model.meta.platform if self.model is not None else "unknown"
         return devices.spec(self.device, platform, names)
+
+    @cached_property
+    def utilization(self):
+        """The trace's FLOPs per step and MFU (utilization.py: `model.report.FlopFigures`); None without a
+        trace or without matrix work."""
+        if self.model is None or self.metrics is None:
+            return None
+        return utilization(self.model, self.metrics, self.device_spec, self.facts)
 
     @property
     def vendor(self) -> str:

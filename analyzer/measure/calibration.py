@@ -74,6 +74,7 @@ class Calibration:
     # the typical cost
     gpu_paced: bool = False
     fitted_us: float = 0.0  # the least cost that reaches the unprofiled step, where gpu_paced
+    replayed: bool = False  # the steps had a GPU timeline to replay (else nothing could be corrected)
     events: np.ndarray | None = field(default=None, repr=False)  # their sorted start times
 
     @property
@@ -100,8 +101,15 @@ class Calibration:
         if x is None:
             return "no unprofiled step time and no GPU timeline to replay: the CPU side may be inflated by profiling"
         if not self.applied:
-            return (f"traced step {self.traced_step_us / 1e3:.1f} ms vs {self.unprofiled_step_us / 1e3:.1f} ms "
-                    f"unprofiled ({x:.2f}×): no correction needed")
+            said = (f"traced step {self.traced_step_us / 1e3:.1f} ms vs {self.unprofiled_step_us / 1e3:.1f} ms "
+                    f"unprofiled ({x:.2f}×)")
+            if x <= NOISE:  # as report.overhead_words says: no measurable overhead
+                return f"{said}: no correction needed"
+            if self.replayed:  # the replay reached the unprofiled step with no cost taken off
+                return f"{said}: the replay reaches the unprofiled step without a correction"
+            # slowed beyond noise, but no replay to correct (no GPU timeline): the shares are the traced steps'
+            return (f"{said}: not corrected, as there is no GPU timeline to replay; shares of the traced step "
+                    "include the profiler's cost")
         if self.gpu_paced:
             return (f"calibrated to the unprofiled step ({self.unprofiled_step_us / 1e3:.1f} ms; traced "
                     f"{self.traced_step_us / 1e3:.1f} ms, {x:.2f}×), close to the GPU's own pace: the profiler cost at "
@@ -156,6 +164,7 @@ def calibrate(replay, traced_step_us: float, facts: dict, events: np.ndarray | N
     baseline = replay.baseline_for(mode) if replay is not None else 0.0
     if replay is None or baseline <= 0:
         return cal
+    cal.replayed = True
     if ms is None or traced_step_us <= ms * 1e3 * NOISE:
         return typical(cal, replay, events)
     # The replay's window may not be exactly `steps` medians long: aim at the same ratio instead.

@@ -84,22 +84,17 @@ class RankCollectives:
 def rank_collectives(model: TraceModel, m: Metrics) -> RankCollectives | None:
     """The collectives `model` ran, placed on `m`'s steps; None when it ran none."""
     comms = model.comms
-    if comms is None or comms.empty:
+    found = coll.executions(comms)
+    if found is None:
         return None
-    runs = comms[comms["role"].isin([coll.KERNEL, coll.HOST])]
-    if runs.empty:
-        return None
-    runs = runs.sort_values("ts", kind="stable")
-    names = runs["name"].astype(str).tolist()
-    kinds = [coll.kind(n, str(c)) for n, c in zip(names, runs["collective"].astype(str))]
-    where = runs["role"].astype(str).tolist()
-    call_ts, call_tid, call_kind = _calls_of(comms, runs, kinds, where)
-    for i, k in enumerate(call_kind):
+    runs, kinds, where = found
+    calls = coll.calls_of(comms, runs, kinds, where)  # a CPU backend's span: the c10d call that issued it
+    ts = coll.began(comms, runs, kinds, where, calls)  # a CPU backend's collective begins at its call
+    runs = runs.assign(ts=ts)
+    call_tid = calls[1]
+    for i, k in enumerate(calls[2]):
         if k:
             kinds[i] = k  # gloo runs a reduce-scatter as an all-reduce: the call says which it was
-    ts = np.where(np.isfinite(call_ts), np.minimum(call_ts, runs["ts"].to_numpy(dtype=float)),
-                  runs["ts"].to_numpy(dtype=float))  # a CPU backend's collective begins at its call
-    runs = runs.assign(ts=ts)
     # the iteration that issued it: a kernel by its launch call, a CPU backend's span by its call
     issued_at = ts.copy()
     issued_tid = np.where(call_tid >= 0, call_tid, runs["tid"].to_numpy(dtype=np.int64))
@@ -165,39 +160,6 @@ def _captured_at(model: TraceModel, runs, where: list[str], issued_at: np.ndarra
         else:
             at[i], tid[i] = by_op[key]
     return at, tid, unplaced
-
-
-def _calls_of(comms, runs, kinds: list[str], where: list[str]) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """For each CPU backend's span, the `c10d::` call that issued it: its start, thread and collective
-    (NaN, -1, "" for kernels and spans no call is found for). The training thread is held in the call
-    (gloo may block there) as it is in the backend's span, and the rank arrived when it issued the
-    collective. Each span goes with the earliest call not yet paired that was issued before it and that it
-    can run (the same collective; gloo runs a reduce-scatter as an all-reduce): a backend runs its queue in
-    order."""
-    n = len(runs)
-    call_ts, call_tid, call_kind = np.full(n, np.nan), np.full(n, -1, dtype=np.int64), [""] * n
-    host = [i for i, w in enumerate(where) if w == coll.HOST]
-    calls = comms[(comms["role"] == coll.CALL).to_numpy() & name_mask(comms["name"], coll.C10D_CALL.match)]
-    if not host or calls.empty:
-        return call_ts, call_tid, call_kind
-    calls = calls.sort_values("ts", kind="stable")
-    c_ts = calls["ts"].to_numpy(dtype=float)
-    c_tid = calls["tid"].to_numpy(dtype=np.int64)
-    c_kind = [coll.kind(str(name)) for name in calls["name"]]
-    used = np.zeros(len(calls), dtype=bool)
-    first_free = 0
-    span_ts = runs["ts"].to_numpy(dtype=float)
-    for i in host:
-        while first_free < len(calls) and used[first_free]:
-            first_free += 1
-        j = first_free
-        while j < len(calls) and c_ts[j] <= span_ts[i]:
-            if not used[j] and coll.runs_as(kinds[i], c_kind[j]):
-                used[j] = True
-                call_ts[i], call_tid[i], call_kind[i] = c_ts[j], c_tid[j], c_kind[j]
-                break
-            j += 1
-    return call_ts, call_tid, call_kind
 
 
 def _from_param_comms(comms, where: list[str], issued_at: np.ndarray, issued_tid: np.ndarray, meta: dict,

@@ -33,7 +33,7 @@ import re
 import numpy as np
 
 from .metrics import Metrics
-from .spans import inside
+from .spans import inside_any
 from .steps import launch_steps
 from gpuadvise.analyzer.model import collectives as coll
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask
@@ -63,9 +63,9 @@ def place(model: TraceModel, m: Metrics, issued_us: np.ndarray, issued_tid: np.n
     fsdp_bw = spans["fsdp"][[("backward" in str(x).lower()) for x in spans["fsdp"]["name"]]]
     fsdp_fw = spans["fsdp"][[("forward" in str(x).lower()) for x in spans["fsdp"]["name"]]]
     t, tid = np.asarray(issued_us, dtype=float), np.asarray(issued_tid)
-    in_fsdp = inside(t, tid, spans["fsdp"])
-    in_tp = inside(t, tid, spans["tp"])
-    in_opt = inside(t, tid, spans["optimizer"])
+    in_fsdp = inside_any(t, tid, spans["fsdp"])
+    in_tp = inside_any(t, tid, spans["tp"])
+    in_opt = inside_any(t, tid, spans["optimizer"])
     phase = np.full(n, "", dtype=object)
     step = launch_steps(m.steps, t if step_at is None else np.asarray(step_at, dtype=float))
     ours = step >= 0
@@ -81,9 +81,9 @@ def place(model: TraceModel, m: Metrics, issued_us: np.ndarray, issued_tid: np.n
         first = bw_start[k] if len(bw_start) else np.full(n, np.inf)
         stop = opt_start[k] if len(opt_start) else np.full(n, np.inf)
         phase[ours & (t >= first) & (t < stop)] = "backward"
-        phase[ours & inside(t, tid, bw)] = "backward"
-    phase[inside(t, tid, fsdp_fw)] = "forward"
-    phase[inside(t, tid, fsdp_bw)] = "backward"
+        phase[ours & inside_any(t, tid, bw)] = "backward"
+    phase[inside_any(t, tid, fsdp_fw)] = "forward"
+    phase[inside_any(t, tid, fsdp_bw)] = "backward"
     phase[in_opt] = "optimizer"
     ddp = bool(name_mask(cpu["name"], DDP_FORWARD.match).any()) if len(cpu) else False
     scheme = []

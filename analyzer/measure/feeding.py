@@ -96,7 +96,7 @@ def feeding_work(model: TraceModel, syncs: pd.DataFrame, nsteps: int) -> Feeding
             chains.append(common)
     if not lo:
         return empty
-    order = np.argsort(lo)
+    order = np.argsort(lo, kind="stable")
     return Feeding(np.asarray(lo)[order], np.asarray(hi)[order], np.asarray(tids)[order], nreads, max(chains, key=len))
 
 

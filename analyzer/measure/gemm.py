@@ -32,18 +32,34 @@ def _shape(x) -> list[int] | None:
 
 
 def matmul_mkn(name: str, dims: list) -> tuple[int, int, int, int] | None:
-    """(batch, M, K, N) of one op from its input shapes; None when the shapes do not say."""
+    """(batch, M, K, N) of one op from its input shapes; None when the shapes do not say. aten::matmul
+    follows torch.matmul: a 1-D operand is a row (or column) vector, and batch dimensions broadcast."""
     shapes = [_shape(d) for d in dims]
-    if name in ("aten::addmm", "aten::baddbmm"):
+    if name in ("aten::addmm", "aten::baddbmm", "aten::_addmm_activation"):
         shapes = shapes[1:]  # the bias / input added to the product comes first
     a = shapes[0] if shapes else None
     b = shapes[1] if len(shapes) > 1 else None
+    if name == "aten::matmul" and a is not None and b is not None:
+        return _matmul_mkn(a, b)
     if a is None or b is None or len(a) < 2:
         return None
     if name in ("aten::bmm", "aten::baddbmm") and len(a) == 3 and len(b) == 3:
         return a[0], a[1], a[2], b[2]
     m = int(np.prod(a[:-1]))  # leading dims fold into M (a 3-D input to linear/matmul)
     return 1, m, a[-1], (b[0] if name == "aten::linear" else b[-1])  # linear's weight is [out, in]
+
+
+def _matmul_mkn(a: list[int], b: list[int]) -> tuple[int, int, int, int] | None:
+    if len(b) < 3:  # a matrix (or vector) on the right: every leading dim of `a` folds into M
+        m = int(np.prod(a[:-1])) if len(a) > 1 else 1
+        return 1, m, a[-1], (b[-1] if len(b) == 2 else 1)
+    m = a[-2] if len(a) > 1 else 1
+    lead_a, lead_b = a[:-2], b[:-2]
+    width = max(len(lead_a), len(lead_b))
+    lead_a, lead_b = [1] * (width - len(lead_a)) + lead_a, [1] * (width - len(lead_b)) + lead_b
+    if any(x != y and 1 not in (x, y) for x, y in zip(lead_a, lead_b)):
+        return None
+    return int(np.prod([max(x, y) for x, y in zip(lead_a, lead_b)])), m, a[-1], b[-1]
 
 
 def matmul_flops(name: str, dims: list) -> float:

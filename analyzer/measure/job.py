@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import commgroups, grouptime, intervals as iv, waits
-from .collectives import RankCollectives, rank_collectives
+from .collectives import RankCollectives, own_work, rank_collectives
+from .gradients import reduction_room_per_step
 from .ranktime import thread_time
 from .perstep import count_of
 from gpuadvise.analyzer.model import runfacts
@@ -66,6 +67,9 @@ class RankStats:
     op_us: list[float] = field(default_factory=list)
     untraced_us: list[float] = field(default_factory=list)
     gap_before: list[str] = field(default_factory=list)
+    # per step: the rank's own work after its first gradient is ready (measure/gradients.py), what a reduction
+    # can hide behind; [] when the trace records no gradient accumulation (unknown)
+    reduction_room_us: list[float] = field(default_factory=list)
     # the process groups this rank is in, as its trace header and run.json list them ({"name", "desc",
     # "ranks", "source"}), and the device meshes run.json recorded (measure/commgroups.py, grouptime.py)
     groups: list[dict] = field(default_factory=list)
@@ -110,7 +114,7 @@ def rank_stats(report, facts: dict | None = None) -> RankStats | None:
         dur_us=col("dur_us"),
         busy_pct=col("gpu_busy_pct"),
         compute_us=col("kernel_us"),
-        comm_us=[float(x) for x in comm_in],
+        comm_us=col("comm_us"),  # the per-step table's time inside collectives: the Steps table's figure
         exposed_comm_us=[float(x) for x in np.clip(comm_in - overlap_in, 0, None)],
         dataloader_us=col("dataloader_us"),
         comm_total_us=float(comm_total),
@@ -126,9 +130,17 @@ def rank_stats(report, facts: dict | None = None) -> RankStats | None:
         op_us=thread.op_us,
         untraced_us=thread.untraced_us,
         gap_before=thread.gap_before,
+        reduction_room_us=_reduction_room(model, m),
         groups=commgroups.groups_of_rank(model.meta.process_groups, runfacts.process_groups(facts or {})),
         meshes=runfacts.meshes(facts or {}),
     )
+
+
+def _reduction_room(model, m) -> list[float]:
+    base = float(model.meta.base_ts_us)
+    work_lo, work_hi = own_work(model)
+    room = reduction_room_per_step(model, m, (work_lo - base, work_hi - base))
+    return [] if room is None else room
 
 
 @dataclass
@@ -201,7 +213,6 @@ class JobView:
                    "exposed_comm_ms": _ms(np.median(r.exposed_comm_us)) if r.exposed_comm_us else 0.0,
                    "comm_overlap_pct": _round(r.overlap_pct)}
             if self.steps and self.matched is not None:
-                row["comm_ms"] = _ms(np.median(g["wait_us"][i] + g["transfer_us"][i]))
                 row["exposed_comm_ms"] = _ms(np.median(g["wait_us"][i] + g["exposed_transfer_us"][i]))
             if self.steps:
                 row["wait_ms"] = _ms(np.median(g["wait_us"][i]))
@@ -270,7 +281,7 @@ def build_view(stats: list[RankStats]) -> JobView | None:
         notes.extend(resolved.notes)
     return JobView(ranks=stats, steps=steps, grid=grid, stragglers=_stragglers(grid, stats, steps), world_size=world,
                    notes=notes, matched=matched,
-                   collectives=waits.by_collective(matched, ids, steps) if matched is not None else [],
+                   collectives=waits.by_collective(matched, ids, steps, grid["dur_us"]) if matched is not None else [],
                    groups=groups, mesh=grouptime.mesh(resolved, [mesh for s in stats for mesh in s.meshes]),
                    resolved=resolved)
 
@@ -292,7 +303,7 @@ def _grid(stats: list[RankStats], steps: list[int], matched: waits.Matched | Non
         grid[col] = np.array(rows, dtype=float).reshape(len(stats), len(steps))
     if matched is not None:
         grid["wait_us"] = np.minimum(waits.exposed_per_step(matched, steps, "wait"), grid["dur_us"])
-        grid["transfer_us"] = waits.per_step(matched.transfer, matched.step, steps)
+        grid["transfer_us"] = waits.exposed_per_step(matched, steps, "transfer", less_own_work=False)
         grid["exposed_transfer_us"] = waits.exposed_per_step(matched, steps, "transfer")
         grid["caused_us"] = waits.caused(matched, steps)
     else:  # communication kernels that cannot be matched one by one: the least exposed comm is the transfer
@@ -309,6 +320,10 @@ def _grid(stats: list[RankStats], steps: list[int], matched: waits.Matched | Non
         grid["caused_us"] = caused
     grid["work_us"] = grid["dur_us"] - grid["wait_us"]
     grid["late_us"] = _late_starts(stats, steps, matched)
+    # what a reduction can hide behind, per rank and step (inf: unknown, a trace without autograd's ops)
+    grid["reduction_room_us"] = np.array(
+        [[dict(zip(s.steps, s.reduction_room_us)).get(n, 0.0) if s.reduction_room_us else np.inf for n in steps]
+         for s in stats], dtype=float).reshape(len(stats), len(steps))
     return grid
 
 

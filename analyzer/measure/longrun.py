@@ -46,7 +46,7 @@ class Levels:
     slow_steps: tuple[int, int] | None = None  # the steps slow_ms is the median of
     warmup_until: int | None = None  # the last step of a warm-up left out
     p_value: float | None = None  # of the CUSUM test: the chance of so large a change in a steady series
-    began_between: tuple[int, int] | None = None  # the onset's 95 % confidence interval (changepoints.Change)
+    began_between: tuple[int, int] | None = None  # the onset's range: every growth law that fits (changepoints)
 
     @property
     def change_pct(self) -> float:
@@ -143,17 +143,24 @@ class RunAnalysis:
         if len(ms) < 2 * k:
             return None
         c = self.change
+        n = len(ms)
         start = int(np.searchsorted(steps, c.warmup_until, side="right")) if c.warmup_until is not None else 0
-        late = (int(steps[-k]), int(steps[-1]))
-        late_ms = float(np.median(ms[-k:]))
+        start = min(start, n - 2)
+        drift = c.is_drift and c.onset is not None
+        onset = int(np.searchsorted(steps, c.onset)) if drift else None
+        # the late level: the last K points, but none the early level counts (before the onset, or the first K
+        # after the warm-up): the two ranges a report states side by side never overlap
+        late_from = min(max(n - k, onset if drift else start + k), n - 1)
+        late_from = max(late_from, start + 1)
+        late = (int(steps[late_from]), int(steps[-1]))
+        late_ms = float(np.median(ms[late_from:]))
         common = dict(k=k, late_ms=late_ms, late_steps=late, shape=c.shape, warmup_until=c.warmup_until,
                       p_value=c.p_value)
-        if not c.is_drift or c.onset is None:
-            stop = min(len(ms), start + k)
+        if not drift:
+            stop = min(late_from, start + k)
             early = float(np.median(ms[start:stop]))
             return Levels(early_ms=early, early_steps=(int(steps[start]), int(steps[stop - 1])), slow_ms=early,
                           slow_at=int(steps[start]), began_at=None, until=None, **common)
-        onset = int(np.searchsorted(steps, c.onset))
         end = int(np.searchsorted(steps, c.until, side="right")) if c.until is not None else len(ms)
         first = onset if c.shape == "step" else max(onset, end - k)
         slow = ms[first:end]

@@ -31,7 +31,9 @@ class ThreadTime:
     gap_us: list[float]  # that stretch
 
 
-def thread_time(model: TraceModel, m: Metrics) -> ThreadTime:
+def thread_time(model: TraceModel, m: Metrics, waits: tuple[np.ndarray, np.ndarray] | None = None) -> ThreadTime:
+    """`waits`: more intervals the thread is known to wait in (the DataLoader's `__next__`), counted like a CPU
+    backend's collectives: neither ops nor untraced."""
     lo, hi = cpu_windows(m.steps, m.window)
     n = len(lo)
     empty = ThreadTime([0.0] * n, [0.0] * n, [""] * n, [0.0] * n)
@@ -45,6 +47,8 @@ def thread_time(model: TraceModel, m: Metrics) -> ThreadTime:
     comms = model.comms
     host = comms[comms["role"] == coll.HOST] if comms is not None and len(comms) else None
     waiting = iv.union(host["ts"], host["end"]) if host is not None and len(host) else (np.zeros(0), np.zeros(0))
+    if waits is not None and len(waits[0]):
+        waiting = iv.union(np.concatenate([waiting[0], waits[0]]), np.concatenate([waiting[1], waits[1]]))
     busy = iv.union(np.concatenate([ops[0], waiting[0]]), np.concatenate([ops[1], waiting[1]]))
     op_us = iv.covered(*ops, lo, hi)
     untraced = np.clip((hi - lo) - iv.covered(*busy, lo, hi), 0.0, None)

@@ -49,16 +49,11 @@ def ops_inside(model: TraceModel, spans: pd.DataFrame, names: set[str] | None = 
     ops = cpu[~cpu["is_annotation"]]
     if names is not None:
         ops = ops[names_in(ops["name"], names)]
-    keep = _inside_any(ops["ts"].to_numpy(), ops["tid"].to_numpy(), spans, ends=ops["end"].to_numpy())
+    keep = inside_any(ops["ts"].to_numpy(), ops["tid"].to_numpy(), spans, ends=ops["end"].to_numpy())
     return ops[keep]
 
 
-def inside(ts: np.ndarray, tid: np.ndarray, spans: pd.DataFrame) -> np.ndarray:
-    """Which instants (at `ts`, on thread `tid`) lie inside some of the spans on their thread."""
-    return _inside_any(ts, tid, spans) if len(spans) else np.zeros(len(ts), dtype=bool)
-
-
-def _inside_any(ts: np.ndarray, tid: np.ndarray, spans: pd.DataFrame, ends: np.ndarray | None = None) -> np.ndarray:
+def inside_any(ts: np.ndarray, tid: np.ndarray, spans: pd.DataFrame, ends: np.ndarray | None = None) -> np.ndarray:
     """Which items [ts, ends] (or instants at ts when `ends` is None) lie inside some span on their thread.
 
     Per thread, spans sorted by start with a running maximum of their ends: an item is inside a span iff
@@ -84,4 +79,22 @@ def gpu_ops_launched_in(model: TraceModel, launches: pd.DataFrame, spans: pd.Dat
     """GPU ops whose launch call was made inside the spans (on the span's thread)."""
     if launches.empty or spans.empty:
         return launches.iloc[0:0]
-    return launches[_inside_any(launches["launch_ts"].to_numpy(), launches["tid"].to_numpy(), spans)]
+    return launches[inside_any(launches["launch_ts"].to_numpy(), launches["tid"].to_numpy(), spans)]
+
+
+TOUCH_US = 1e-6  # an op that starts where the previous one ended (to float rounding) is not inside it
+
+
+def outermost(ts: np.ndarray, end: np.ndarray, tid: np.ndarray, holders: np.ndarray | None = None) -> np.ndarray:
+    """Per item: whether no holder (`holders` picks them; every item when None) on its thread holds it.
+    Per thread, by start with the longer first on a tie, against the running maximum of the holders' ends
+    before it: ops nest on a thread, so that finds them without walking the tree."""
+    out = np.ones(len(ts), dtype=bool)
+    holders = np.ones(len(ts), dtype=bool) if holders is None else holders
+    for t in np.unique(tid):
+        rows = np.flatnonzero(tid == t)
+        order = rows[np.lexsort((-end[rows], ts[rows]))]
+        reach = np.where(holders[order], end[order], -np.inf)
+        before = np.concatenate([[-np.inf], np.maximum.accumulate(reach)[:-1]])
+        out[order] = ts[order] >= before - TOUCH_US
+    return out

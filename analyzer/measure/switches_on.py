@@ -7,18 +7,33 @@ One table, `SWITCHES`: each switch has a label in people's words, how run.json s
 shows it on, and `asks` (the phrases of a recommendation to turn it on, used by the test that walks every
 rule over the corpus and the fixtures: no finding may ask for a switch its input shows on).
 
+The trace decides what ran. run.json records where a switch was built; a switch it shows on is off where
+the trace shows it did not act (`against`), and so is one run.json itself records as built but off in the
+recorded steps (`built_off`): `switch_off(switch, a)` gives the conflict in words (`Off`), `switches_off(a)`
+all of them (each a note of the report, analyzer/run/single.py).
+
+| switch | built, but off (run.json) | on in run.json, not acting in the trace |
+|---|---|---|
+| `autocast` | `enabled=False`; never entered in the recorded steps (where they run no compiled code, whose graphs enter it unseen); for the CPU on a GPU run | every matmul kernel fp32 or TF32 by name (on the CPU: every matmul op's inputs fp32) |
+| `tf32` | the flag changed while the recorded steps ran | on a GPU with TF32, fp32 GEMMs on cuBLAS's general SIMT kernels and none on TF32 |
+| `compile` | | no compiled frame, graph or Inductor kernel in the steps, or a compiled helper beside an eager model |
+| `workers`, `pin_memory` | a loader with it the recorded steps took no batch from, while they took theirs from one without | (workers) every DataLoader `__next__` in the trace single-process |
+| `fused_optimizer` | a foreach/fused optimizer that did not step in the recorded steps, while one without did | optimizer steps with ops inside and no foreach/fused op or kernel anywhere |
+| `cudnn_benchmark` | the flag changed while the recorded steps ran | |
+| `no_sync` | called but never entered; every backward pass all-reduced though it was called | |
+
 | switch | run.json | trace |
 |---|---|---|
 | `compile` | `compiled.calls`/`compiles`, the framework's `torch_compile` | compiled frames or graph spans inside the steps, Inductor kernels (measure/compiled.py); not when the compiled code launched under a quarter of the model's 20 or more matmul kernels (a compiled helper beside an eager model) |
 | `cuda_graphs` | `compiled.cudagraphs.replays` above 0 | `cudaGraphLaunch` / `hipGraphLaunch` calls |
-| `autocast` | an autocast context in bf16/fp16, the framework's `bf16`/`precision` | most matmul kernel time in 16-bit kernels |
+| `autocast` | an autocast context in bf16/fp16, enabled and entered in the recorded steps, the framework's `bf16`/`precision` | most matmul kernel time in 16-bit kernels |
 | `tf32` | `matmul_allow_tf32` (or `float32_matmul_precision` high/medium), the framework's `tf32` | fp32 GEMMs (not convolutions: cuDNN's TF32 is on by default) on TF32 Tensor Core kernels |
 | `cudnn_benchmark` | `cudnn_benchmark` | (not visible in a trace) |
 | `pin_memory` | a training DataLoader with `pin_memory=True`, the framework's `dataloader_pin_memory` | `aten::pin_memory` on a thread other than the training loop's (the DataLoader's pin thread) |
-| `workers` | a training DataLoader with `num_workers > 0` | multi-process DataLoader iteration (`_MultiProcessingDataLoaderIter`) |
-| `fused_optimizer` | an optimizer with `foreach=True` or `fused=True` | `_foreach_` ops, `multi_tensor_apply` or fused optimizer kernels |
+| `workers` | a training DataLoader (the one the recorded steps iterate, where counted) with `num_workers > 0` | multi-process DataLoader iteration (`_MultiProcessingDataLoaderIter`) |
+| `fused_optimizer` | an optimizer that stepped in the recorded steps with `foreach=True` or `fused=True` | `_foreach_` ops, `multi_tensor_apply` or fused optimizer kernels |
 | `set_to_none` | (not recorded) | `Optimizer.zero_grad` spans that write no zeros |
-| `no_sync` | `no_sync_calls` on a DDP wrapper, fewer synced backward passes than backward passes | (not visible without run.json) |
+| `no_sync` | fewer synced backward passes than backward passes; else `no_sync()` entered on a DDP wrapper | (not visible without run.json) |
 | `channels_last` | (not recorded) | most convolution kernel time in NHWC kernels, and no layout-conversion kernel |
 | `expandable_segments` | `PYTORCH_CUDA_ALLOC_CONF` in the environment | the allocator settings a snapshot records |
 
@@ -45,6 +60,7 @@ from gpuadvise.analyzer.model.kernels import CONV, GEMM, head
 from gpuadvise.analyzer.model.trace import name_mask
 
 from . import perstep
+from .spans import annotation_spans, gpu_ops_launched_in, ops_inside
 
 # a GEMM kernel (not a convolution) on TF32 Tensor Cores, by name
 TF32_GEMM = re.compile(r"tf32|s1688gemm|s884gemm|_s1688|1688tf32", re.I)
@@ -52,6 +68,10 @@ TF32_GEMM = re.compile(r"tf32|s1688gemm|s884gemm|_s1688|1688tf32", re.I)
 HALF_MATMUL = re.compile(r"bf16|bfloat16|fp16|f16|half|h884|h1688|hmma|_HHS_|_BBS_|_HH_|_BB_", re.I)
 # convolution kernels that run on NHWC tensors (cuDNN's `nhwc`/`nhwckrsc` kernels, MIOpen's `_nhwc_` igemm)
 NHWC_CONV = re.compile(r"nhwc", re.I)
+# 16-bit input types of an op, as the profiler records them ("c10::BFloat16", "c10::Half")
+HALF_INPUT = re.compile(r"BFloat16|Half", re.I)
+# the ops that run a matmul themselves (aten::linear and aten::matmul dispatch to them: autocast casts in between)
+CPU_MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 # the optimizer's multi-tensor paths
 MULTI_TENSOR = re.compile(r"_foreach_|multi_tensor_apply|_fused_adam|fused_adam|_fused_sgd|FusedAdam|fused_optimizer", re.I)
 MULTI_PROCESS_LOADER = "_MultiProcessingDataLoaderIter"
@@ -71,32 +91,62 @@ class On:
 
 
 @dataclass(frozen=True)
+class Off:
+    """A switch run.json records as built that did not act in the recorded steps, in people's words naming
+    the conflict (`text`): `source` "run.json" where run.json itself shows it (built with `enabled=False`,
+    never entered or iterated while the steps ran, changed during them), "the trace" where run.json shows it
+    on and the trace shows it did not act (fp32 matmuls under an autocast, eager kernels under a compile)."""
+
+    switch: str
+    source: str
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
 class Switch:
     key: str
     label: str  # in people's words
     asks: re.Pattern  # a recommendation to turn it on
-    from_facts: Callable  # Analysis → str or None
-    from_trace: Callable  # Analysis → str or None
+    from_facts: Callable  # Analysis → str or None: run.json shows it on (built, and used in the recorded steps)
+    from_trace: Callable  # Analysis → str or None: the trace shows it on
+    built_off: Callable = None  # Analysis → str or None: run.json shows it built but off in the recorded steps
+    against: Callable = None  # Analysis → str or None: the trace shows it did not act ("the trace shows …")
 
 
 def is_on(switch: str, a) -> On | None:
     """Evidence that `switch` was on in `a`'s input (run.json first, then the trace); None when nothing shows
-    it on (off, or not visible in this input: advice may then ask for it). The answer is kept in `a` (the
-    rules and the engine ask each switch many times of one analysis, whose input does not change)."""
+    it on (off, or not visible in this input: advice may then ask for it). The trace decides what ran: a
+    switch run.json shows on that the trace shows did not act is off, and so is one run.json records as
+    built but disabled or unused (`switch_off` says which, in words). The answer is kept in `a` (the rules
+    and the engine ask each switch many times of one analysis, whose input does not change)."""
     answers = vars(a).setdefault("_switches_on", {}) if hasattr(a, "__dict__") else {}
     if switch not in answers:
-        answers[switch] = _is_on(switch, a)
+        answers[switch] = _is_on(switch, a, _offs(a))
     return answers[switch]
 
 
-def _is_on(switch: str, a) -> On | None:
+def _offs(a) -> dict:
+    return vars(a).setdefault("_switches_off", {}) if hasattr(a, "__dict__") else {}
+
+
+def _is_on(switch: str, a, offs: dict) -> On | None:
     s = SWITCHES[switch]
+    traced = a.model is not None and a.metrics is not None
     what = s.from_facts(a)
     if what:
-        return On(switch, "run.json", what)
-    if a.model is not None and a.metrics is not None:
+        against = (s.against or _invisible)(a) if traced else None
+        if not against:
+            return On(switch, "run.json", what)
+        offs[switch] = Off(switch, "the trace", f"run.json records {what}, but {against}")
+    elif (built := (s.built_off or _invisible)(a)):
+        offs[switch] = Off(switch, "run.json", built)
+    if traced:
         what = s.from_trace(a)
         if what:
+            offs.pop(switch, None)
             return On(switch, "the trace", what)
     return None
 
@@ -104,6 +154,49 @@ def _is_on(switch: str, a) -> On | None:
 def switches_on(a) -> dict[str, On]:
     """Every switch the input shows on, by key."""
     return {k: e for k in SWITCHES if (e := is_on(k, a)) is not None}
+
+
+def switch_off(switch: str, a) -> Off | None:
+    """How run.json's record of `switch` conflicts with what ran (see `Off`); None where it does not."""
+    is_on(switch, a)
+    return _offs(a).get(switch)
+
+
+def switches_off(a) -> dict[str, Off]:
+    """Every switch run.json records as built that did not act in the recorded steps, by key. Only the
+    switches run.json speaks of are judged (a plain trace costs nothing here)."""
+    for k, s in SWITCHES.items():
+        if s.from_facts(a) or (s.built_off or _invisible)(a):
+            is_on(k, a)
+    return dict(_offs(a))
+
+
+def conflict_notes(a) -> list[str]:
+    """The report's notes: each conflict (`switches_off`) once, with the switches the findings take as off."""
+    by_text: dict[str, list[str]] = {}
+    for key, off in switches_off(a).items():
+        by_text.setdefault(off.text, []).append(SWITCHES[key].label)
+    return [f"{text}: the findings take {' and '.join(labels)} as off" for text, labels in by_text.items()]
+
+
+def with_conflicts_named(advice: str, fix: str, a) -> str:
+    """A finding's advice with, ahead of it, the conflict behind each switch its advice or fix asks for that
+    run.json records but the recorded steps did not use (`switch_off`): the user who set it reads why it is
+    asked for. A conflict the advice already names is not repeated."""
+    asked = asked_for(advice + "\n" + fix)
+    if not asked:
+        return advice
+    named = list(dict.fromkeys(o.text for k in SWITCHES if k in asked and (o := switch_off(k, a)) is not None
+                               and o.text[1:] not in advice))  # one loader's conflict names its workers and pinning
+    if not named:
+        return advice
+    return " ".join(_sentence(t) for t in named) + (" " + advice if advice else "")
+
+
+def _sentence(text: str) -> str:
+    """A clause as a sentence: its first letter up (not a file's or code's name: run.json, `torch.…`), a full stop."""
+    text = text if text.startswith(("run.json", "`")) else framework_switches.sentence(text)
+    return text if text.endswith(".") else text + "."
 
 
 def asked_for(text: str) -> set[str]:
@@ -149,6 +242,24 @@ def compiled_evidence(a) -> str | None:
     return ", ".join(parts) or None
 
 
+def _compile_against(a) -> str | None:
+    """The recorded steps ran eagerly: no compiled frame, graph or Inductor kernel in them (a trace that
+    records CPU ops shows each compiled frame it runs), or compiled code that launched too few of the
+    model's matmuls to be the model. Where CUDA graphs replay without compiled frames, it cannot tell."""
+    m = a.metrics
+    if not m.steps or not len(a.model.cpu) or compiled_evidence(a):
+        return None
+    c = a.compiled
+    if c is not None and c.cuda_graph_launches:
+        return None
+    if c is not None and c.beside_eager_model:
+        inside, total = c.matmuls
+        return (f"the trace shows the model ran eagerly: {inside} of its {total} matmul kernels were launched "
+                "inside compiled code (the compiled module is not the one the steps call)")
+    return ("the trace shows no compiled code in the recorded steps (no compiled frame, graph or Inductor kernel): "
+            "they ran eagerly (the compiled module is not the one the steps call)")
+
+
 def _compile_facts(a) -> str | None:
     comp = runfacts.compiled(a.facts)
     calls = [c for c in (comp.get("calls") or []) if isinstance(c, dict)]
@@ -178,12 +289,75 @@ def _graphs_trace(a) -> str | None:
 
 # -- precision -----------------------------------------------------------------------------------------
 
+def _half_autocasts(a) -> list:
+    """The 16-bit autocast contexts run.json records, those for the CPU left out where the trace ran GPU
+    kernels (they leave the GPU's matmuls as they are)."""
+    half = [c for c in runfacts.autocasts(a.facts) if c.half]
+    if a.metrics is not None and a.metrics.has_gpu:
+        half = [c for c in half if c.device_type != "cpu"]
+    return half
+
+
+def _acted(c, a) -> bool:
+    """Whether autocast context `c` could act on the recorded steps: enabled, and entered in them; a context
+    entered inside compiled code is entered by torch.compile's graph, not by Python (so never counted),
+    and where the trace shows compiled code in the steps an uncounted entry says nothing."""
+    return c.acted or (c.enabled is not False and a.model is not None and a.metrics is not None
+                       and compiled_evidence(a) is not None)
+
+
 def _autocast_facts(a) -> str | None:
-    half = [d for d in runfacts.autocast_dtypes(a.facts) if "bfloat16" in d or "float16" in d]
-    if half:
-        return f"autocast to {half[0].replace('torch.', '')}"
+    acting = [c for c in _half_autocasts(a) if _acted(c, a)]
+    if acting:
+        return acting[0].describe()
     fw = runfacts.framework(a.facts)
     return framework_switches.already(fw, "bf16")
+
+
+def _autocast_built_off(a) -> str | None:
+    """An autocast built with `enabled=False`, never entered in the recorded steps, or for the CPU on a GPU run."""
+    built = [c for c in runfacts.autocasts(a.facts) if c.half]
+    if not built or any(_acted(c, a) for c in _half_autocasts(a)):
+        return None
+    c = next((c for c in built if c.enabled is False), None)
+    if c is not None:
+        where = f" at {c.created_at}" if c.created_at != "?" else ""
+        return f"autocast is built{where} with enabled=False"
+    c = next((c for c in built if _acted(c, a)), None)
+    if c is not None:  # acts, but on the CPU: a GPU run's matmuls are left as they are
+        return f"{c.describe()} is for the CPU (device_type='cpu'), not for the GPU's matmuls"
+    return f"{built[0].describe()} was not entered while the recorded steps ran"
+
+
+def _autocast_against(a) -> str | None:
+    """The trace shows the matmuls of the recorded steps in fp32 and none in 16-bit: by the kernels' names on
+    a GPU, by the matmul ops' recorded input types on the CPU."""
+    mm = _matmuls(a)
+    if mm is not None and len(mm):
+        simt = (mm["precision"] == "fp32-simt").to_numpy(bool)
+        tf32 = mm["name"].astype(str).map(lambda n: bool(TF32_GEMM.search(head(n)))).to_numpy(bool)
+        total = float(mm["total_us"].sum())
+        if total <= 0 or not (simt | tf32).all():
+            return None
+        kinds = " and ".join(k for k, there in (("fp32", simt.any()), ("TF32", tf32.any())) if there)
+        return (f"the trace shows it did not act: all {total / 1e3:.1f} ms of matmul kernel time ran in {kinds} "
+                "kernels, none in 16-bit (it is disabled, or entered around none of these matmuls)")
+    if a.metrics.has_gpu:
+        return None
+    types = _cpu_matmul_types(a)
+    if not types or any(HALF_INPUT.search(t) for t in types) or not all(t.startswith("float") for t in types):
+        return None
+    return (f"the trace shows it did not act: its {len(types)} matmul ops took fp32 inputs, none 16-bit (it is "
+            "disabled, or entered around none of them)")
+
+
+def _cpu_matmul_types(a) -> list[str]:
+    """The recorded input types ("float,float", "c10::BFloat16,…") of the trace's matmul ops (CPU side)."""
+    cpu = a.model.cpu
+    if not len(cpu) or "input_type" not in cpu:
+        return []
+    types = cpu.loc[cpu["name"].isin(CPU_MATMUL_OPS).to_numpy(bool), "input_type"].astype(str)
+    return [t for t in types if t and t not in ("nan", "None")]
 
 
 def _matmuls(a):
@@ -207,9 +381,47 @@ def _tf32_facts(a) -> str | None:
     if runfacts.flag(a.facts, "matmul_allow_tf32") is True:
         return "torch.backends.cuda.matmul.allow_tf32 = True"
     prec = runfacts.settings(a.facts).get("float32_matmul_precision")
-    if prec in ("high", "medium"):
+    if prec in ("high", "medium") and "float32_matmul_precision" not in runfacts.changed_in_window(a.facts):
         return f"float32_matmul_precision = {prec!s}"
     return framework_switches.already(runfacts.framework(a.facts), "tf32")
+
+
+def _changed(a, names: tuple[str, ...], on) -> str | None:
+    """A backend flag the script changed while the recorded steps ran, where it was on at one end (`on`:
+    value → whether that is on): in words."""
+    changed = runfacts.changed_in_window(a.facts)
+    for name in names:
+        if name in changed and any(on(v) for v in changed[name]):
+            start, end = changed[name]
+            return (f"`{name}` changed while the recorded steps ran ({start} at their start, {end} at their end): "
+                    "it held no one value in them")
+    return None
+
+
+def _tf32_built_off(a) -> str | None:
+    return _changed(a, ("matmul_allow_tf32", "float32_matmul_precision"), lambda v: v is True or v in ("high", "medium"))
+
+
+# cuBLAS's special small-shape SIMT kernels, picked whatever the precision setting
+SIMT_SMALL = re.compile(r"gemmSN|gemmk1", re.I)
+
+
+def _tf32_against(a) -> str | None:
+    """On a GPU with TF32, fp32 GEMMs on the CUDA cores (cuBLAS's general SIMT kernels) and none on TF32."""
+    spec = a.device_spec
+    mm = _matmuls(a)
+    if not spec.tf32 or mm is None or not len(mm):
+        return None
+    heads = mm["name"].astype(str).map(head)
+    gemm = heads.map(lambda n: bool(GEMM.search(n)) and not CONV.search(n)).to_numpy(bool)
+    if heads[gemm].map(lambda n: bool(TF32_GEMM.search(n))).any():
+        return None
+    simt = gemm & (mm["precision"] == "fp32-simt").to_numpy(bool) & ~heads.map(lambda n: bool(SIMT_SMALL.search(n))).to_numpy(bool)
+    if not simt.any():
+        return None
+    ms = float(mm.loc[simt, "total_us"].sum()) / 1e3
+    return (f"the trace shows fp32 GEMMs on the CUDA cores ({perstep.count_of(int(mm.loc[simt, 'count'].sum()), 'kernel')}, "
+            f"{ms:.1f} ms) and none on TF32 Tensor Cores")
 
 
 def _tf32_trace(a) -> str | None:
@@ -229,6 +441,10 @@ def _benchmark_facts(a) -> str | None:
     return "torch.backends.cudnn.benchmark = True" if runfacts.flag(a.facts, "cudnn_benchmark") is True else None
 
 
+def _benchmark_built_off(a) -> str | None:
+    return _changed(a, ("cudnn_benchmark",), lambda v: v is True)
+
+
 def _invisible(a) -> str | None:
     return None
 
@@ -240,6 +456,27 @@ def _pin_facts(a) -> str | None:
     if pinned:
         return f"the DataLoader created at {pinned[0].where} pins its batches"
     return framework_switches.already(runfacts.framework(a.facts), "pin_memory")
+
+
+def _loader_built_off(a, has) -> str | None:
+    """A DataLoader built with a setting (`has`: DataLoaderFact → bool) that the recorded steps took no batch
+    from, while they took theirs from one without it."""
+    fed = runfacts.iterated_loaders(a.facts)
+    if fed is None or any(has(d) for d in fed):
+        return None
+    idle = next((d for d in runfacts.dataloaders(a.facts) if has(d) and not d.batches_in_window), None)
+    if idle is None:
+        return None
+    return (f"the DataLoader built at {idle.where} has {_loader_settings(idle)}, but the recorded steps take their "
+            f"batches from the one built at {fed[0].where} ({_loader_settings(fed[0])})")
+
+
+def _loader_settings(d) -> str:
+    return f"num_workers={d.num_workers}, pin_memory={d.pin_memory}"
+
+
+def _pin_built_off(a) -> str | None:
+    return _loader_built_off(a, lambda d: bool(d.pin_memory))
 
 
 def _pin_trace(a) -> str | None:
@@ -261,6 +498,18 @@ def _workers_facts(a) -> str | None:
     return None
 
 
+def _workers_built_off(a) -> str | None:
+    return _loader_built_off(a, lambda d: bool(d.num_workers))
+
+
+def _workers_against(a) -> str | None:
+    dl = a.metrics.dataloader
+    if dl is None or not len(dl) or not dl["single_process"].astype(bool).all():
+        return None
+    return ("the trace shows the recorded steps take their batches in the training process "
+            "(_SingleProcessDataLoaderIter: num_workers=0)")
+
+
 def _workers_trace(a) -> str | None:
     dl = a.metrics.dataloader
     if dl is None or not len(dl):
@@ -276,6 +525,30 @@ def _fused_facts(a) -> str | None:
         if o.fused or o.foreach:
             return f"{o.cls} with {'fused' if o.fused else 'foreach'}=True"
     return None
+
+
+def _fused_built_off(a) -> str | None:
+    """A foreach/fused optimizer that did not step while the recorded steps ran, where others did."""
+    stepped = runfacts.optimizers(a.facts)
+    if not any(o.steps_in_window for o in stepped) or any(o.fused or o.foreach for o in stepped):
+        return None
+    idle = next((o for o in runfacts.optimizers(a.facts, in_window_only=False) if (o.fused or o.foreach)
+                 and not o.steps_in_window), None)
+    if idle is None:
+        return None
+    return (f"{idle.cls} with {'fused' if idle.fused else 'foreach'}=True did not step while the recorded steps "
+            f"ran: {stepped[0].cls} did, with neither")
+
+
+def _fused_against(a) -> str | None:
+    """Optimizer steps in the trace with ops inside or kernels launched from them, and no foreach or fused op
+    or kernel anywhere."""
+    spans = annotation_spans(a.model, "Optimizer.step#")
+    if not len(spans) or _fused_trace(a):
+        return None
+    if not len(ops_inside(a.model, spans)) and not len(gpu_ops_launched_in(a.model, a.metrics.launches, spans)):
+        return None
+    return "the trace shows its updates one tensor at a time: no foreach or fused op or kernel in its optimizer steps"
 
 
 def _fused_trace(a) -> str | None:
@@ -308,15 +581,38 @@ def _set_to_none_trace(a) -> str | None:
 
 # -- distributed ---------------------------------------------------------------------------------------
 
-def _no_sync_facts(a) -> str | None:
-    for d in runfacts.ddp(a.facts):
-        if d.no_sync_calls:
-            return f"no_sync() entered {d.no_sync_calls} times"
+def _accumulating(a):
+    """run.json's backward passes per optimizer step, where there are several (gradient accumulation)."""
     acc = runfacts.accumulation(a.facts)
-    if acc is not None and acc.synced_backward_per_step is not None and acc.backward_per_step is not None \
-            and acc.backward_per_step > 1 and acc.synced_backward_per_step < acc.backward_per_step:
-        return (f"{acc.synced_backward_per_step:g} of {acc.backward_per_step:g} backward passes per optimizer "
-                "step all-reduce")
+    return acc if acc is not None and acc.backward_per_step > 1 else None
+
+
+def _no_sync_facts(a) -> str | None:
+    """What ran first: fewer all-reducing backward passes than backward passes; else `no_sync()` contexts
+    entered (calls, from a harness that counted no entries)."""
+    acc = _accumulating(a)
+    if acc is not None:
+        if acc.synced_backward_per_step < acc.backward_per_step:
+            return (f"{acc.synced_backward_per_step:g} of {acc.backward_per_step:g} backward passes per optimizer "
+                    "step all-reduce")
+        return None
+    for d in runfacts.ddp(a.facts):
+        entered = d.no_sync_entered if d.no_sync_entered is not None else d.no_sync_calls
+        if entered:
+            return f"no_sync() entered {entered} times"
+    return None
+
+
+def _no_sync_built_off(a) -> str | None:
+    calls = sum(d.no_sync_calls or 0 for d in runfacts.ddp(a.facts))
+    if not calls:
+        return None
+    acc = _accumulating(a)
+    if acc is not None:
+        return (f"no_sync() was called {calls} times, yet every backward pass all-reduced ({acc.synced_backward_per_step:g} "
+                f"of {acc.backward_per_step:g} per optimizer step): the backward passes ran outside its context")
+    if all(d.no_sync_entered == 0 for d in runfacts.ddp(a.facts) if d.no_sync_calls):
+        return f"no_sync() was called {calls} times but its context never entered (called without `with`)"
     return None
 
 
@@ -350,7 +646,7 @@ SWITCHES: dict[str, Switch] = {s.key: s for s in (
     Switch("compile", "torch.compile",
            re.compile(r"torch\.compile\(model\)|compile the model|(?:fuse|fusing) [\w ,]*with torch\.compile|"
                       r"\(`torch\.compile`\)|`torch_compile=True`|dynamo_backend=", re.I),
-           _compile_facts, compiled_evidence),
+           _compile_facts, compiled_evidence, against=_compile_against),
     Switch("cuda_graphs", "CUDA graphs",
            re.compile(r"replay the step as a CUDA graph|capture (?:the step|CUDA graphs)|mode=\\?\"reduce-overhead\\?\"|"
                       r"make_graphed_callables|torch\.cuda\.CUDAGraph", re.I),
@@ -358,29 +654,29 @@ SWITCHES: dict[str, Switch] = {s.key: s for s in (
     Switch("autocast", "bf16/fp16 autocast",
            re.compile(r"with torch\.autocast\(|(?:run|runs) [\w ]*(?:under|with) `torch\.autocast|bf16 autocast saves|"
                       r"`bf16=True`|precision=\"bf16-mixed\"|mixed_precision=\"bf16\"", re.I),
-           _autocast_facts, _autocast_trace),
+           _autocast_facts, _autocast_trace, _autocast_built_off, _autocast_against),
     Switch("tf32", "TF32 matmuls",
            re.compile(r"set_float32_matmul_precision|allow_tf32 = True|`tf32=True`", re.I),
-           _tf32_facts, _tf32_trace),
+           _tf32_facts, _tf32_trace, _tf32_built_off, _tf32_against),
     Switch("cudnn_benchmark", "cudnn.benchmark",
            re.compile(r"cudnn\.benchmark = True|turn cudnn\.benchmark on", re.I),
-           _benchmark_facts, _invisible),
+           _benchmark_facts, _invisible, _benchmark_built_off),
     Switch("pin_memory", "pinned DataLoader batches",
            # the loader's switch, not a pinned buffer of one's own (`torch.empty(..., pin_memory=True)`)
            re.compile(r"^(?!.*torch\.(?:empty|zeros|ones)\([^)]*pin_memory=True).*pin_memory=True", re.I | re.M),
-           _pin_facts, _pin_trace),
+           _pin_facts, _pin_trace, _pin_built_off),
     Switch("workers", "DataLoader worker processes",
            re.compile(r"give it worker processes|`num_workers` \(more than 0\)|in parallel worker processes", re.I),
-           _workers_facts, _workers_trace),
+           _workers_facts, _workers_trace, _workers_built_off, _workers_against),
     Switch("fused_optimizer", "a foreach/fused optimizer",
            re.compile(r"foreach=True|fused=True|adamw_torch_fused", re.I),
-           _fused_facts, _fused_trace),
+           _fused_facts, _fused_trace, _fused_built_off, _fused_against),
     Switch("set_to_none", "zero_grad(set_to_none=True)",
            re.compile(r"set_to_none=True", re.I),
            _invisible, _set_to_none_trace),
     Switch("no_sync", "DDP no_sync() during accumulation",
            re.compile(r"no_sync\(\)", re.I),
-           _no_sync_facts, _invisible),
+           _no_sync_facts, _invisible, _no_sync_built_off),
     Switch("channels_last", "channels_last memory format",
            re.compile(r"memory_format=torch\.channels_last", re.I),
            _invisible, _channels_last_trace),

@@ -9,6 +9,7 @@ import pandas as pd
 
 from . import intervals as iv
 from .steps import Step, cpu_windows, launch_steps, step_of, step_windows
+from gpuadvise.analyzer.model import collectives as coll
 from gpuadvise.analyzer.model.calls import COPY_CALLS, COPY_NAME, LAUNCH_CALLS
 from gpuadvise.analyzer.model.kernels import is_comm, is_matmul_like, precision_class
 from gpuadvise.analyzer.model.trace import TraceModel, names_in
@@ -77,15 +78,21 @@ def per_step_table(model, steps, window, gpu_union, dataloader, syncs, cut=None)
     # one process on several GPUs: each GPU column is the time of the average device (metrics.py)
     out["gpu_busy_us"] = covered(gpu_union, lo, hi) if len(devices) == 1 else \
         sum(covered(iv.union(ops["ts"], ops["end"]), lo, hi) for ops in devices) / len(devices)
+    # time inside collectives: their kernels on the GPU and a CPU backend's (gloo's) spans from the call that
+    # issued each, the one figure of the rank's communication per step (the job's view reads it too)
+    host_ts, host_end = coll.host_spans(model.comms)
     for kind in ("kernel", "memcpy", "memset"):
         if kind == "kernel":
             out["comm_us"] = 0.0
         out[f"{kind}_us"] = 0.0
         for ops in devices:
             part = ops[ops["kind"] == kind]
-            if kind == "kernel" and len(part):
-                comm = part["name"].map(lambda n: is_comm(str(n))).astype(bool).to_numpy()
-                out["comm_us"] += covered(iv.union(part["ts"][comm], part["end"][comm]), lo, hi) / len(devices)
+            if kind == "kernel":
+                comm = (part["name"].map(lambda n: is_comm(str(n))).astype(bool).to_numpy() if len(part)
+                        else np.zeros(0, dtype=bool))
+                out["comm_us"] += covered(iv.union(np.concatenate([part["ts"].to_numpy(dtype=float)[comm], host_ts]),
+                                                   np.concatenate([part["end"].to_numpy(dtype=float)[comm], host_end])),
+                                          lo, hi) / len(devices)
                 part = part[~comm]
             out[f"{kind}_us"] += covered(iv.union(part["ts"], part["end"]), lo, hi) / len(devices)
     out["dataloader_us"] = covered(iv.union(dataloader["ts"], dataloader["end"]), clo, chi) if len(dataloader) else 0.0

@@ -190,23 +190,12 @@ def _offsets(start: np.ndarray, end: np.ndarray, kinds: list[str], member: np.nd
     return out
 
 
-def per_step(values: np.ndarray, steps_of: np.ndarray, steps: list[int]) -> np.ndarray:
-    """(ranks, n) per collective → (ranks, steps): summed over the collectives each step issued."""
-    out = np.zeros((values.shape[0], len(steps)))
-    col = {s: j for j, s in enumerate(steps)}
-    for i, s in enumerate(steps_of.tolist()):
-        j = col.get(s)
-        if j is not None:
-            out[:, j] += values[:, i]
-    return out
-
-
 def exposed_per_step(m: Matched, steps: list[int], part: str = "wait", cols=None,
                      less_own_work: bool = True) -> np.ndarray:
     """(ranks, steps): the time each step lost to its collectives' waits (`part` "wait"), transfers
     ("transfer") or whole time inside them ("inside"): their union on the rank's own clock minus its own
     work, so collectives that run at the same time (DDP's buckets on two gloo threads) count once. `cols`:
-    only those collectives; `less_own_work` False: the whole union (overlapped or not)."""
+    only those collectives; `less_own_work` False: the whole union (the time they took, overlapped or not)."""
     out = np.zeros((m.dur.shape[0], len(steps)))
     cols = np.arange(len(m)) if cols is None else np.asarray(cols, dtype=np.int64)
     for j, s in enumerate(steps):
@@ -241,8 +230,11 @@ def caused(m: Matched, steps: list[int]) -> np.ndarray:
     return out
 
 
-def by_collective(m: Matched, rank_ids: list[int], steps: list[int]) -> list[dict]:
-    """Waits per collective (kind and group), per rank: median per step over the matched steps."""
+def by_collective(m: Matched, rank_ids: list[int], steps: list[int], step_us: np.ndarray | None = None) -> list[dict]:
+    """Waits per collective (kind and group), per rank: median per step over the matched steps, measured as
+    the job's wait and transfer are (`exposed_per_step`: collectives that run at the same time count once;
+    the wait at most the step, `step_us` (ranks, steps)), so that a rank's one kind of collective shows the
+    job table's wait."""
     rows = []
     groups: dict = {}
     for i, key in enumerate(zip(m.kind, m.pg)):
@@ -250,8 +242,10 @@ def by_collective(m: Matched, rank_ids: list[int], steps: list[int]) -> list[dic
     nsteps = max(len(steps), 1)
     for (kind, pg), cols in sorted(groups.items(), key=lambda kv: -float(m.exposed_wait[:, kv[1]].sum())):
         cols_a = np.array(cols)
-        wait = per_step(m.exposed_wait[:, cols_a], m.step[cols_a], steps)
-        transfer = per_step(m.transfer[:, cols_a], m.step[cols_a], steps)
+        wait = exposed_per_step(m, steps, "wait", cols=cols_a)
+        if step_us is not None:
+            wait = np.minimum(wait, step_us)
+        transfer = exposed_per_step(m, steps, "transfer", cols=cols_a, less_own_work=False)
         last = Counter(int(m.last[i]) for i in cols)
         rows.append({
             "collective": kind, "group": pg, "per_step": round(len(cols) / nsteps, 1),

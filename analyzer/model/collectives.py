@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from .kernels import is_comm
+from .trace import name_mask
 
 KERNEL, HOST, CALL = "kernel", "host", "call"
 
@@ -117,3 +120,73 @@ def parse_ranks(value) -> list[int]:
 # Collectives whose ranks all finish together: the transfer ends only when every rank has sent and
 # received, so their ends line the ranks' clocks up (broadcast and point-to-point end rank by rank)
 SYMMETRIC = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier"})
+
+
+def calls_of(comms, runs, kinds: list[str], where: list[str]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """For each execution in `runs` (rows of the model's `comms`, in start order, with their `kinds` and
+    `where`, KERNEL or HOST) that is a CPU backend's span, the `c10d::` call that issued it: its start,
+    thread and collective (NaN, -1, "" for kernels and spans no call is found for). Each span goes with the
+    earliest call not yet paired that was issued before it and that it can run (`runs_as`: the same
+    collective; gloo runs a reduce-scatter as an all-reduce): a backend runs its queue in order."""
+    n = len(runs)
+    call_ts, call_tid, call_kind = np.full(n, np.nan), np.full(n, -1, dtype=np.int64), [""] * n
+    host = [i for i, w in enumerate(where) if w == HOST]
+    calls = comms[(comms["role"] == CALL).to_numpy() & name_mask(comms["name"], C10D_CALL.match)]
+    if not host or calls.empty:
+        return call_ts, call_tid, call_kind
+    calls = calls.sort_values("ts", kind="stable")
+    c_ts = calls["ts"].to_numpy(dtype=float)
+    c_tid = calls["tid"].to_numpy(dtype=np.int64)
+    c_kind = [kind(str(name)) for name in calls["name"]]
+    used = np.zeros(len(calls), dtype=bool)
+    first_free = 0
+    span_ts = runs["ts"].to_numpy(dtype=float)
+    for i in host:
+        while first_free < len(calls) and used[first_free]:
+            first_free += 1
+        j = first_free
+        while j < len(calls) and c_ts[j] <= span_ts[i]:
+            if not used[j] and runs_as(kinds[i], c_kind[j]):
+                used[j] = True
+                call_ts[i], call_tid[i], call_kind[i] = c_ts[j], c_tid[j], c_kind[j]
+                break
+            j += 1
+    return call_ts, call_tid, call_kind
+
+
+def began(comms, runs, kinds: list[str], where: list[str], calls=None) -> np.ndarray:
+    """When each execution in `runs` (as for `calls_of`) began for its rank. A kernel: its start on the GPU.
+    A CPU backend's span: the `c10d::` call that issued it (`calls_of`), when that came first: the training
+    thread is held in the call (gloo may block there) as it is in the backend's span, and the rank arrived
+    when it issued the collective. `calls`: `calls_of`'s answer where the caller has it already."""
+    call_ts = (calls if calls is not None else calls_of(comms, runs, kinds, where))[0]
+    ts = runs["ts"].to_numpy(dtype=float)
+    return np.where(np.isfinite(call_ts), np.minimum(call_ts, ts), ts)
+
+
+def executions(comms):
+    """The rows of `comms` that are a collective's execution (a kernel or a CPU backend's span), in start
+    order, with `kinds` and `where` for each: (rows, kinds, where); None when there are none."""
+    if comms is None or comms.empty:
+        return None
+    runs = comms[comms["role"].isin([KERNEL, HOST])]
+    if runs.empty:
+        return None
+    runs = runs.sort_values("ts", kind="stable")
+    kinds = [kind(n, str(c)) for n, c in zip(runs["name"].astype(str).tolist(), runs["collective"].astype(str))]
+    return runs, kinds, runs["role"].astype(str).tolist()
+
+
+def host_spans(comms) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the collectives a CPU backend ran (gloo's, MPI's, …), each from the call that issued
+    it (`began`): the time the rank spent inside them, as the job's view measures it; empty arrays when the
+    trace has none."""
+    found = executions(comms)
+    if found is None:
+        return np.zeros(0), np.zeros(0)
+    runs, kinds, where = found
+    host = np.array([w == HOST for w in where], dtype=bool)
+    if not host.any():
+        return np.zeros(0), np.zeros(0)
+    ts = began(comms, runs, kinds, where)
+    return ts[host], runs["end"].to_numpy(dtype=float)[host]

@@ -29,9 +29,10 @@ Sources (vendor datasheets and architecture whitepapers):
 - Blackwell: NVIDIA Blackwell architecture technical brief and HGX B200 / GB200 NVL72 datasheets: B200 75 /
   1100 / 2250 / 4500 / 8000; B100 60 / 875 / 1750 / 3500 / 8000; GB200 80 / 1250 / 2500 / 5000 / 8000;
   NVIDIA RTX Blackwell GPU Architecture whitepaper: GeForce RTX 5090 104.8 / 209.5 / 419 / 838 / 1792.
-- AMD CDNA: AMD Instinct MI100 datasheet (CDNA, 23.1 vector fp32 / bf16 92.3 / fp16 184.6 / 1228); CDNA 2
-  white paper and MI200 datasheets: MI210 22.6 / 181 / 1638, MI250 per GCD 22.6 / 181 / 1638, MI250X per GCD
-  23.9 / 191.5 / 1638; CDNA 3 white paper and MI300 datasheets: MI300X 163.4 / xf32 653.7 / 1307.4 / fp8
+- AMD CDNA: AMD Instinct MI100 datasheet (CDNA, 23.1 vector fp32 / fp32 matrix 46.1 / bf16 92.3 / fp16
+  184.6 / 1228); CDNA 2 white paper and MI200 datasheets (fp32 vector / fp32 matrix / bf16 = fp16 / GB/s):
+  MI210 22.6 / 45.3 / 181 / 1638, MI250 per GCD 22.6 / 45.3 / 181 / 1638 (the card: 45.3 / 90.5 / 362.1),
+  MI250X per GCD 23.9 / 47.9 / 191.5 / 1638 (the card: 47.9 / 95.7 / 383); CDNA 3 white paper and MI300 datasheets: MI300X 163.4 / xf32 653.7 / 1307.4 / fp8
   2614.9 / 5300, MI300A 122.6 / 490.3 / 980.6 / 1961.2 / 5300, MI325X as MI300X with 6000 GB/s.
 
 A device is matched by its name (trace `deviceProperties` or run.json), else by its architecture
@@ -69,6 +70,9 @@ class Spec:
     memory_gbps: float | None  # device memory bandwidth, GB/s
     pcie_gen: int | None  # the host link's PCIe generation
     matched: str = "name"  # how the device was matched: "name", "architecture", "kernel names", "fallback"
+    # AMD CDNA 1/2 run fp32 GEMMs on their matrix cores at twice the vector rate (MFMA fp32); elsewhere fp32
+    # matrix and vector peaks are the same, or (NVIDIA) fp32 has no matrix path
+    fp32_matrix: float | None = None
 
     @property
     def matrix_dtypes(self) -> tuple[str, ...]:
@@ -90,6 +94,16 @@ class Spec:
         p = self.peak(dtype)
         return round(p / self.fp32, 1) if p and self.fp32 else None
 
+    def dense_peak(self, dtype: str) -> tuple[float | None, str]:
+        """The dense peak a matrix op in `dtype` can reach, TFLOP/s, and the dtype whose peak it is: fp32 at
+        its matrix rate where that is faster (AMD MFMA); a dtype the device has no units for (bf16 on a V100,
+        fp64) stands in with the fp32 peak, the rate it then runs at. (None, dtype) without a known peak."""
+        if dtype == "fp32":
+            best = max(self.fp32 or 0.0, self.fp32_matrix or 0.0)
+            return (best or None), "fp32"
+        peak = self.peak(dtype) if dtype in MATRIX_DTYPES else None
+        return (peak, dtype) if peak else (self.dense_peak("fp32")[0], "fp32")
+
     @property
     def half_peak(self) -> float | None:
         """Dense bf16 (else fp16) matrix peak: what an aligned half-precision GEMM can reach when no aligned
@@ -110,8 +124,8 @@ def _nv(product, arch, fp32, tf32, bf16, fp16, fp8, memory, pcie) -> Spec:
     return Spec(product, "nvidia", arch, fp32, tf32, bf16, fp16, fp8, memory, pcie)
 
 
-def _amd(product, arch, fp32, tf32, bf16, fp16, fp8, memory, pcie) -> Spec:
-    return Spec(product, "amd", arch, fp32, tf32, bf16, fp16, fp8, memory, pcie)
+def _amd(product, arch, fp32, tf32, bf16, fp16, fp8, memory, pcie, fp32_matrix=None) -> Spec:
+    return Spec(product, "amd", arch, fp32, tf32, bf16, fp16, fp8, memory, pcie, fp32_matrix=fp32_matrix)
 
 
 # (name pattern, spec): the first match wins, so specific names come before the families they belong to.
@@ -158,10 +172,10 @@ PRODUCTS: list[tuple[re.Pattern, Spec]] = [(re.compile(p, re.I), s) for p, s in 
     (r"mi325", _amd("MI325X", "CDNA 3", 163.4, 653.7, 1307.4, 1307.4, 2614.9, 6000, 5)),
     (r"mi300a", _amd("MI300A", "CDNA 3", 122.6, 490.3, 980.6, 980.6, 1961.2, 5300, 5)),
     (r"mi300", _amd("MI300X", "CDNA 3", 163.4, 653.7, 1307.4, 1307.4, 2614.9, 5300, 5)),
-    (r"mi250x", _amd("MI250X (one GCD)", "CDNA 2", 23.9, None, 191.5, 191.5, None, 1638, 4)),
-    (r"mi250", _amd("MI250 (one GCD)", "CDNA 2", 22.6, None, 181.0, 181.0, None, 1638, 4)),
-    (r"mi210", _amd("MI210", "CDNA 2", 22.6, None, 181.0, 181.0, None, 1638, 4)),
-    (r"mi100", _amd("MI100", "CDNA", 23.1, None, 92.3, 184.6, None, 1228, 4)),
+    (r"mi250x", _amd("MI250X (one GCD)", "CDNA 2", 23.9, None, 191.5, 191.5, None, 1638, 4, 47.9)),
+    (r"mi250", _amd("MI250 (one GCD)", "CDNA 2", 22.6, None, 181.0, 181.0, None, 1638, 4, 45.3)),
+    (r"mi210", _amd("MI210", "CDNA 2", 22.6, None, 181.0, 181.0, None, 1638, 4, 45.3)),
+    (r"mi100", _amd("MI100", "CDNA", 23.1, None, 92.3, 184.6, None, 1228, 4, 46.1)),
 ]]
 
 

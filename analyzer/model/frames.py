@@ -11,14 +11,19 @@ A frame is library code when its file
 - carries a marker that places it there on any machine: a `site-packages` / `dist-packages` /
   `lib/pythonX.Y` folder, `<frozen …>` / `<built-in …>` pseudo-files;
 - exists on this machine and lies under an install root of the Python running this code: a
-  site-packages / dist-packages folder, the standard library, gpuadvise's own folders (found from
-  `sysconfig`, `site` and this file) or the folder of an imported framework (a source build of torch);
-  a user's own folder that happens to be called `torch` is still theirs;
+  site-packages / dist-packages folder, the standard library (both from `sysconfig` and `site`), the
+  folder of an imported framework (a source build of torch), or gpuadvise's own package folders as this
+  install maps them (`own_roots`: the import system's answer, so a checkout's `gpuadvise/`, `analyzer/`,
+  `rules/` and `fixtures/` under an editable install, never the checkout around them: its tests and
+  examples are user code whatever the checkout is called); a user's own folder that happens to be
+  called `torch` is still theirs;
 - does not exist here (a trace recorded elsewhere) and runs through a framework's source checkout
-  (`…/transformers/…`, CHECKOUT_PACKAGES);
+  (`…/transformers/…`, CHECKOUT_PACKAGES), or through gpuadvise's own package (`…/gpuadvise/harness/…`:
+  a folder called `gpuadvise` followed by one of the names gpuadvise's package holds here, `own_layout`);
 - is a relative path as the profiler writes installed files (it strips their sys.path entry:
   "torch/nn/modules/module.py", "threading.py") starting with a well-known library package
-  (LIBRARY_PACKAGES) or a standard-library module;
+  (LIBRARY_PACKAGES) or a standard-library module, or laid out as gpuadvise's own package
+  ("gpuadvise/harness/…", as above);
 - or matches an entry of the environment variable GPUADVISE_LIBRARY_PATHS (os.pathsep-separated): an
   absolute folder (a prefix of the real path) or folder/package names matched as whole path components
   ("third_party", "vendor/apex"), for users who vendor libraries into their own tree.
@@ -47,8 +52,11 @@ LIBRARY_PACKAGES = frozenset({
     "trl", "diffusers", "timm", "pytorch_lightning", "lightning_fabric", "deepspeed",
     "fairscale", "megatron", "apex", "xformers", "flash_attn", "bitsandbytes", "transformer_engine",
     "vllm", "flashinfer", "sglang", "einops", "tqdm", "safetensors", "huggingface_hub", "wandb",
-    "tensorboard", "pyinstrument", "msgspec", "gpuadvise",
+    "tensorboard", "pyinstrument", "msgspec",
 })
+# gpuadvise's own import packages: one folder in a wheel (site-packages/gpuadvise), the folders
+# pyproject.toml's `package-dir` maps them to in a checkout (gpuadvise/, analyzer/, rules/, fixtures/)
+OWN_PACKAGES = ("gpuadvise", "gpuadvise.analyzer", "gpuadvise.rules", "gpuadvise.fixtures")
 # Source checkouts of frameworks (an absolute path through one of these folders is theirs, not the user's);
 # names a user's own folder often has ("datasets", "lightning") are left to the relative-path rule.
 CHECKOUT_PACKAGES = frozenset({"torch", "torchvision", "transformers", "vllm", "sglang", "triton", "deepspeed",
@@ -109,8 +117,23 @@ def library_label(frame: Frame) -> str:
     record (run.json), never for a finding's pointer."""
     path = frame.file.replace("\\", "/")
     m = re.search(r"(?:site-packages|dist-packages)/(.+)$", path) or re.search(r"lib(?:64)?/python\d(?:\.\d+)?/(.+)$", path)
-    rel = m.group(1) if m else re.sub(r"^.*?/(?=torch/)", "", path)
+    rel = m.group(1) if m else _own_label(path) or re.sub(r"^.*?/(?=torch/)", "", path)
     return f"{rel}:{frame.line}" if frame.line is not None else rel
+
+
+def _own_label(path: str) -> str | None:
+    """A file of gpuadvise's own code by its import path ("gpuadvise/analyzer/model/frames.py"), from where
+    this install maps the package or from its layout; None for any other file."""
+    if os.path.isabs(path) and os.path.exists(path):
+        real = os.path.realpath(path)
+        for name in OWN_PACKAGES:
+            for root in _package_folders(name):
+                if real.startswith(root + os.sep):
+                    return name.replace(".", "/") + "/" + os.path.relpath(real, root).replace(os.sep, "/")
+        return None
+    parts = path.split("/")
+    i = _own_start(parts)
+    return "/".join(parts[i:]) if i is not None else None
 
 
 def package(path: str) -> str:
@@ -150,11 +173,15 @@ def _judge(path: str, configured: str, stripped: bool = True) -> bool:
         return True
     if os.path.isabs(path) or re.match(r"^[A-Za-z]:/", norm):
         if os.path.exists(path):  # a file on this machine: where it really lies decides, not its folder names
-            real = os.path.realpath(path)
-            return any(real == root or real.startswith(root + os.sep) for root in install_roots() + imported_roots())
-        return bool(CHECKOUT_PACKAGES.intersection(norm.split("/")[:-1]))  # another machine's checkout
+            return _under(os.path.realpath(path), install_roots() + own_roots() + imported_roots())
+        # another machine's: a framework's checkout, or gpuadvise's own package laid out as it is here
+        return bool(CHECKOUT_PACKAGES.intersection(norm.split("/")[:-1])) or own_layout(norm)
     first = norm.lstrip("./").split("/", 1)[0].removesuffix(".py")
-    return stripped and (first in LIBRARY_PACKAGES or first in _STDLIB)
+    return stripped and (first in LIBRARY_PACKAGES or first in _STDLIB or own_layout(norm))
+
+
+def _under(real: str, roots) -> bool:
+    return any(real == root or real.startswith(root + os.sep) for root in roots)
 
 
 def _configured(norm: str, configured: str) -> bool:
@@ -170,7 +197,7 @@ def _configured(norm: str, configured: str) -> bool:
 
 @lru_cache(maxsize=1)
 def install_roots() -> tuple[str, ...]:
-    """Real paths of this Python's library folders: site-packages, the standard library, gpuadvise."""
+    """Real paths of this Python's library folders: site-packages and the standard library."""
     import site
     import sysconfig
 
@@ -182,13 +209,57 @@ def install_roots() -> tuple[str, ...]:
     except AttributeError:  # an old virtualenv's site module
         pass
     roots.add(getattr(site, "USER_SITE", None) or "")
-    here = os.path.dirname(os.path.abspath(__file__))  # <package root>/analyzer/model (a checkout maps
-    top = os.path.dirname(os.path.dirname(here))  # gpuadvise.analyzer to analyzer/, .rules to rules/, ...)
-    if os.path.basename(top) == "gpuadvise":  # installed: the package is one folder
-        roots.add(top)
-    else:
-        roots.update(os.path.join(top, d) for d in ("gpuadvise", "analyzer", "rules", "fixtures"))
     return tuple(sorted({os.path.realpath(r) for r in roots if r}))
+
+
+@lru_cache(maxsize=1)
+def own_roots() -> tuple[str, ...]:
+    """Real paths of the folders gpuadvise's own code lies in, as this install maps its packages (the
+    import system's own answer for OWN_PACKAGES): site-packages/gpuadvise from a wheel; from a checkout
+    under an editable install its gpuadvise/, analyzer/, rules/ and fixtures/ folders, never the checkout
+    itself, whatever it is called."""
+    return tuple(sorted({root for name in OWN_PACKAGES for root in _package_folders(name)}))
+
+
+@lru_cache(maxsize=8)
+def _package_folders(name: str) -> tuple[str, ...]:
+    """The real folders the import system finds package `name` in (none where it is not importable)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return ()
+    return tuple(os.path.realpath(p) for p in (spec.submodule_search_locations or []) if p) if spec is not None else ()
+
+
+@lru_cache(maxsize=1)
+def own_entries() -> frozenset[str]:
+    """The names gpuadvise's top-level package holds here (its subpackages and modules: "harness",
+    "cli.py", …), and the subpackages a checkout maps beside it ("analyzer", "rules", "fixtures"): a
+    folder called `gpuadvise` followed by one of them is gpuadvise's own code on any machine."""
+    names = {name.rsplit(".", 1)[1] for name in OWN_PACKAGES if "." in name}
+    for root in _package_folders(OWN_PACKAGES[0]):
+        try:
+            entries = os.listdir(root)
+        except OSError:
+            continue
+        names.update(e for e in entries if e.endswith(".py") or os.path.isfile(os.path.join(root, e, "__init__.py")))
+    names.discard("__init__.py")
+    return frozenset(names)
+
+
+def own_layout(norm: str) -> bool:
+    """A path (forward slashes) that runs through gpuadvise's own package: a folder called `gpuadvise`
+    followed by a name that package holds ("…/gpuadvise/harness/facts/general.py"). A checkout called
+    `gpuadvise` is not: its "tests", "examples" are no names of the package."""
+    return _own_start(norm.split("/")) is not None
+
+
+def _own_start(parts: list[str]) -> int | None:
+    """Where gpuadvise's own package starts in a path's parts (the `gpuadvise` folder), None if nowhere."""
+    entries = own_entries()
+    return next((i for i in range(len(parts) - 1) if parts[i] == "gpuadvise" and parts[i + 1] in entries), None)
 
 
 def imported_roots() -> tuple[str, ...]:

@@ -29,12 +29,93 @@ class StepTime:
 
 
 @dataclass(frozen=True)
+class CpuStep:
+    """One step of a run without a GPU timeline, as its training thread spent it (ms, measure/ranktime.py),
+    four parts that add up to the step: inside recorded ops; waiting for the DataLoader's next batch outside
+    them; waiting in a CPU backend's collectives outside both; outside all three (Python between ops)."""
+
+    step: int
+    ms: float
+    in_ops_ms: float
+    loader_wait_ms: float
+    collective_wait_ms: float
+    outside_ops_ms: float
+
+
+@dataclass(frozen=True)
 class LeftOutStep:
     """A ProfilerStep left out of every figure: it holds one-time costs (measure/warmup.py)."""
 
     step: int
     ms: float
     reason: str
+
+
+@dataclass(frozen=True)
+class FlopClass:
+    """One row of a step's FLOP arithmetic: an op family in one pass, measured against one dtype's peak."""
+
+    family: str  # "matmul", "conv", "attention"
+    phase: str  # "forward", "backward", "recompute" (a forward op run again in the backward)
+    dtype: str  # the peak it is measured against: "bf16", "fp16", "tf32", "fp32", "fp8"
+    flops: float  # hardware FLOPs per step (the median over the steps): what its kernels computed
+    model_flops: float  # the model FLOPs among them (less what was recomputed: all of a recomputed forward op,
+    # the scores a fused attention backward computes again)
+    ops: float  # ops per step
+    kernel_ms: float | None  # its kernels' time per step; None on a CPU run
+    tflops: float | None  # what its kernels reached (flops / kernel time), TFLOP/s
+
+
+@dataclass(frozen=True)
+class PeakShare:
+    """A dtype's dense peak and the share of the model FLOPs measured against it."""
+
+    dtype: str
+    tflops: float  # dense peak, TFLOP/s (the device table, model/devices.py)
+    share_pct: float
+    stand_in: str | None = None  # the dtype whose peak stands in where the device has none for this one
+
+
+@dataclass(frozen=True)
+class StepFlops:
+    step: int
+    ms: float
+    model_flops: float
+    hardware_flops: float
+    mfu_pct: float | None
+    hfu_pct: float | None
+
+
+@dataclass(frozen=True)
+class FlopFigures:
+    """A trace's FLOPs per step and its model FLOPs utilization (measure/utilization.py says how), as plain
+    data: every output's header line and its arithmetic."""
+
+    state: str  # "counted"; "no shapes" (matrix work ran, its shapes were not recorded); "no kernels" (shaped
+    # ops, but none of their kernels can be linked to them)
+    note: str | None = None  # what is missing and how to get it, or why there is no MFU (a CPU run, an unknown GPU)
+    model_flops: float | None = None  # per step, forward + backward, no recompute (PaLM's model FLOPs)
+    hardware_flops: float | None = None  # per step, what ran: recompute included
+    step_ms: float | None = None  # the step time they are divided by (the header's median step)
+    achieved_tflops: float | None = None  # model FLOPs / step time
+    mfu_pct: float | None = None  # model FLOPs / step time / the peak of the dtypes they ran in
+    hfu_pct: float | None = None  # hardware FLOPs the same way
+    peak_tflops: float | None = None  # the one peak those make: the model FLOPs over their time at each dtype's peak
+    device: str | None = None  # whose peaks: "H100 SXM" (devices.Spec.describe)
+    gpus: int = 1  # the GPUs whose FLOPs and peaks these are (one process may drive several)
+    peaks: list[PeakShare] = field(default_factory=list)  # one GPU's
+    classes: list[FlopClass] = field(default_factory=list)
+    steps: list[StepFlops] = field(default_factory=list)
+    # causal attention as the kernels run it skips the masked half; counted whole (FlopCounterMode, and
+    # nanoGPT's 6·N + 12·L·H·Q·T) the model FLOPs and MFU would be these
+    whole_model_flops: float | None = None
+    whole_mfu_pct: float | None = None
+    # the same model FLOPs over run.json's unprofiled median step (the profiler slows the recorded steps)
+    unprofiled_step_ms: float | None = None
+    unprofiled_mfu_pct: float | None = None
+    coverage_pct: float | None = None  # share of the matrix kernels' time in the steps whose FLOPs are counted
+    uncounted: list[str] = field(default_factory=list)  # the busiest matrix kernels without a count
+    basis: str = ""  # the headline's arithmetic in one line
 
 
 @dataclass(frozen=True)
@@ -88,6 +169,10 @@ class TraceFigures:
     # steps far slower than the others and what their extra time went to (measure/slowsteps.py): how a
     # long run's window names the periodic stall it recorded
     slow_steps: list[dict] = field(default_factory=list)
+    # FLOPs per step and MFU (measure/utilization.py); None where the trace holds no matrix work
+    flops: FlopFigures | None = None
+    # a run without a GPU timeline (a CPU run): each step's CPU time, what its steps table shows; [] otherwise
+    cpu_steps: list[CpuStep] = field(default_factory=list)
     # one process on several GPUs: each one's figures, devices ascending (empty for one GPU; the busy and
     # idle figures above are then the average device's)
     gpus: list[GpuFigures] = field(default_factory=list)
@@ -170,6 +255,23 @@ def overhead_words(x: float | None) -> str:
     if x <= 1.05:
         return "no measurable profiler overhead"
     return f"the profiler made the traced steps {x:.2f}× slower"
+
+
+def ms_text(ms: float) -> str:
+    """A step time in ms, three significant digits without an exponent: "0.421", "28.9", "1984"."""
+    return f"{ms:.0f}" if ms >= 100 else f"{ms:.3g}"
+
+
+def flop_text(flops: float | None, unit: str = "FLOP") -> str:
+    """A FLOP count (or rate, `unit`="FLOP/s") with its SI prefix, three significant digits: "1.23 PFLOP",
+    "45.6 GFLOP/s"."""
+    if flops is None:
+        return "–"
+    for prefix, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(flops) >= scale:
+            v = flops / scale
+            return f"{v:.3g} {prefix}{unit}" if v < 1000 else f"{v:.0f} {prefix}{unit}"
+    return f"{flops:.0f} {unit}"
 
 
 def per_gpu_words(figures: TraceFigures) -> str:

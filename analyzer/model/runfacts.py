@@ -29,9 +29,18 @@ def settings_read_at(facts: dict) -> str | None:
 
 def flag(facts: dict, name: str) -> bool | None:
     """One backend flag from `settings` ("cudnn_benchmark", "matmul_allow_tf32", "anomaly_detection",
-    "deterministic_algorithms", "cudnn_deterministic", ...); None when not recorded."""
+    "deterministic_algorithms", "cudnn_deterministic", ...) as the recorded steps ran with it; None when not
+    recorded, or when the script changed it while they ran (`changed_in_window`: no one value held)."""
+    if name in changed_in_window(facts):
+        return None
     v = settings(facts).get(name)
     return v if isinstance(v, bool) else None
+
+
+def changed_in_window(facts: dict) -> dict[str, tuple]:
+    """The backend flags the script changed while the recorded steps ran: name → (at their start, at their end)."""
+    changed = _dict(settings(facts).get("changed_in_window"))
+    return {k: (v[0], v[1]) for k, v in changed.items() if isinstance(k, str) and isinstance(v, list) and len(v) == 2}
 
 
 def machine(facts: dict) -> dict:
@@ -107,9 +116,49 @@ def param_devices(facts: dict) -> dict[str, int]:
     return out
 
 
+@dataclass(frozen=True)
+class AutocastFact:
+    """One autocast context the script built: where (`created_at`), for which device and dtype, whether it
+    was `enabled` (`enabled=args.amp` with the flag off builds one that does nothing), and how often it was
+    entered (`entered`; `entered_in_window`: while the recorded steps ran). None: not recorded (a run.json
+    written before the harness recorded it)."""
+
+    created_at: str
+    device_type: str | None
+    dtype: str
+    enabled: bool | None
+    entered: int | None
+    entered_in_window: int | None
+
+    @property
+    def half(self) -> bool:
+        """To bf16 or fp16 (what moves matmuls onto Tensor Cores)."""
+        return "bfloat16" in self.dtype or "float16" in self.dtype
+
+    @property
+    def acted(self) -> bool:
+        """Whether it could act on the recorded steps: enabled, and entered while they ran (True where
+        run.json does not say)."""
+        return self.enabled is not False and self.entered_in_window != 0
+
+    def describe(self) -> str:
+        """"autocast to bfloat16 built at train.py:40"."""
+        where = f" built at {self.created_at}" if self.created_at != "?" else ""
+        return f"autocast to {self.dtype.replace('torch.', '')}{where}"
+
+
+def autocasts(facts: dict) -> list[AutocastFact]:
+    """Every autocast context the script built, as recorded."""
+    return [AutocastFact(created_at=site(e.get("created_at")) or "?", device_type=_str(e.get("device_type")),
+                         dtype=str(e["dtype"]), enabled=_bool(e.get("enabled")), entered=_int(e.get("entered")),
+                         entered_in_window=_int(e.get("entered_in_window")))
+            for e in _entries(facts, "autocast") if e.get("dtype")]
+
+
 def autocast_dtypes(facts: dict) -> list[str]:
-    """The dtypes of the autocast contexts the script entered ("torch.bfloat16", ...)."""
-    return [str(e["dtype"]) for e in _entries(facts, "autocast") if e.get("dtype")]
+    """The dtypes of the autocast contexts that could act on the recorded steps ("torch.bfloat16", ...): one
+    built with `enabled=False`, or never entered while they ran, is left out."""
+    return [c.dtype for c in autocasts(facts) if c.acted]
 
 
 def _str(v) -> str | None:
@@ -145,6 +194,7 @@ class DataLoaderFact:
     built_by: str | None = None
     call: str | None = None
     in_function: str | None = None
+    batches_in_window: int | None = None  # batches taken from it while the recorded steps ran (None: not recorded)
 
     @property
     def where(self) -> str:
@@ -175,6 +225,7 @@ class OptimizerFact:
     fused: bool | None
     params: int | None
     param_devices: dict[str, int]
+    steps_in_window: int | None = None  # its steps while the recorded steps ran (None: not recorded)
 
     def as_dict(self) -> dict:
         """The fact as run.json spells it, for evidence."""
@@ -205,15 +256,29 @@ def dataloaders(facts: dict) -> list[DataLoaderFact]:
                            pin_memory=_bool(e.get("pin_memory")), batch_size=_int(e.get("batch_size")),
                            prefetch_factor=_int(e.get("prefetch_factor")),
                            persistent_workers=_bool(e.get("persistent_workers")), created_via=_str(e.get("created_via")),
-                           built_by=_str(e.get("built_by")), call=_str(e.get("call")), in_function=_str(e.get("in_function")))
+                           built_by=_str(e.get("built_by")), call=_str(e.get("call")), in_function=_str(e.get("in_function")),
+                           batches_in_window=_int(e.get("batches_in_window")))
             for e in _entries(facts, "dataloaders")]
 
 
-def training_loaders(facts: dict) -> list[DataLoaderFact]:
-    """The DataLoaders that feed training, one per distinct origin and settings: a loader a framework
-    rebuilt with the same settings (Accelerate's `prepare`) is the user's own one again; under Lightning,
-    the loaders a `val_dataloader()` / `test_dataloader()` returned are left out when a training one is known."""
+def iterated_loaders(facts: dict) -> list[DataLoaderFact] | None:
+    """The DataLoaders the recorded steps took batches from; None where run.json does not tell (no loader's
+    batches were counted there: an older harness, or a loader whose own `__iter__` bypasses torch's)."""
     loaders = dataloaders(facts)
+    fed = [d for d in loaders if d.batches_in_window]
+    return fed or None
+
+
+def training_loaders(facts: dict) -> list[DataLoaderFact]:
+    """The DataLoaders that feed training, one per distinct origin and settings: the ones the recorded steps
+    took batches from where run.json counted them (`iterated_loaders`); a loader a framework rebuilt with
+    the same settings (Accelerate's `prepare`, Lightning's distributed sampler) is the user's own one again;
+    under Lightning, the loaders a `val_dataloader()` / `test_dataloader()` returned are left out when a
+    training one is known."""
+    loaders = dataloaders(facts)
+    fed = iterated_loaders(facts)
+    if fed is not None:  # the iterated ones, and the user's own loaders a framework rebuilt them from
+        loaders = [d for d in loaders if d in fed or any(f.built_by and f.settings() == d.settings() for f in fed)]
     fw = framework(facts)
     if fw is not None and fw.name == "lightning":
         train = [d for d in loaders if d.in_function == "train_dataloader"]
@@ -234,13 +299,17 @@ def wrappers(facts: dict, kind: str | None = None) -> list[WrapperFact]:
     return [w for w in out if kind is None or w.kind == kind]
 
 
-def optimizers(facts: dict, cls: str | None = None) -> list[OptimizerFact]:
-    """The optimizers that stepped (only those of class name `cls` when given, e.g. "AdamW")."""
+def optimizers(facts: dict, cls: str | None = None, in_window_only: bool = True) -> list[OptimizerFact]:
+    """The optimizers that stepped in the recorded steps where run.json counted their steps there (else, or
+    with `in_window_only=False`, every one that stepped); only those of class name `cls` when given, e.g. "AdamW"."""
     out = []
     for e in _entries(facts, "optimizers"):
         devices = {k: n for k, n in _dict(e.get("param_devices")).items() if isinstance(k, str) and _int(n) is not None}
         out.append(OptimizerFact(cls=_str(e.get("class")) or "?", foreach=_bool(e.get("foreach")),
-                                 fused=_bool(e.get("fused")), params=_int(e.get("params")), param_devices=devices))
+                                 fused=_bool(e.get("fused")), params=_int(e.get("params")), param_devices=devices,
+                                 steps_in_window=_int(e.get("steps_in_window"))))
+    if in_window_only:
+        out = [o for o in out if o.steps_in_window] or out
     return [o for o in out if cls is None or o.cls == cls]
 
 
@@ -406,13 +475,79 @@ def usable_cpus(facts: dict) -> int | None:
     return int(min(usable, limit)) if limit else int(usable)
 
 
+# the CPU flags (`environment.machine.cpu.flags`, /proc/cpuinfo's names) that give a 16-bit float type its
+# own arithmetic: x86's AVX-512 and AMX instructions, Arm's BF16 and half-precision SIMD. Without one the CPU
+# converts to float32 and back around each operation.
+NATIVE_16BIT = {"bfloat16": ("avx512_bf16", "amx_bf16", "bf16"), "float16": ("avx512_fp16", "amx_fp16", "asimdhp")}
+
+
+def cpu_16bit(facts: dict) -> dict[str, bool] | None:
+    """Whether the CPU computes in each 16-bit float type ("bfloat16", "float16"): None when run.json did
+    not record the CPU's flags (not Linux, or written before they were recorded)."""
+    flags = _dict(machine(facts).get("cpu")).get("flags")
+    if not isinstance(flags, list):
+        return None
+    have = {f for f in flags if isinstance(f, str)}
+    return {dtype: any(f in have for f in native) for dtype, native in NATIVE_16BIT.items()}
+
+
+def cpu_matmul_ms(facts: dict) -> tuple[int, dict[str, float]] | None:
+    """`gpuadvise profile`'s timing of one n-square matmul on the CPU in float32 and in each 16-bit type the
+    script autocast to there (`environment.machine.cpu.matmul`: n, ms by type name): (n, {"float32": ms, …});
+    None when not recorded (a run without CPU autocast, or an older run.json)."""
+    mm = _dict(_dict(machine(facts).get("cpu")).get("matmul"))
+    times = {k: float(v) for k, v in _dict(mm.get("ms")).items() if isinstance(k, str) and _num(v)}
+    n = _int(mm.get("n"))
+    return (n, times) if n and "float32" in times else None
+
+
+def cpu_model(facts: dict) -> str | None:
+    return _str(_dict(machine(facts).get("cpu")).get("model"))
+
+
+def threads(facts: dict) -> int | None:
+    """torch.get_num_threads() as the window ended: the threads one op runs on (intra-op)."""
+    v = settings(facts).get("num_threads")
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+@dataclass(frozen=True)
+class Cores:
+    """The CPU cores one rank of the job has: what the process could use, shared by the ranks on its node."""
+
+    usable: int  # the process's affinity, capped by a cgroup quota (`usable_cpus`)
+    ranks_on_node: int  # the job's local world size (1 outside a job, or when run.json does not say)
+
+    @property
+    def per_rank(self) -> int:
+        """Each rank's share of the node's cores (at least one)."""
+        return max(1, self.usable // max(1, self.ranks_on_node))
+
+    def words(self) -> str:
+        """"2 usable, 2 ranks on this node: 1 per rank" / "8 usable"."""
+        if self.ranks_on_node > 1:
+            return f"{self.usable} usable, {self.ranks_on_node} ranks on this node: {self.per_rank} per rank"
+        return f"{self.usable} usable"
+
+
+def cores(facts: dict) -> Cores | None:
+    """The cores each rank of the job has (run.json's `environment.machine.cpu` and `distributed`): None
+    without the machine's count. Ranks on one node share its cores: their number is the local world size."""
+    usable = usable_cpus(facts)
+    if usable is None:
+        return None
+    local = job(facts).local_world_size
+    return Cores(usable=usable, ranks_on_node=local if local and local > 0 else 1)
+
+
 def loader_profile(facts: dict) -> dict | None:
     """run.json's `capture.loader`, numbers checked: None without a measured batch build time."""
     lp = _dict(_dict(facts.get("capture")).get("loader"))
     build = _num(lp.get("build_ms_per_batch"))
     if not build:
         return None
-    out = {k: _num(lp.get(k)) for k in ("build_ms_per_batch", "fetch_ms_per_batch", "fetch_ms_per_sample",
+    out = {k: _num(lp.get(k)) for k in ("build_ms_per_batch", "build_cpu_ms_per_batch", "fetch_ms_per_batch",
+                                         "fetch_ms_per_sample",
                                          "collate_ms_per_batch", "wait_ms_per_batch", "between_batches_ms",
                                          "batches_built", "samples")}
     workers = lp.get("num_workers")
@@ -464,6 +599,9 @@ class DDPFact:
     params: int | None
     params_without_grad: int | None  # the most parameters without a gradient after an optimizer step
     unused_parameter_bytes: int | None  # DDP's logging data: bytes of parameters its search found unused
+    buckets: int | None = None  # DDP's logging data: gradient buckets (as rebuilt after the first step)
+    parameter_bytes: int | None = None  # DDP's logging data: the parameters' bytes
+    no_sync_entered: int | None = None  # `with` entries of what no_sync() returned (None: not recorded)
 
     def as_dict(self) -> dict:
         return {"created_at": self.created_at, "find_unused_parameters": self.find_unused_parameters,
@@ -485,7 +623,9 @@ def ddp(facts: dict) -> list[DDPFact]:
                            gradient_as_bucket_view=_bool(e.get("gradient_as_bucket_view")), comm_hooks=hooks,
                            no_sync_calls=_int(e.get("no_sync_calls")), params=_int(e.get("params")),
                            params_without_grad=_int(e.get("params_without_grad")),
-                           unused_parameter_bytes=_int(e.get("unused_parameter_bytes"))))
+                           unused_parameter_bytes=_int(e.get("unused_parameter_bytes")),
+                           buckets=_int(e.get("buckets")), parameter_bytes=_int(e.get("parameter_bytes")),
+                           no_sync_entered=_int(e.get("no_sync_entered"))))
     return out
 
 
@@ -602,3 +742,11 @@ def slower_steps(facts: dict) -> int | None:
 def device_memory(facts: dict) -> int | None:
     """The GPU's memory in bytes, as run.json recorded it."""
     return _int(_dict(_dict(_dict(facts).get("environment")).get("device")).get("total_memory"))
+
+
+def shape_capture(facts: dict) -> tuple[dict, dict]:
+    """How `gpuadvise profile` recorded op shapes: run.json `capture.options` (`record_shapes`,
+    `shapes_probe`) and `capture.shapes` (where the trace's shapes came from, and the probe's `state`);
+    both empty for a trace from elsewhere."""
+    capture = _dict(_dict(facts).get("capture"))
+    return _dict(capture.get("options")), _dict(capture.get("shapes"))

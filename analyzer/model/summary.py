@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from .findings import Finding
-from .report import TraceFigures, TraceReport, all_findings
+from .report import TraceFigures, TraceReport, all_findings, ms_text
 
 if TYPE_CHECKING:  # computed upstream; the summary only carries them
     from gpuadvise.analyzer.measure.job import JobReport
@@ -90,6 +90,13 @@ class RunFigures:
 
     traces: int = 0  # traces and snapshots analysed
     findings: int = 0  # findings of every trace and of the job
+    # the job's MFU (`job_mfu`): every rank's model FLOPs per step over the job's step (its slowest rank's
+    # median) and every rank's peak; one trace: its own. None without a count or a peak; `mfu_basis` says
+    # how it was made, or what is missing
+    mfu_pct: float | None = None
+    hfu_pct: float | None = None
+    model_flops: float | None = None  # per step, every rank together
+    mfu_basis: str | None = None
 
 
 @dataclass(frozen=True)
@@ -135,8 +142,50 @@ def summarize(reports: list[TraceReport]) -> RunSummary:
     traces = tuple(TraceSummary.of(r) for r in reports)
     findings = tuple(all_findings(reports))
     return RunSummary(traces=traces, findings=findings, heading=heading(traces), job=getattr(reports, "job", None),
-                      figures=RunFigures(traces=len(traces), findings=len(findings)),
+                      figures=RunFigures(traces=len(traces), findings=len(findings), **job_mfu(traces)),
                       long_runs=tuple(getattr(reports, "long_runs", None) or ()))
+
+
+def job_mfu(traces: tuple[TraceSummary, ...]) -> dict:
+    """RunFigures' MFU fields: one trace's own; for several ranks, their model FLOPs per step together over
+    the job's step (the slowest rank's median: it sets the pace) and their peaks together."""
+    ranks = [t.figures.flops for t in traces if t.timed and (t.window or 1) == 1 and t.figures.flops is not None]
+    counted = [f for f in ranks if f.state == "counted" and f.model_flops is not None and f.step_ms]
+    if not counted:
+        return {"mfu_basis": ranks[0].note} if ranks else {}
+    if len(counted) == 1:
+        f = counted[0]
+        return {"mfu_pct": f.mfu_pct, "hfu_pct": f.hfu_pct, "model_flops": f.model_flops, "mfu_basis": f.basis or None}
+    flops = sum(f.model_flops for f in counted)
+    hardware = sum(f.hardware_flops or f.model_flops for f in counted)
+    step_ms = max(f.step_ms for f in counted)
+    peaks = [f.peak_tflops for f in counted]
+    out = {"model_flops": flops, "mfu_basis": f"{len(counted)} ranks' model FLOPs over the slowest rank's median step "
+                                              f"({ms_text(step_ms)} ms)"}
+    if all(peaks):
+        peak = sum(peaks)
+        out["mfu_pct"] = round(100 * flops / (step_ms / 1e3) / (peak * 1e12), 2)
+        out["hfu_pct"] = round(100 * hardware / (step_ms / 1e3) / (peak * 1e12), 2)
+        out["mfu_basis"] += f" and their dense peaks together ({peak:g} TFLOP/s)"
+    return out
+
+
+def one_per_rule(findings, job: bool = True) -> tuple[list, dict]:
+    """The findings a report lists: in a job's report (`job`), one entry per rule for the per-rank ones
+    (the rank where it saves most: the findings come ordered), and the ranks each entry stands for (by id
+    of the finding kept). Every format lists the same entries."""
+    if not job:
+        return list(findings), {id(f): [f.rank] for f in findings}
+    kept, ranks_of, first = [], {}, {}
+    for f in findings:
+        if f.rank is None or f.rule not in first:
+            kept.append(f)
+            ranks_of[id(f)] = [f.rank]
+            if f.rank is not None:
+                first[f.rule] = f
+        else:
+            ranks_of[id(first[f.rule])].append(f.rank)
+    return kept, {k: sorted(v) for k, v in ranks_of.items()}
 
 
 def heading(traces: tuple[TraceSummary, ...]) -> int | None:

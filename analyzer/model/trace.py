@@ -98,8 +98,9 @@ class TraceModel:
       that launched it (CUPTI's `graph node id`; -1 for work launched directly).
     - `runtime`: CUDA/HIP runtime and driver calls (`pid`, `tid`, `correlation`, `external_id`).
     - `cpu`: CPU ops and user annotations (`is_annotation`), with `external_id`, `seq` (the autograd
-      sequence number ops carry while grad mode is on, -1 without), `input_type`, `input_dims`
-      (matmul/conv ops only) and the legacy `call_stack`.
+      sequence number ops carry while grad mode is on, -1 without), `input_type`, `input_dims` and
+      `input_concrete` (the scalar arguments; matmul, convolution and attention ops only:
+      model/flopops.py) and the legacy `call_stack`.
     - `python`: python_function frames (`python_id`, `parent_id`).
     - `memory`: `[memory]` instant events (`bytes`, `total_allocated`, `total_reserved`, `device`).
     - `syncs`: Kineto `cuda_sync` events.

@@ -22,8 +22,9 @@ import pandas as pd
 from gpuadvise.analyzer.filemode import publish
 from gpuadvise.analyzer.model.trace import Device, TraceMeta, TraceModel
 
-FORMAT = 4  # 2: cpu ops keep their autograd sequence number (`seq`); 3: the `comms` table; 4: its group
-# description, ranks and Comms Id, the kernels' CUDA-graph node, the process groups of the trace's header
+FORMAT = 6  # 2: cpu ops keep their autograd sequence number (`seq`); 3: the `comms` table; 4: `input_concrete`;
+# 5: the SDPA call's and its math backend's shapes (flopops.ATTENTION_CALLS); 6: the comms' group description,
+# ranks and Comms Id, the kernels' CUDA-graph node, the process groups of the trace's header
 MIN_BYTES = 16 << 20  # smaller traces parse in well under a second: not worth a file
 TABLES = ("gpu", "runtime", "cpu", "python", "memory", "syncs", "gpu_annotations", "comms")
 

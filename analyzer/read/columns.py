@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import operator
-import re
 from collections import Counter
 from itertools import repeat
 
@@ -22,11 +21,9 @@ import pandas as pd
 
 from . import events as ev
 from .rows import ScannedRows, StructRows, ids_of
-from gpuadvise.analyzer.model import collectives
+from gpuadvise.analyzer.model import collectives, flopops
 from gpuadvise.analyzer.model.trace import TraceMeta
 
-# Ops whose input shapes/dtypes the rules read (Tensor Core eligibility, fp16 alignment).
-MATMUL_OPS = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|conv|convolution|cudnn_conv|_convolution)")
 
 _ARGS = operator.attrgetter("args")
 ROLES = (collectives.KERNEL, collectives.HOST, collectives.CALL)  # the comms table's `role` codes
@@ -98,8 +95,12 @@ class Builder:
         self.stacks[""]  # code 0 = no stack
         self.types = Interner()
         self.types[""]
-        self.raw_type_codes: dict[bytes, int] = {}  # matmuls' raw `Input type` / `Input Dims` → code in `types`
+        # shaped ops' raw `Input type` / `Input Dims` / `Concrete Inputs` → code in `types`
+        self.raw_type_codes: dict[bytes, int] = {}
         self.raw_dims_codes: dict[bytes, int] = {}
+        self.raw_concrete_codes: dict[bytes, int] = {}
+        self.concrete = Interner()  # `Concrete Inputs` texts, apart from `types`: the comms columns share its categories
+        self.concrete[""]
         self.thread_codes = Interner()  # non-numeric pid/tid strings → negative ids
         self.ident_cache: dict = {}
         self.tables = {k: _Columns() for k in ("gpu", "runtime", "cpu", "python", "memory", "syncs", "gpu_annotations",
@@ -371,17 +372,22 @@ class Builder:
             t.add("call_stack", np.fromiter(map(stacks.__getitem__, calls), np.int32, count=len(calls)), np.int32)
         else:
             t.add("call_stack", [stacks[c] if type(c) is str else 0 for c in calls], np.int32)
-        # shapes and dtypes only for matmul/conv ops: checked once per distinct name
+        # shapes, dtypes and scalar arguments only for the ops whose math is counted or checked
+        # (model/flopops.py): checked once per distinct name
         for name, code in list(self.names.items())[self.names_checked:]:
-            if isinstance(name, str) and MATMUL_OPS.match(name):
+            if isinstance(name, str) and flopops.shaped(name):
                 self.matmul_names.add(code)
         self.names_checked = len(self.names)
         typ = np.zeros(len(rows), np.int32)
         dims = np.zeros(len(rows), np.int32)
+        concrete = np.zeros(len(rows), np.int32)
         if self.matmul_names:
             type_codes, dims_codes = self.raw_type_codes, self.raw_dims_codes  # raw JSON → code, decoded once
+            concrete_codes = self.raw_concrete_codes
             picked = np.flatnonzero(np.isin(names, list(self.matmul_names))).tolist()
-            for i, raw_type, raw_dims in zip(picked, rows.raw("input_type", picked), rows.raw("input_dims", picked)):
+            for i, raw_type, raw_dims, raw_concrete in zip(picked, rows.raw("input_type", picked),
+                                                          rows.raw("input_dims", picked),
+                                                          rows.raw("input_concrete", picked)):
                 code = type_codes.get(raw_type)
                 if code is None:
                     kinds = _raw_json(raw_type)
@@ -391,8 +397,14 @@ class Builder:
                 if code is None:
                     code = dims_codes[raw_dims] = self.types[raw_dims.decode("utf-8", "replace")]
                 dims[i] = code
+                code = concrete_codes.get(raw_concrete)
+                if code is None:
+                    code = concrete_codes[raw_concrete] = (self.concrete[raw_concrete.decode("utf-8", "replace")]
+                                                           if raw_concrete != b"null" else 0)
+                concrete[i] = code
         t.add("input_type", typ, np.int32)
         t.add("input_dims", dims, np.int32)
+        t.add("input_concrete", concrete, np.int32)
         self._comms(names, False, rows, ts, dur, t.parts["pid"][-1], t.parts["tid"][-1],
                     np.full(len(rows), -1, np.int64))
 
@@ -425,7 +437,8 @@ class Builder:
         tables = {name: {col: np.concatenate(parts) for col, parts in t.parts.items()} for name, t in self.tables.items()}
         m = self.meta
         return {"tables": tables, "names": self.names.categories(), "stacks": self.stacks.categories(),
-                "types": self.types.categories(), "threads": self.thread_codes.categories(), "total": self.total,
+                "types": self.types.categories(), "concrete": self.concrete.categories(),
+                "threads": self.thread_codes.categories(), "total": self.total,
                 "skipped": self.skipped, "tabulated": self.tabulated, "min_ts": self.min_ts, "unknown": dict(self.unknown),
                 "process_names": m.process_names, "thread_names": m.thread_names,
                 "profiler_ranges": m.profiler_ranges, "overhead_events": m.overhead_events}
@@ -435,9 +448,10 @@ class Builder:
         names = np.array([self.names[n] for n in other["names"]], dtype=np.int32)
         stacks = np.array([self.stacks[x] for x in other["stacks"]], dtype=np.int32)
         types = np.array([self.types[x] for x in other["types"]], dtype=np.int32)
+        concrete = np.array([self.concrete[x] for x in other["concrete"]], dtype=np.int32)
         threads = np.array([-2 - self.thread_codes[x] for x in other["threads"]], dtype=np.int64)
-        recode = {"name": names, "call_stack": stacks, "input_type": types, "input_dims": types, "collective": types,
-                  "pg": types, "pg_desc": types, "pg_ranks": types, "comms_id": types, "dtype": types}
+        recode = {"name": names, "call_stack": stacks, "input_type": types, "input_dims": types, "input_concrete": concrete,
+                  "collective": types, "pg": types, "pg_desc": types, "pg_ranks": types, "comms_id": types, "dtype": types}
         for table, cols in other["tables"].items():
             t = self.tables[table]
             for col, values in cols.items():
@@ -472,7 +486,8 @@ class Builder:
             "runtime": dict(name=np.int32, ts=np.float64, dur=np.float64, pid=np.int64, tid=np.int64,
                             correlation=np.int64, external_id=np.int64),
             "cpu": dict(name=np.int32, ts=np.float64, dur=np.float64, pid=np.int64, tid=np.int64, is_annotation=bool,
-                        external_id=np.int64, seq=np.int64, call_stack=np.int32, input_type=np.int32, input_dims=np.int32),
+                        external_id=np.int64, seq=np.int64, call_stack=np.int32, input_type=np.int32, input_dims=np.int32,
+                        input_concrete=np.int32),
             "python": dict(name=np.int32, ts=np.float64, dur=np.float64, tid=np.int64, python_id=np.int64, parent_id=np.int64),
             "memory": dict(ts=np.float64, bytes=np.float64, total_allocated=np.float64, total_reserved=np.float64,
                            device_type=np.int64, device=np.int64, addr=np.float64),
@@ -503,6 +518,7 @@ class Builder:
                 cols["call_stack"] = _decode_codes(cols["call_stack"], self.stacks)
                 cols["input_type"] = _decode_codes(cols["input_type"], self.types)
                 cols["input_dims"] = _decode_codes(cols["input_dims"], self.types)
+                cols["input_concrete"] = _decode_codes(cols["input_concrete"], self.concrete)
             if table == "comms":
                 cols["role"] = pd.Categorical.from_codes(cols["role"].astype(np.int64), categories=list(ROLES))
                 for col in ("collective", "pg", "dtype", "pg_desc", "pg_ranks", "comms_id"):

@@ -35,6 +35,7 @@ class Args(msgspec.Struct, omit_defaults=True, gc=False):
     # cpu ops: shapes and dtypes (record_shapes=True) and the legacy call stack
     input_type: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw(b"null"))  # decoded for matmuls only
     input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw(b"null"))
+    input_concrete: msgspec.Raw = msgspec.field(name="Concrete Inputs", default=msgspec.Raw(b"null"))  # scalar arguments
     call_stack: Any = msgspec.field(name="Call stack", default=None)
     # collectives (NCCL kernels and record_param_comms in newer torch): what, in which process group, how big
     collective_name: Any = msgspec.field(name="Collective name", default=None)

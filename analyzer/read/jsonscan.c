@@ -507,6 +507,7 @@ static const argdef ARGDEFS[] = {
     {"graph node id", "graph_node_id", A_NUM},
     {"Input type", "input_type", A_RAW},
     {"Input Dims", "input_dims", A_RAW},
+    {"Concrete Inputs", "input_concrete", A_RAW},
     {"Call stack", "call_stack", A_ANY},
     {"Collective name", "collective_name", A_ANY},
     {"Process Group Name", "pg_name", A_ANY},

@@ -33,6 +33,7 @@ def load_step_record(path: Path) -> StepRecord:
     gpu: list[float] = []
     buckets: list[Bucket] = []
     mem: list[list] = []
+    workers: list[tuple[int, int]] = []
     damaged = 0
     any_gpu = False
     with fh:
@@ -47,6 +48,9 @@ def load_step_record(path: Path) -> StepRecord:
             if not isinstance(entry, dict):
                 damaged += 1 if line.strip() else 0
                 continue
+            for row in entry.get("workers") or []:
+                if isinstance(row, list) and len(row) == 2 and all(isinstance(v, int) and v >= 0 for v in row):
+                    workers.append((row[0], row[1]))
             for row in entry.get("mem") or []:
                 if isinstance(row, list) and len(row) == 4 and isinstance(row[0], int):
                     mem.append([row[0]] + [_num(v) for v in row[1:]])
@@ -79,7 +83,8 @@ def load_step_record(path: Path) -> StepRecord:
         number=np.array(numbers, dtype=np.int64)[order], phase=np.array(phases, dtype="<U1")[order],
         ms=(gpu_ms if any_gpu else cpu_ms)[order], cpu_ms=cpu_ms[order], buckets=sorted(buckets, key=lambda b: b.first),
         mem_step=mem_arr[:, 0].astype(np.int64), mem_rss=mem_arr[:, 1], mem_allocated=mem_arr[:, 2],
-        mem_reserved=mem_arr[:, 3], damaged_lines=damaged, telemetry=_telemetry(Path(path)))
+        mem_reserved=mem_arr[:, 3], damaged_lines=damaged, telemetry=_telemetry(Path(path)),
+        worker_starts=sorted(workers))
 
 
 def _telemetry(path: Path):

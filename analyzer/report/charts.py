@@ -55,7 +55,12 @@ def charts(reports: list[TraceReport]) -> list[Chart]:
         r = reports[i]
         ps = r.metrics.per_step
         rows = []
-        for row in ps.head(MAX_STEPS).to_dict("records"):
+        cpu = r.figures.cpu_steps if r.figures is not None else []
+        kinds = svg.CPU_STEP_PARTS if cpu else svg.STEP_PARTS
+        for s in cpu[:MAX_STEPS]:  # no GPU timeline: the training thread's time, its four parts
+            rows.append((f"#{s.step}" if s.step >= 0 else "all",
+                         [s.in_ops_ms, s.collective_wait_ms, s.loader_wait_ms, s.outside_ops_ms], f"{s.ms:.2f} ms"))
+        for row in ps.head(MAX_STEPS).to_dict("records") if not cpu else []:
             ms = {key.replace("_us", ""): float(v) / 1e3 for key, v in row.items() if key.endswith("_us")}
             label = f"#{int(row['step'])}" if row["step"] >= 0 else "all"
             rows.append((label, svg.step_parts(ms), f"{ms['dur']:.2f} ms"))
@@ -63,7 +68,7 @@ def charts(reports: list[TraceReport]) -> list[Chart]:
         who = f" — rank {r.rank}" if len(reports) > 1 and r.rank is not None else (
             f" — trace {i + 1}" if len(reports) > 1 else "")
         name = "steps" if len(traced) == 1 else f"steps-{i + 1}"
-        out.append(Chart(name, f"Step time split{who}", svg.stacked_bars(f"Step time split{who} (ms)", rows, note), i))
+        out.append(Chart(name, f"Step time split{who}", svg.stacked_bars(f"Step time split{who} (ms)", rows, note, kinds), i))
     return out
 
 

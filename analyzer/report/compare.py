@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+from gpuadvise.analyzer.model.report import flop_text
 from . import evidence, svg
 from .html import CHART_PREFIX, page
 from .safe import md, md_cell, md_code, md_text, short, terminal
@@ -97,6 +98,13 @@ def headline(cmp: dict) -> list[tuple[str, str, str, str]]:
                      pct(_rel(b.get("unprofiled_median_step_ms"), a.get("unprofiled_median_step_ms")), sign=True)))
     if b.get("profiler_overhead_x") is not None or a.get("profiler_overhead_x") is not None:
         rows.append(("Profiler overhead", _x(b.get("profiler_overhead_x")), _x(a.get("profiler_overhead_x")), ""))
+    if b.get("mfu_pct") is not None or a.get("mfu_pct") is not None:
+        rows.append(("MFU (model FLOPs / step time / dense peak)", _mfu(b), _mfu(a), _pts(b.get("mfu_pct"), a.get("mfu_pct"))))
+    if b.get("unprofiled_mfu_pct") is not None and a.get("unprofiled_mfu_pct") is not None:
+        rows.append(("MFU over the unprofiled step", pct(b["unprofiled_mfu_pct"]), pct(a["unprofiled_mfu_pct"]),
+                     _pts(b["unprofiled_mfu_pct"], a["unprofiled_mfu_pct"])))
+    if b.get("model_flops") is not None or a.get("model_flops") is not None:
+        rows.append(("Model FLOPs per step", flop_text(b.get("model_flops")), flop_text(a.get("model_flops")), ""))
     rows += [("GPU busy inside the steps", pct(b["gpu_busy_in_steps_pct"]), pct(a["gpu_busy_in_steps_pct"]),
               _pts(b["gpu_busy_in_steps_pct"], a["gpu_busy_in_steps_pct"])),
              ("GPU busy, whole trace", pct(b["gpu_busy_pct"]), pct(a["gpu_busy_pct"]), _pts(b["gpu_busy_pct"], a["gpu_busy_pct"]))]
@@ -106,6 +114,14 @@ def headline(cmp: dict) -> list[tuple[str, str, str, str]]:
         rows.append(("Peak memory reserved", gib(b.get("peak_reserved_bytes")), gib(a.get("peak_reserved_bytes")), ""))
     rows.append(("Findings", str(b["findings"]), str(a["findings"]), ""))
     return rows
+
+
+def _mfu(s: dict) -> str:
+    """A side's MFU with the dtypes whose peaks it is measured against: a precision change moves the peak."""
+    if s.get("mfu_pct") is None:
+        return "–"
+    dtypes = "+".join(s.get("mfu_dtypes") or [])
+    return pct(s["mfu_pct"]) + (f" ({dtypes})" if dtypes else "")
 
 
 def _rel(b, a):
@@ -136,7 +152,10 @@ def verdict(cmp: dict) -> str:
     st = cmp["step_time"]
     if st.get("saving_pct") is None:
         return st.get("note") or "no step time to compare"
-    return f"{measured(st)} ({st['figure_label']}: {ms(st['before_ms'])} → {ms(st['after_ms'])} ms)"
+    worse = [p for p in cmp.get("predictions") or [] if p.get("worse")]
+    blame = ("; " + ", ".join(f"{p['topic']}'s fix (predicted to save {predicted(p)})" for p in worse)
+             + " made training slower" if worse else "")
+    return f"{measured(st)} ({st['figure_label']}: {ms(st['before_ms'])} → {ms(st['after_ms'])} ms){blame}"
 
 
 def counts(cmp: dict) -> str:
@@ -147,9 +166,22 @@ def counts(cmp: dict) -> str:
     return ", ".join(parts)
 
 
+def fix_status(p: dict) -> str:
+    """"resolved" / "still there; dataloader[0].num_workers 0 → 1 and 2 more settings": what became of the
+    finding and of the settings its fix changes (the first that differs; the comparison lists them all)."""
+    changed = p.get("changed") or []
+    if not changed:
+        return p.get("status", "resolved")
+    first = f"{changed[0]['key']} {_val(changed[0]['before'])} → {_val(changed[0]['after'])}"
+    more = f" and {len(changed) - 1} more setting{'s' if len(changed) > 2 else ''}" if len(changed) > 1 else ""
+    return f"{p.get('status', 'resolved')}; {first}{more}"
+
+
 def prediction_sentence(p: dict, step: dict) -> str:
-    """"dataloader-stall predicted 31.8 %, the step got 28.2 % faster"."""
-    return f"{p['topic']} predicted {predicted(p)}, {measured(step)}"
+    """"dataloader-stall predicted 31.8 % (resolved), the step got 28.2 % faster"; a fix applied with a
+    slower step: "…: this fix made training slower"."""
+    return (f"{p['topic']} predicted {predicted(p)} ({fix_status(p)}), {measured(step)}"
+            + (": this fix made training slower" if p.get("worse") else ""))
 
 
 def gate_line(g: dict) -> str:
@@ -292,9 +324,11 @@ def render_markdown(cmp: dict, chart_links: dict | None = None) -> str:
         out += ["", "Medians over the profiled steps; GPU parts are unions of GPU activity inside each step.", ""]
         out += links.get("breakdown", [])
     if cmp["predictions"]:
-        out += ["## Predicted vs measured", "", "| Finding resolved | Predicted on BEFORE | Measured |", "|---|---:|---|"]
+        out += ["## Predicted vs measured", "", "| Finding | On AFTER | Predicted on BEFORE | Measured |",
+                "|---|---|---:|---|"]
         for p in cmp["predictions"]:
-            out.append(f"| `{p['rule']}` {p['topic']} | {predicted(p)} | {measured(st)} |")
+            out.append(f"| `{p['rule']}` {p['topic']} | {md_cell(fix_status(p))} | {predicted(p)} | {measured(st)}"
+                       + (" (this fix made training slower)" if p.get("worse") else "") + " |")
         out += ["", *(f"- {md_text(prediction_sentence(p, st))}." for p in cmp["predictions"]), ""]
         out += ["Each prediction is for its own fix alone; the measured change is the whole step's, with every "
                 "change between the runs in it." + (f" Measured from the {st['figure_label']}." if st.get("figure_label") else ""), ""]

@@ -10,14 +10,15 @@ from . import evidence
 from .safe import md, md_cell, md_code, md_text, short
 
 
-def finding_lines(f: Finding, prefix: str = "", *, level: int = 3, pane: bool = False, hint: str | None = None) -> list[str]:
+def finding_lines(f: Finding, prefix: str = "", *, level: int = 3, pane: bool = False, hint: str | None = None,
+                  ranks: list | None = None) -> list[str]:
     """The finding under a `level` heading (its title after `prefix`, e.g. "2. "). Its evidence is in
     people's words (report/evidence.py): the steps, the time ranges beside their steps, the named numbers
     with labels and units, the offenders' table with labelled columns. `pane` (the TUI's detail pane)
     gives every part its own heading and shows more offenders; `hint` is a line after the evidence (the
-    TUI's "press enter" line)."""
+    TUI's "press enter" line); `ranks`, the ranks a job's report lists it for (summary.one_per_rule)."""
     e = f.evidence
-    where = f" · rank {f.rank}" if f.rank is not None else ""
+    where = f" · {ranks_words(ranks or [f.rank])}" if f.rank is not None else ""
     out = [f"{'#' * level} {prefix}{md(f.title)}", "",
            f"`{f.rule}` · `{f.topic}` · **{f.severity}** · est. saving **{saving(f)}** of step time{where}", "",
            md_text(f.message), ""]
@@ -56,6 +57,24 @@ def finding_lines(f: Finding, prefix: str = "", *, level: int = 3, pane: bool = 
         out += [f"**Impact:** {basis}", ""] + ([job, ""] if job else [])
     out += [_section("Fix", level, pane), "", fix_markdown(f), ""]
     return out
+
+
+def rank_list(ranks: list[int]) -> str:
+    """0, 1, 2, 5 → "0–2, 5"."""
+    runs, out = [], []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    for a, b in runs:
+        out.append(str(a) if a == b else f"{a}–{b}")
+    return ", ".join(out)
+
+
+def ranks_words(ranks: list[int]) -> str:
+    """"rank 1" / "ranks 0–3"."""
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_list(ranks)}"
 
 
 def _section(name: str, level: int, pane: bool) -> str:

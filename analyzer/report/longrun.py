@@ -5,6 +5,8 @@ the TUI)."""
 
 from __future__ import annotations
 
+from gpuadvise.analyzer.model.steprecord import dated
+
 from . import svg
 from .safe import md, md_code, terminal
 
@@ -61,8 +63,10 @@ def headline(s: dict) -> str:
         out += (f"; {shape} from step {lv['began_at']}" + onset_interval(lv)
                 + (f" to step {lv['until']}" if lv.get("until") else "")
                 + f", to {lv['slow_ms']:.2f} ms ({lv['change_pct']:+.0f} %, the median of steps {slow[0]}–{slow[1]})")
-    elif lv.get("shape") == "speed-up":
+    elif lv.get("shape") == "speed-up" and lv["late_ms"] < lv["early_ms"]:
         out += "; the step got faster during the run, and no slower"
+    elif lv.get("shape") == "speed-up":  # faster for a while, not at the end: the verdict follows the two medians
+        out += "; no lasting slow-down beyond chance"
     else:
         out += "; no lasting change beyond chance"
     if lv.get("warmup_until") is not None:
@@ -71,11 +75,8 @@ def headline(s: dict) -> str:
 
 
 def onset_interval(lv: dict) -> str:
-    """The onset's 95 % interval in words, when it spans more than one step."""
-    low, high = lv.get("began_between") or (None, None)
-    if low is None or high is None or high - low < 2:
-        return ""
-    return f" (dated to steps {low}–{high} at 95 % confidence)"
+    """The onset's interval in words, when it spans more than one step."""
+    return dated(*(lv.get("began_between") or (None, None)))
 
 
 def memory_line(s: dict) -> str | None:

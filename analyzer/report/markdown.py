@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from gpuadvise.analyzer.model.report import TraceReport, overhead_words, per_gpu_words
-from gpuadvise.analyzer.model.findings import Finding
-from gpuadvise.analyzer.model.summary import TraceSummary, summarize
-from . import evidence
-from .finding import finding_lines, saving
+from gpuadvise.analyzer.model.summary import TraceSummary, one_per_rule, summarize
+from . import evidence, flops
+from .finding import finding_lines, rank_list, saving
 from .longrun import markdown_section as run_section, shown
 from .safe import md, md_cell, md_code, md_text, short
 
@@ -17,18 +16,20 @@ def render(reports: list[TraceReport], charts: dict | None = None) -> str:
     charts = charts or {}
     summary = summarize(reports)
     out = ["# gpuadvise report", ""]
-    findings = summary.findings
+    findings, ranks_of = one_per_rule(summary.findings, summary.job is not None)  # a job: once, its ranks named
     for t in summary.traces:
         out += _trace_header(t)
     out += ["## Summary", ""]
     if findings:
-        out += [f"{len(findings)} finding{'s' if len(findings) != 1 else ''}, ordered by the step time a fix is predicted to save.", ""]
+        same = "; a finding on several ranks is listed once" if any(len(v) > 1 for v in ranks_of.values()) else ""
+        out += [f"{len(findings)} finding{'s' if len(findings) != 1 else ''}, ordered by the step time a fix is predicted "
+                f"to save{same}.", ""]
         multi = len(reports) > 1
         out += ["| # | Finding | Topic | Severity | Est. saving" + (" | Rank |" if multi else " |"),
                 "|---|---|---|---|---" + ("|---|" if multi else "|")]
         for i, f in enumerate(findings, 1):
             row = f"| {i} | {md(f.title)} | `{f.topic}` | {f.severity} | {saving(f)}"
-            out.append(row + (f" | {f.rank if f.rank is not None else '–'} |" if multi else " |"))
+            out.append(row + (f" | {rank_list(ranks_of[id(f)]) if f.rank is not None else '–'} |" if multi else " |"))
         out.append("")
         out += charts.get("findings", [])
     else:
@@ -36,6 +37,9 @@ def render(reports: list[TraceReport], charts: dict | None = None) -> str:
     job = summary.job
     if job is not None:
         out += _job_section(job)
+        job_mfu = flops.job_line(summary.figures)
+        if job_mfu:
+            out += [f"The {md_text(job_mfu)}.", ""]
     runs = summary.long_runs
     for i, run in enumerate(runs):
         if shown(run):
@@ -44,11 +48,13 @@ def render(reports: list[TraceReport], charts: dict | None = None) -> str:
         steps = _steps_table(r, len(reports) > 1)
         out += steps + (charts.get(i, []) if steps else [])
     for t in summary.traces:
+        out += _flops_section(t, len(reports) > 1)
+    for t in summary.traces:
         out += _memory_section(t, len(reports) > 1)
     if findings:
         out += ["## Findings", ""]
         for i, f in enumerate(findings, 1):
-            out += _finding(i, f)
+            out += finding_lines(f, f"{i}. ", level=3, ranks=ranks_of[id(f)])
     for r in reports:
         out += _kernels_table(r, len(reports) > 1)
     notes = [(t, n) for t in summary.traces for n in t.notes]
@@ -83,15 +89,15 @@ def _job_section(job) -> list[str]:
                    f"{row['exposed_comm_ms']:.2f} | {_opt(row['comm_overlap_pct'], '.1f', ' %')} |")
     out += ["", "Per step medians. Wait is the time a rank spent inside collectives waiting for the last rank to arrive "
                 "(collectives lined up across the ranks, clocks aligned by them) with nothing else to do; work is the "
-                "step time minus that wait; others waited for it is the wait it caused by arriving last. "
-                "Comm/compute overlap is HTA's (communication-kernel time that overlaps compute kernels, over the "
+                "step time minus that wait; others waited for it is the wait it caused by arriving last; comm is the time "
+                "inside collectives (their kernels, or a CPU backend's from the call that issued each). Comm/compute overlap is HTA's (communication-kernel time that overlaps compute kernels, over the "
                 "whole trace).", ""]
     if v.stragglers:
         out += ["**The rank the job waited for, per step**", "",
-                "| Step | Rank | Others waited for it (ms) | Work (ms) | Median of the other ranks (ms) | Slower by |",
+                "| Step | Rank | Others waited for it (ms) | Work (ms) | Median of the other ranks (ms) | Work vs the others |",
                 "|---:|---:|---:|---:|---:|---:|"]
         out += [f"| {v.step_label(s.step)} | {s.rank} | {s.caused_us / 1e3:.2f} | {s.work_us / 1e3:.2f} | "
-                f"{s.others_median_us / 1e3:.2f} | {s.slower_pct:.1f} % |" for s in v.stragglers]
+                f"{s.others_median_us / 1e3:.2f} | {_signed_pct(s.slower_pct)} |" for s in v.stragglers]
         out.append("")
     if v.collectives:
         ids = v.rank_ids
@@ -125,6 +131,12 @@ def _group_section(v) -> list[str]:
     out += ["", "Inside: the time a rank spends inside the group's collectives; exposed: the part with nothing of its "
                 "own beside it, split into its wait for the group's last rank and the transfer.", ""]
     return out
+
+
+def _signed_pct(v: float) -> str:
+    """+2.9 % / −2.2 %: a difference whose sign is the direction (a rank the others waited for may have had
+    less work than they: it arrived late)."""
+    return "0.0 %" if round(v, 1) == 0 else f"{v:+.1f} %".replace("-", "−")
 
 
 def _opt(v, spec: str, unit: str = "") -> str:
@@ -168,7 +180,34 @@ def _trace_header(t: TraceSummary) -> list[str]:
             lines.append(f"- **Per GPU:** {md_text(per_gpu_words(s))}")
     else:
         lines.append("- **GPU busy:** no GPU activity recorded")
+    mfu = flops.labelled(s.flops)
+    if mfu:
+        lines.append(f"- **{mfu[0]}:** {md_text(mfu[1])}")
     return lines + [""]
+
+
+def _flops_section(t: TraceSummary, multi: bool) -> list[str]:
+    """The MFU's arithmetic: FLOPs per step by op family and pass, the dtype and peak each is measured
+    against, the kernels' time and rate, each step's MFU, and what qualifies it."""
+    f = t.figures.flops if t.timed else None
+    rows = flops.table(f)
+    if not rows:
+        return []
+    title = "## FLOPs and MFU" + (f" — {md(t.source)}" if multi else "")
+    out = [title, "", md_text(f.basis) + ".", "",
+           "| " + " | ".join(flops.TABLE_HEADER) + " |", "|---|---:|---|---:|---:|---:|---:|---:|"]
+    out += ["| " + " | ".join(md_text(c) for c in row) + " |" for row in rows]
+    out.append("")
+    out.append("FLOPs as PyTorch's FlopCounterMode counts them (2 per multiply-add), from the shapes the trace recorded. "
+               "Model FLOPs are the forward and backward without recompute, hardware FLOPs what the kernels computed, "
+               "recompute included (\"=\": the same; PaLM's MFU and HFU); a kernel's rate is its hardware FLOPs over "
+               "its time; the peak is the device's dense peak of the dtype each op ran in.")
+    step = flops.per_step(f)
+    extra = ([step] if step else []) + flops.qualifiers(f)
+    if extra:
+        out.append("")
+        out += [f"- {md_text(x)}" for x in extra]
+    return out + [""]
 
 
 def _steps_table(r: TraceReport, multi: bool) -> list[str]:
@@ -176,6 +215,8 @@ def _steps_table(r: TraceReport, multi: bool) -> list[str]:
     if m is None or m.per_step.empty:
         return []
     title = "## Steps" + (f" — {md(r.source)}" if multi else "")
+    if r.figures is not None and r.figures.cpu_steps:
+        return _cpu_steps_table(title, r.figures.cpu_steps)
     out = [title, "", "| Step | Time (ms) | CPU span | GPU busy | Compute | Comm | Memcpy | DataLoader | Sync wait | GPU idle |",
            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in m.per_step.itertuples():
@@ -186,6 +227,20 @@ def _steps_table(r: TraceReport, multi: bool) -> list[str]:
     return out + ["", "Times in ms. A step's time is the slower of its CPU span (ProfilerStep) and its GPU time (from "
                       "the first GPU activity it launched to the next step's); GPU columns are the union of GPU activity "
                       "in that window, DataLoader and sync columns are measured in the CPU span.", ""]
+
+
+def _cpu_steps_table(title: str, steps) -> list[str]:
+    """A run without a GPU timeline: each step's CPU time, where the training thread spent it."""
+    out = [title, "", "| Step | Time (ms) | In ops | DataLoader wait | Collective wait | Outside ops |",
+           "|---:|---:|---:|---:|---:|---:|"]
+    for s in steps:
+        out.append(f"| {f'#{s.step}' if s.step >= 0 else 'all'} | {s.ms:.2f} | {s.in_ops_ms:.2f} | {s.loader_wait_ms:.2f} | "
+                   f"{s.collective_wait_ms:.2f} | {s.outside_ops_ms:.2f} |")
+    return out + ["", "Times in ms, of the training thread: no GPU timeline was recorded, so a step is CPU time, in four "
+                      "parts that add up to it. In ops: inside recorded torch ops (forward, backward, optimizer, a "
+                      "single-process loader's collate); DataLoader wait: waiting for the next batch outside any op; "
+                      "collective wait: inside a CPU backend's (gloo's) collectives outside both; outside ops: none of "
+                      "these (Python between ops).", ""]
 
 
 def _memory_section(t: TraceSummary, multi: bool) -> list[str]:
@@ -270,10 +325,6 @@ def _mib(n) -> str:
 
 def _num(v) -> str:
     return "–" if v is None else str(v)
-
-
-def _finding(i: int, f: Finding) -> list[str]:
-    return finding_lines(f, f"{i}. ", level=3)
 
 
 def _kernels_table(r: TraceReport, multi: bool) -> list[str]:

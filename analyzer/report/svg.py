@@ -28,6 +28,13 @@ STEP_PARTS = (
     ("data loader", "#fb8500"),
     ("other idle", "#8c959f"),
 )
+# a run without a GPU timeline: its training thread's time (model.report.CpuStep), in the same colours
+CPU_STEP_PARTS = (
+    ("in ops", "#2da44e"),
+    ("collective wait", "#8250df"),
+    ("data loader", "#fb8500"),
+    ("outside ops", "#8c959f"),
+)
 
 
 def _t(text) -> str:
@@ -72,18 +79,19 @@ def step_parts(row: dict) -> list[float]:
     return [p * dur / total for p in parts] if total > dur else parts
 
 
-def stacked_bars(title: str, rows: list[tuple[str, list[float], str]], note: str = "") -> str:
-    """One bar per row, split into STEP_PARTS (ms), all on one scale; `rows` = (label, parts, value text)."""
+def stacked_bars(title: str, rows: list[tuple[str, list[float], str]], note: str = "", kinds=STEP_PARTS) -> str:
+    """One bar per row, split into `kinds` (STEP_PARTS, or CPU_STEP_PARTS for a CPU run) (ms), all on one
+    scale; `rows` = (label, parts, value text)."""
     lw = _label_width([r[0] for r in rows])
     plot = WIDTH - lw - _text_width([r[2] for r in rows]) - 16
     top = max((sum(p) for _, p, _ in rows), default=0.0) or 1.0
     y0 = 46
-    body = [_legend(y0 - 14)]
+    body = [_legend(y0 - 14, kinds)]
     for i, (label, parts, value) in enumerate(rows):
         y = y0 + i * ROW
         body.append(f'<text x="{lw - 6}" y="{y + 14}" text-anchor="end" fill="{TEXT}">{_t(label)}</text>')
         x = float(lw)
-        for (name, colour), p in zip(STEP_PARTS, parts):
+        for (name, colour), p in zip(kinds, parts):
             w = plot * p / top
             if w > 0:
                 body.append(f'<rect x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="{ROW - 6}" fill="{colour}">'
@@ -96,9 +104,9 @@ def stacked_bars(title: str, rows: list[tuple[str, list[float], str]], note: str
     return _frame(title, height, body)
 
 
-def _legend(y: int) -> str:
+def _legend(y: int, kinds=STEP_PARTS) -> str:
     out, x = [], 8
-    for name, colour in STEP_PARTS:
+    for name, colour in kinds:
         out.append(f'<rect x="{x}" y="{y - 9}" width="10" height="10" fill="{colour}"/>'
                    f'<text x="{x + 14}" y="{y}" fill="{MUTED}">{_t(name)}</text>')
         x += 14 + 7 * len(name) + 16

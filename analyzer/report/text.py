@@ -5,7 +5,9 @@ from __future__ import annotations
 import textwrap
 
 from gpuadvise.analyzer.model.report import overhead_words, per_gpu_words
-from gpuadvise.analyzer.model.summary import TraceSummary, summarize
+from gpuadvise.analyzer.model.summary import TraceSummary, one_per_rule, summarize
+from . import flops
+from .finding import rank_list
 from .longrun import shown, text_lines as run_lines
 from .safe import short, terminal
 
@@ -37,16 +39,24 @@ def render(reports, top: int = 5, prefix: str = "") -> str:
         out.append(f"{head}\n  {dev} · {steps} · {busy_txt}")
         if s.gpus:
             out += [f"  {line}" for line in textwrap.wrap(per_gpu_words(s), 98)]
+        mfu = flops.headline(s.flops)
+        if mfu:
+            out += [f"  {line}" for line in textwrap.wrap(terminal(mfu), 98, subsequent_indent="  ")]
+            if len(summary.traces) == 1 or t is summary.head:  # what qualifies it: once, for the heading trace
+                out += [f"    {line}" for q in flops.qualifiers(s.flops) for line in textwrap.wrap(terminal(q), 96)]
         if s.one_time_note:
             out += [f"  {line}" for line in textwrap.wrap(terminal(s.one_time_note), 98)]
         out += _memory_line(t)
     job = summary.job
     if job is not None:
         out += _job_lines(job)
+        job_mfu = flops.job_line(summary.figures)
+        if job_mfu:
+            out += [f"  {line}" for line in textwrap.wrap(terminal(job_mfu), 98, subsequent_indent="  ")]
     for run in summary.long_runs:
         if shown(run):
             out += run_lines(run, len(summary.long_runs) > 1)
-    findings, ranks_of = _one_per_rule(list(summary.findings)) if job is not None else (list(summary.findings), {})
+    findings, ranks_of = one_per_rule(summary.findings, job is not None)
     if not findings:
         out.append("\nNo findings.")
     else:
@@ -54,7 +64,7 @@ def render(reports, top: int = 5, prefix: str = "") -> str:
         out.append(f"\n{len(findings)} finding{'s' if len(findings) != 1 else ''} (by severity, then predicted saving{same}):")
         for i, f in enumerate(findings[:top], 1):
             on = ranks_of.get(id(f), [f.rank])
-            rank = (f" [rank {f.rank}]" if len(on) == 1 else f" [ranks {_rank_list(on)}]") \
+            rank = (f" [rank {f.rank}]" if len(on) == 1 else f" [ranks {rank_list(on)}]") \
                 if f.rank is not None and len(summary.traces) > 1 else ""
             pct = f.impact.est_step_saving_pct
             est = f"up to {pct:.1f}%" if f.impact.upper_bound else f"~{pct:.1f}%"
@@ -82,34 +92,6 @@ def render(reports, top: int = 5, prefix: str = "") -> str:
     if prefix:
         text = "".join(prefix + line + "\n" for line in text.splitlines())
     return text
-
-
-def _one_per_rule(findings: list) -> tuple[list, dict]:
-    """A job's findings with one entry per rule for the per-rank ones (the rank where it saves most: the
-    findings come ordered), and the ranks each entry stands for (by id of the finding kept)."""
-    kept, ranks_of, first = [], {}, {}
-    for f in findings:
-        if f.rank is None or f.rule not in first:
-            kept.append(f)
-            ranks_of[id(f)] = [f.rank]
-            if f.rank is not None:
-                first[f.rule] = f
-        else:
-            ranks_of[id(first[f.rule])].append(f.rank)
-    return kept, {k: sorted(v) for k, v in ranks_of.items()}
-
-
-def _rank_list(ranks: list[int]) -> str:
-    """0, 1, 2, 5 → "0–2, 5"."""
-    runs, out = [], []
-    for r in ranks:
-        if runs and r == runs[-1][1] + 1:
-            runs[-1][1] = r
-        else:
-            runs.append([r, r])
-    for a, b in runs:
-        out.append(str(a) if a == b else f"{a}–{b}")
-    return ", ".join(out)
 
 
 def _job_lines(job, max_ranks: int = 16) -> list[str]:

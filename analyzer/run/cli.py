@@ -20,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gpuadvise analyze",
         description="Analyse torch.profiler traces (.json/.json.gz), folders of them, or a `gpuadvise profile` run folder.")
     a.add_argument("paths", nargs="+", metavar="PATH")
-    a.add_argument("--format", "-f", choices=formats.NAMES,
+    a.add_argument("--format", "-f", choices=formats.CHOICES,
                    help="report format (default: from -o's extension, else text)")
     a.add_argument("-o", "--output", metavar="FILE",
                    help="write the report here instead of stdout (markdown: with its charts beside it, FILE-*.svg)")

@@ -3,6 +3,8 @@ calibration while the events are still there; the renderers and a compact report
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from gpuadvise.analyzer.measure.calibration import Calibration
@@ -12,16 +14,19 @@ from gpuadvise.analyzer.measure.metrics import Metrics
 from gpuadvise.analyzer.measure.slowsteps import slow_steps
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.measure import intervals as iv
+from gpuadvise.analyzer.measure.ranktime import thread_time
 from gpuadvise.analyzer.measure.tables import device_table
-from gpuadvise.analyzer.model.report import GpuFigures, LeftOutStep, StepTime, TraceFigures
+from gpuadvise.analyzer.model.report import CpuStep, FlopFigures, GpuFigures, LeftOutStep, StepTime, TraceFigures
 from gpuadvise.analyzer.model.trace import TraceModel
 
 BREAKDOWN_COLUMNS = ("dur_us", "kernel_us", "comm_us", "memcpy_us", "memset_us", "dataloader_us", "sync_us", "idle_us")
 
 
-def trace_figures(model: TraceModel, m: Metrics, calibration: Calibration | None, facts: dict | None = None) -> TraceFigures:
+def trace_figures(model: TraceModel, m: Metrics, calibration: Calibration | None, facts: dict | None = None,
+                  flops: FlopFigures | None = None) -> TraceFigures:
     meta, dev, ps = model.meta, model.device, m.per_step
     cal = calibration
+    unprofiled_ms = _r(cal.unprofiled_step_us / 1e3, 3) if cal is not None and cal.unprofiled_step_us else None
     return TraceFigures(
         device=dev.name if dev else None,
         # the one device description every format prints: run.json first, then the trace
@@ -35,7 +40,7 @@ def trace_figures(model: TraceModel, m: Metrics, calibration: Calibration | None
         median_step_cpu_ms=round(m.median_cpu_step_us / 1e3, 3),
         median_step_gpu_ms=round(m.median_gpu_step_us / 1e3, 3),
         step_time_basis=_step_basis(m),
-        unprofiled_median_step_ms=_r(cal.unprofiled_step_us / 1e3, 3) if cal is not None and cal.unprofiled_step_us else None,
+        unprofiled_median_step_ms=unprofiled_ms,
         profiler_overhead_x=_r(cal.overhead_x) if cal is not None else None,
         profiler_calibration=cal.describe() if cal is not None else None,
         # the step table's times: one-time costs cut out of a step that could not be left out stay out here too
@@ -58,8 +63,37 @@ def trace_figures(model: TraceModel, m: Metrics, calibration: Calibration | None
                         for st in m.left_out_steps],
         one_time_note=one_time_note(m),
         slow_steps=slow_steps(model, m),
+        flops=_unprofiled(flops, unprofiled_ms),
+        cpu_steps=cpu_steps(model, m),
         gpus=gpu_figures(model, m),
     )
+
+
+def _unprofiled(flops: FlopFigures | None, unprofiled_ms: float | None) -> FlopFigures | None:
+    """The MFU at run.json's unprofiled step: the same FLOPs, the step the profiler did not slow."""
+    if flops is None or not unprofiled_ms or flops.mfu_pct is None or not flops.peak_tflops:
+        return flops
+    return replace(flops, unprofiled_step_ms=unprofiled_ms,
+                   unprofiled_mfu_pct=_r(100 * flops.model_flops / (unprofiled_ms / 1e3) / (flops.peak_tflops * 1e12)))
+def cpu_steps(model: TraceModel, m: Metrics) -> list[CpuStep]:
+    """Each step's CPU time, for a trace without a GPU timeline (its step is all CPU time: a table of GPU
+    busy and GPU idle would say nothing); [] for a trace with one. The loader's wait and the collectives'
+    count only where no op runs: the parts add up to the step."""
+    ps = m.per_step
+    if m.has_gpu or ps.empty:
+        return []
+    dl = m.dataloader
+    loader = (dl["ts"].to_numpy(dtype=float), dl["end"].to_numpy(dtype=float)) if len(dl) else None
+    plain, waiting = thread_time(model, m), thread_time(model, m, waits=loader)
+    out = []
+    for step, dur, ops, untraced, python in zip(ps["step"], ps["cpu_dur_us"], plain.op_us, plain.untraced_us,
+                                                 waiting.untraced_us):
+        loader_wait = max(0.0, untraced - python)
+        collectives = max(0.0, dur - ops - untraced)
+        out.append(CpuStep(step=int(step), ms=round(dur / 1e3, 3), in_ops_ms=round(ops / 1e3, 3),
+                           loader_wait_ms=round(loader_wait / 1e3, 3), collective_wait_ms=round(collectives / 1e3, 3),
+                           outside_ops_ms=round(python / 1e3, 3)))
+    return out
 
 
 def gpu_figures(model: TraceModel, m: Metrics) -> list[GpuFigures]:

@@ -6,7 +6,7 @@ comparison of window 1 with each later window (gpuadvise compare's, analyzer/com
 
 `LongRunReport.summary` (plain data, the JSON's `long_runs[]`): `steps` (recorded in all), `clock`, `exact_steps`
 (steps below it are kept one by one, the rest per bucket), `levels` (`k`, `early_ms`, `early_steps`,
-`slow_ms`, `slow_at`, `late_ms`, `late_steps`, `began_at`, `began_between` (its 95 % interval), `until`,
+`slow_ms`, `slow_at`, `late_ms`, `late_steps`, `began_at`, `began_between` (its range), `until`,
 `change_pct`, `shape`: steady, step,
 climb, faster climb or speed-up, `slow_steps`, `warmup_until`; null with fewer than 2·k unprofiled steps), `memory` (`kind`, `steps`, `start_bytes`, `end_bytes`, `per_step_bytes`,
 `rising_share`, `samples`; null without 5 samples), `windows` (`index`, `trigger`, `detail`, `steps`,

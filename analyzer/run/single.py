@@ -8,11 +8,13 @@ import traceback
 from contextlib import contextmanager
 from functools import partial
 
-from gpuadvise.analyzer.measure.cudagraphs import captured
+from gpuadvise.analyzer.measure import frameworks
 from gpuadvise.analyzer.measure.analysis import Analysis
+from gpuadvise.analyzer.measure.cudagraphs import captured
 from gpuadvise.analyzer.measure.memory import summarize
 from gpuadvise.analyzer.measure.metrics import compute
-from gpuadvise.analyzer.measure.switches_on import asked_for, switches_on, without_what_is_on
+from gpuadvise.analyzer.measure.switches_on import (asked_for, conflict_notes, switches_on, with_conflicts_named,
+                                                     without_what_is_on)
 from gpuadvise.analyzer.model.findings import Finding, order
 from gpuadvise.analyzer.model.report import TraceReport
 from gpuadvise.analyzer.model.trace import TraceModel
@@ -67,10 +69,13 @@ def _analyze_model(model, facts, source, rank, rules, snapshot) -> TraceReport:
     graphs = captured(model).note()  # kernels CUDA graphs ran: attributed to the ops captured into them, or not
     if graphs:
         notes.append(graphs)
+    # a switch run.json records as built that did not act in the recorded steps: the trace decides, and says so
+    notes.extend(conflict_notes(analysis))
     rank = model.meta.rank if model.meta.rank is not None else rank
     # the summary figures are one more task beside the rules (the first, the longest: rulequeue.py)
     findings, (figures,) = run_rules(analysis, rules, source, rank, notes,
-                                     beside=[lambda: trace_figures(model, metrics, analysis.calibration, facts)])
+                                     beside=[lambda: trace_figures(model, metrics, analysis.calibration, facts,
+                                                                   analysis.utilization)])
     calibration = analysis.calibration
     if calibration is not None and calibration.unprofiled_step_us is None and metrics.has_gpu:
         notes.append(calibration.describe())
@@ -132,6 +137,8 @@ def _run_one(analysis, rule, source: str | None, rank: int | None, keep_rank: bo
         _for_every_rank(analysis, found)
         _place_ranges(analysis, found)
         _fix_from_what_is_off(analysis, found)
+        _fix_for_the_frameworks_used(analysis, found)
+        _conflicts_named(analysis, found)
     return found, None
 
 
@@ -171,6 +178,24 @@ def _fix_from_what_is_off(analysis, found: list[Finding]) -> None:
     on = switches_on(analysis)
     for f in found:
         f.fix = without_what_is_on(f.fix, on)
+
+
+def _fix_for_the_frameworks_used(analysis, found: list[Finding]) -> None:
+    """A fix's paragraph for a framework's own switch (transformers' Trainer, Lightning, Accelerate) only where
+    the run used that framework (run.json or the trace: measure/frameworks.py)."""
+    if not any(frameworks.about_a_framework(f.fix) for f in found):
+        return
+    used = frameworks.used(analysis)
+    for f in found:
+        f.fix = frameworks.for_frameworks(f.fix, used)
+
+
+def _conflicts_named(analysis, found: list[Finding]) -> None:
+    """A finding that asks for a switch run.json records but the recorded steps did not use (built disabled or
+    unused, or not acting in the trace: measure/switches_on.py) names that conflict ahead of its advice."""
+    if isinstance(analysis, Analysis):
+        for f in found:
+            f.advice = with_conflicts_named(f.advice, f.fix, analysis)
 
 
 def _for_every_rank(analysis, found: list[Finding]) -> None:

@@ -111,8 +111,9 @@ def _hook_points():
     from torch.utils.data import dataloader as dl
     from torch.utils.data._utils import fetch
 
-    points = [(dl._BaseDataLoaderIter, "__next__"), (dl.DataLoader, "__init__"), (dl._MultiProcessingDataLoaderIter, "__init__"), (torch.autograd, "backward"),
-              (torch, "compile"), (torch.nn.DataParallel, "__init__"), (torch.autocast, "__init__"),
+    points = [(dl._BaseDataLoaderIter, "__next__"), (dl.DataLoader, "__init__"), (dl.DataLoader, "__iter__"),
+              (dl._MultiProcessingDataLoaderIter, "__init__"), (torch.autograd, "backward"),
+              (torch, "compile"), (torch.nn.DataParallel, "__init__"), (torch.autocast, "__init__"), (torch.autocast, "__enter__"),
               (fetch._MapDatasetFetcher, "fetch"), (fetch._IterableDatasetFetcher, "fetch"),
               (torch.optim.Optimizer, "__init__")]
     try:
@@ -152,6 +153,7 @@ def _restore_torch_hooks(saved: list) -> None:
 
 
 def _reset_facts() -> None:
+    from gpuadvise.harness.facts import compiled
     from gpuadvise.harness.facts import distributed as distfacts
     from gpuadvise.harness.facts import general
     from gpuadvise.harness.frameworks import importwatch, loop
@@ -160,6 +162,7 @@ def _reset_facts() -> None:
         v.clear()
     general._WINDOW.clear()
     distfacts.reset()
+    compiled.reset()  # an earlier block's torch.compile calls are not this one's
     loop.reset()
     importwatch.ERRORS.clear()
 

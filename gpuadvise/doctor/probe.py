@@ -15,10 +15,12 @@ does not expose it), read as a file.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
 import sys
+import threading
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -152,10 +154,48 @@ def load_torch():
         return None, f"import failed: {type(exc).__name__}: {exc}"
 
 
+@contextlib.contextmanager
+def warnings_held(record: bool = False):
+    """Ignore (with `record`: collect, as a list of `warnings.WarningMessage`) the warnings the body raises,
+    and leave the script's own warnings as they were.
+
+    `catch_warnings`, `simplefilter` and `filterwarnings` cannot do that inside a running script: each change
+    to the filters bumps the warnings module's version, which empties every module's record of the warnings
+    it has shown, so every once-per-location warning the script already printed prints again (a run.json
+    write a step did that to each of them). Here one filter goes in front of the list in place and comes out
+    again, the version untouched: "ignore" and "always" leave no record behind, so a warning the body
+    raised still shows when the script raises it. Another thread's warning in those microseconds is
+    ignored (it shows the next time it is raised) or, while recording, shown."""
+    filters = warnings.filters
+    entry = ("always" if record else "ignore", None, Warning, None, 0)
+    caught: list = []
+    shown = getattr(warnings, "_showwarnmsg", None)  # what the C warnings code calls to show one
+    record = record and callable(shown)
+    me = threading.get_ident()
+
+    def keep(msg):
+        if threading.get_ident() == me:
+            caught.append(msg)
+        else:
+            shown(msg)
+
+    filters.insert(0, entry)
+    if record:
+        warnings._showwarnmsg = keep
+    try:
+        yield caught
+    finally:
+        if record:
+            warnings._showwarnmsg = shown
+        for i, f in enumerate(filters):
+            if f is entry:
+                del filters[i]
+                break
+
+
 def _get(fn, default=None):
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # deprecation notes of the TF32 getters and the like
+        with warnings_held():  # deprecation notes of the TF32 getters and the like
             return fn()
     except Exception:
         return default
@@ -165,8 +205,7 @@ def cuda_available(torch) -> tuple[bool, str | None]:
     """Whether torch can use a GPU, and torch's own explanation when it cannot (the warning
     `torch.cuda.is_available()` raises on a driver/runtime mismatch)."""
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with warnings_held(record=True) as caught:
             ok = bool(torch.cuda.is_available())
     except Exception as exc:
         return False, f"{type(exc).__name__}: {exc}"
@@ -224,6 +263,9 @@ def backend_flags(torch) -> dict:
         "deterministic_warn_only": _get(lambda: bool(torch.is_deterministic_algorithms_warn_only_enabled())),
         "anomaly_detection": _get(lambda: bool(torch.is_anomaly_enabled())),
         "anomaly_check_nan": _get(lambda: bool(torch.is_anomaly_check_nan_enabled())),
+        # the threads torch runs an op on, and those between ops (inter-op), as the script set them
+        "num_threads": _get(lambda: torch.get_num_threads()),
+        "num_interop_threads": _get(lambda: torch.get_num_interop_threads()),
     }
 
 
@@ -337,6 +379,12 @@ def _cgroup_cpus() -> float | None:
     return round(q / p, 2) if q > 0 and p > 0 else None
 
 
+# the CPU flags that say which 16-bit float types the CPU computes in (Linux /proc/cpuinfo's names): x86's
+# AVX-512 and AMX bf16/fp16 instructions, Arm's BF16 and half-precision SIMD; the vector extensions beside them
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16", "amx_tile",
+             "bf16", "asimdhp", "fphp", "sve")
+
+
 def cpu_facts() -> dict:
     usable = None
     if hasattr(os, "sched_getaffinity"):
@@ -344,7 +392,28 @@ def cpu_facts() -> dict:
             usable = len(os.sched_getaffinity(0))
         except OSError:
             usable = None
-    return {"logical": os.cpu_count(), "usable": usable, "cgroup_limit": _cgroup_cpus()}
+    return {"logical": os.cpu_count(), "usable": usable, "cgroup_limit": _cgroup_cpus(), **_cpu_model()}
+
+
+def _cpu_model(path: str = "/proc/cpuinfo") -> dict:
+    """The CPU's model name and which of CPU_FLAGS it has ("flags": None where /proc/cpuinfo is not there
+    to read: not Linux)."""
+    try:  # the first core's block: a few KB, its flags line the longest (the AMX flags come last)
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read(1 << 16)
+    except OSError:
+        text = None
+    if not text:
+        return {"model": platform.processor() or None, "flags": None}
+    model, flags = None, set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key in ("model name", "cpu model") and model is None:
+            model = value.strip() or None
+        elif key in ("flags", "features") and not flags:  # x86's flags, Arm's features: the first core's
+            flags = set(value.split())
+    return {"model": model, "flags": sorted(f for f in CPU_FLAGS if f in flags)}
 
 
 def shm_facts(path: str = "/dev/shm") -> dict | None:

@@ -49,6 +49,7 @@ class Recorder:
         self.batches = 0
         self.samples = 0
         self.build_ns = 0
+        self.build_cpu_ns = 0  # the building thread's CPU time: the part of the build a worker needs a core for
         self.collate_ns = 0
         self.sampled_s = 0.0
         self.fetch_kind: str | None = None
@@ -72,7 +73,7 @@ class Recorder:
         return self.on
 
     def reset(self) -> None:
-        self.batches = self.samples = self.build_ns = self.collate_ns = 0
+        self.batches = self.samples = self.build_ns = self.build_cpu_ns = self.collate_ns = 0
         self.sampled_s = 0.0
         self.functions = {}
         self._pending = []
@@ -93,15 +94,16 @@ class Recorder:
         fetcher.collate_fn = timed_collate
         profiler = Profiler(interval=INTERVAL_S, async_mode="disabled")
         profiler.start()
-        t0 = time.perf_counter_ns()
+        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         try:
             batch = original(fetcher, index)
         finally:
-            built = time.perf_counter_ns() - t0
+            built, cpu = time.perf_counter_ns() - t0, time.thread_time_ns() - c0
             session = profiler.stop()
             fetcher.collate_fn = collate
         self.batches += 1
         self.build_ns += built
+        self.build_cpu_ns += min(cpu, built)
         self.collate_ns += spent[0]
         self.samples += _samples(fetcher, index)
         self.fetch_kind = self.fetch_kind or _fetch_kind(fetcher)
@@ -133,7 +135,8 @@ class Recorder:
         for session in pending:
             self._add(session)
         return {"role": self.role, "pid": self.pid, "batches": self.batches, "samples": self.samples,
-                "build_ms": self.build_ns / 1e6, "collate_ms": self.collate_ns / 1e6, "sampled_ms": self.sampled_s * 1e3,
+                "build_ms": self.build_ns / 1e6, "build_cpu_ms": self.build_cpu_ns / 1e6,
+                "collate_ms": self.collate_ns / 1e6, "sampled_ms": self.sampled_s * 1e3,
                 "fetch_kind": self.fetch_kind,
                 "functions": [[f, path, line, s * 1e3] for (f, path, line), s in self.functions.items()]}
 
@@ -348,6 +351,7 @@ def attach(session, torch) -> Probe | None:
 def merge(parts: list[dict], waits_ns: list[int], gaps_ns: list[int], workers: list[int]) -> dict:
     batches = sum(p["batches"] for p in parts)
     build = sum(p["build_ms"] for p in parts)
+    build_cpu = sum(p.get("build_cpu_ms", p["build_ms"]) for p in parts)
     collate = sum(p["collate_ms"] for p in parts)
     samples = sum(p["samples"] for p in parts)
     sampled = sum(p["sampled_ms"] for p in parts)
@@ -365,6 +369,9 @@ def merge(parts: list[dict], waits_ns: list[int], gaps_ns: list[int], workers: l
         "batches_built": batches, "samples": samples, "fetch": kinds[0] if len(kinds) == 1 else kinds or None,
         # means over the batches built inside the window: the shares below are of the same totals
         "build_ms_per_batch": _r(build / batches) if batches else None,
+        # the building thread's CPU time of it (the rest sleeps on a disk, the network, a lock): a worker needs
+        # a core for this part only
+        "build_cpu_ms_per_batch": _r(build_cpu / batches) if batches else None,
         "fetch_ms_per_batch": _r((build - collate) / batches) if batches else None,
         "fetch_ms_per_sample": _r((build - collate) / samples) if samples else None,
         "collate_ms_per_batch": _r(collate / batches) if batches else None,

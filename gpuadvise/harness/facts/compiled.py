@@ -327,7 +327,9 @@ def summary() -> dict | None:
         return {"errors": [f"{type(exc).__name__}: {exc}"]}
 
 
-def _reset_for_tests() -> None:
+def reset() -> None:
+    """Forget what was recorded and stop listening to torch's compile log (a new capture block in the same
+    process starts from nothing)."""
     global _REC
     if _REC is not None and _REC.handler is not None:
         try:
@@ -339,4 +341,4 @@ def _reset_for_tests() -> None:
     _REC = None
 
 
-__all__ = ["install", "summary", "break_site", "Recorder"]
+__all__ = ["install", "summary", "reset", "break_site", "Recorder"]

@@ -8,8 +8,10 @@ recorded while the script runs and written to run.json's `distributed` (docs/job
   `device_type`, `shape`, `dim_names`, `mesh` (the ranks' layout, nested lists);
 - `ddp`: each DistributedDataParallel the user's code built (file:line) with `find_unused_parameters`,
   `static_graph`, `bucket_cap_mb`, `gradient_as_bucket_view`, `broadcast_buffers`, `comm_hooks`,
-  `no_sync_calls`; from DDP's own logging data (`_get_ddp_logging_data`): `unused_parameter_bytes`,
-  `buckets_rebuilt`, and its sampled `avg_backward_compute_ms`, `avg_backward_comm_ms`,
+  `no_sync_calls` and `no_sync_entered` (the `with` entries of what it returned: a call without `with`
+  does nothing); from DDP's own logging data (`_get_ddp_logging_data`): `unused_parameter_bytes`,
+  `buckets_rebuilt`, `buckets` (how many, as rebuilt after the first step), `parameter_bytes`, and its
+  sampled `avg_backward_compute_ms`, `avg_backward_comm_ms`,
   `avg_backward_overlap_ms`; and `params_without_grad` (after each optimizer step, the most parameters
   with no gradient: what `find_unused_parameters=True` looks for);
 - `accumulation`: per optimizer step, how many backward passes ran and how many of them all-reduced the
@@ -56,7 +58,7 @@ def install(torch) -> None:
         return
     _wrap_init(DDP, _record_ddp)
     _wrap_method(DDP, "register_comm_hook", _record_comm_hook)
-    _wrap_method(DDP, "no_sync", lambda ddp, a, k: _note(ddp, "no_sync_calls"))
+    _wrap_no_sync(DDP)
     original_backward = torch.autograd.backward
 
     @functools.wraps(original_backward)
@@ -162,7 +164,7 @@ def _record_ddp(ddp, a, k, where) -> None:
             "bucket_cap_mb": round(cap / 2**20, 3) if isinstance(cap, (int, float)) else None,
             "gradient_as_bucket_view": bool(getattr(ddp, "gradient_as_bucket_view", False)),
             "broadcast_buffers": bool(getattr(ddp, "broadcast_buffers", True)), "comm_hooks": [], "no_sync_calls": 0,
-            "params_without_grad": None, "params": sum(1 for p in ddp.parameters() if p.requires_grad)}
+            "no_sync_entered": 0, "params_without_grad": None, "params": sum(1 for p in ddp.parameters() if p.requires_grad)}
     if len(_DDP) < MAX_ENTRIES:
         _DDP.append((weakref.ref(ddp), fact))
 
@@ -178,6 +180,39 @@ def _note(ddp, key: str) -> None:
     fact = _facts_of(ddp)
     if fact is not None:
         fact[key] += 1
+
+
+def _wrap_no_sync(cls) -> None:
+    """Count `no_sync()` calls, and the entries of the context each returns: `ddp.no_sync()` without `with`
+    builds the context and skips no all-reduce."""
+    original = getattr(cls, "no_sync", None)
+    if original is None or getattr(original, "_gpuadvise", False):
+        return
+
+    @functools.wraps(original)
+    def no_sync(self, *a, **k):
+        _safe(_note)(self, "no_sync_calls")
+        return _CountedEntry(original(self, *a, **k), lambda: _safe(_note)(self, "no_sync_entered"))
+
+    no_sync._gpuadvise = True
+    cls.no_sync = no_sync
+
+
+class _CountedEntry:
+    """The context manager `no_sync()` returned, its entries counted; otherwise that context itself."""
+
+    def __init__(self, context, on_enter):
+        self._context, self._on_enter = context, on_enter
+
+    def __enter__(self):
+        self._on_enter()
+        return self._context.__enter__()
+
+    def __exit__(self, *exc):
+        return self._context.__exit__(*exc)
+
+    def __getattr__(self, name):
+        return getattr(self._context, name)
 
 
 def _record_comm_hook(ddp, a, k) -> None:
@@ -203,6 +238,12 @@ def _ddp_now(ref, fact: dict) -> dict:
         value = data.get(key)
         if isinstance(value, (int, float)):
             fact[name] = bool(value) if scale is None else round(value * scale, 3)
+    # how DDP bucketed the gradients: the buckets as rebuilt after the first step (else as built), the bytes
+    sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes")
+    if isinstance(sizes, str) and sizes.strip():
+        fact["buckets"] = len([x for x in sizes.split(",") if x.strip()])
+    if isinstance(data.get("total_parameter_size_bytes"), int):
+        fact["parameter_bytes"] = data["total_parameter_size_bytes"]
     return fact
 
 

@@ -10,14 +10,18 @@ An object an installed framework built for the user (the DataLoader a `transform
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import sys
+import weakref
 
 from gpuadvise.analyzer.model import frames
 
 _FACTS: dict = {"dataloaders": [], "optimizers": [], "autocast": [], "compile": [], "wrappers": []}
 _INSTALLED = re.compile(r"(^|/)(site-packages|dist-packages)/")
+# whether the profiled window's recorded steps are running now (the session says: `install(in_window=)`)
+_IN_WINDOW: list = [lambda: False]
 
 
 def facts() -> dict:
@@ -93,9 +97,14 @@ def _safe(fn):
     return inner
 
 
-def install(torch) -> None:
-    """Patch torch entry points to record facts. Called once, before the user's script runs."""
+def install(torch, in_window=None) -> None:
+    """Patch torch entry points to record facts. Called once, before the user's script runs. `in_window`:
+    () -> bool, whether the recorded steps are running: what was built is then told from what ran in them
+    (an autocast entered, a DataLoader's batches, an optimizer's steps)."""
+    if in_window is not None:
+        _IN_WINDOW[0] = in_window
     _wrap_init(torch.utils.data.DataLoader, _record_dataloader)
+    _wrap_iter(torch.utils.data.DataLoader)
     _wrap_init(torch.nn.DataParallel, lambda obj, a, k, where: _FACTS["wrappers"].append({"kind": "DataParallel", **where}))
     try:
         from torch.nn.parallel import DistributedDataParallel
@@ -105,6 +114,7 @@ def install(torch) -> None:
     except ImportError:  # pragma: no cover - distributed not built
         pass
     _wrap_init(torch.autocast, _record_autocast)
+    _wrap_enter(torch.autocast)
     original_compile = torch.compile
 
     @functools.wraps(original_compile)
@@ -141,22 +151,86 @@ def _record_dataloader(loader, a, k, where) -> None:
     add_dataloader(loader, _safe(built)(loader, sys._getframe(3)) or where)  # 3: past our two wrappers
 
 
+_LOADERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DataLoader → its entry
+
+
 def add_dataloader(loader, origin: dict) -> None:
-    """Record a DataLoader's settings; `origin` says where it was made (`built()`)."""
-    _FACTS["dataloaders"].append({
+    """Record a DataLoader's settings; `origin` says where it was made (`built()`). `batches` and
+    `batches_in_window` count the batches taken from it (`batch_taken`): the one the steps iterate."""
+    entry = {
         **origin,
         "num_workers": loader.num_workers,
         "pin_memory": bool(loader.pin_memory),
         "batch_size": loader.batch_size,
         "prefetch_factor": loader.prefetch_factor,
         "persistent_workers": bool(loader.persistent_workers),
-    })
+        "batches": 0,
+        "batches_in_window": 0,
+    }
+    _FACTS["dataloaders"].append(entry)
+    _LOADERS[loader] = entry
+
+
+def _wrap_iter(cls) -> None:
+    """Each iterator a DataLoader hands out carries its loader's entry, for `batch_taken`."""
+    original = cls.__iter__
+
+    @functools.wraps(original)
+    def __iter__(self):
+        it = original(self)
+        _safe(_tag_iterator)(self, it)
+        return it
+
+    cls.__iter__ = __iter__
+
+
+def _tag_iterator(loader, it) -> None:
+    entry = _LOADERS.get(loader)
+    if entry is not None:
+        it._gpuadvise_loader = entry
+
+
+def batch_taken(it) -> None:
+    """A batch is asked of DataLoader iterator `it` (steps/sources.py's hook, after the step boundary it
+    may start): counted on its loader's entry, and apart while the recorded steps run."""
+    entry = getattr(it, "_gpuadvise_loader", None)
+    if entry is not None:
+        entry["batches"] += 1
+        if _IN_WINDOW[0]():
+            entry["batches_in_window"] += 1
 
 
 def _record_autocast(ctx, a, k, where) -> None:
-    entry = {"created_at": where["created_at"], "device_type": getattr(ctx, "device", None), "dtype": str(getattr(ctx, "fast_dtype", ""))}
-    if len(_FACTS["autocast"]) < 20 and entry not in _FACTS["autocast"]:
-        _FACTS["autocast"].append(entry)
+    """An autocast context as built: where, for which device and dtype, and whether it is `enabled` (its own
+    flag, after torch's checks: `enabled=args.amp` with the flag off builds one that does nothing).
+    `entered` and `entered_in_window` count its `with` entries (`_entered`)."""
+    entry = {"created_at": where["created_at"], "device_type": getattr(ctx, "device", None),
+             "dtype": str(getattr(ctx, "fast_dtype", "")), "enabled": bool(getattr(ctx, "_enabled", True))}
+    known = next((e for e in _FACTS["autocast"] if all(e.get(key) == v for key, v in entry.items())), None)
+    if known is None and len(_FACTS["autocast"]) < 20:
+        known = dict(entry, entered=0, entered_in_window=0)
+        _FACTS["autocast"].append(known)
+    if known is not None:
+        ctx._gpuadvise_fact = known
+
+
+def _wrap_enter(cls) -> None:
+    original = cls.__enter__
+
+    @functools.wraps(original)
+    def __enter__(self):
+        _safe(_entered)(self)
+        return original(self)
+
+    cls.__enter__ = __enter__
+
+
+def _entered(ctx) -> None:
+    entry = getattr(ctx, "_gpuadvise_fact", None)
+    if entry is not None:
+        entry["entered"] += 1
+        if _IN_WINDOW[0]():
+            entry["entered_in_window"] += 1
 
 
 def record_optimizer(opt) -> None:
@@ -164,6 +238,7 @@ def record_optimizer(opt) -> None:
     name = type(opt).__name__
     for known in _FACTS["optimizers"]:
         if known["class"] == name and known["id"] == id(opt):
+            _stepped(known)
             return
     defaults = getattr(opt, "defaults", {}) or {}
     groups = getattr(opt, "param_groups", [])
@@ -172,8 +247,18 @@ def record_optimizer(opt) -> None:
         for p in g.get("params", []):
             kind = getattr(getattr(p, "device", None), "type", "?")
             devices[kind] = devices.get(kind, 0) + 1
-    _FACTS["optimizers"].append({"class": name, "id": id(opt), "foreach": defaults.get("foreach"), "fused": defaults.get("fused"),
-                                 "params": sum(len(g.get("params", [])) for g in groups), "param_devices": devices})
+    entry = {"class": name, "id": id(opt), "foreach": defaults.get("foreach"), "fused": defaults.get("fused"),
+             "params": sum(len(g.get("params", [])) for g in groups), "param_devices": devices,
+             "steps": 0, "steps_in_window": 0}
+    _FACTS["optimizers"].append(entry)
+    _stepped(entry)
+
+
+def _stepped(entry: dict) -> None:
+    """One more step of an optimizer, counted apart while the recorded steps run: the ones that stepped there."""
+    entry["steps"] += 1
+    if _IN_WINDOW[0]():
+        entry["steps_in_window"] += 1
 
 
 # Settings and environment as they were when the profiled window ended: a script may turn anomaly
@@ -183,13 +268,66 @@ _WINDOW: dict = {}
 _STATIC: dict = {}  # the machine facts that cannot change while the script runs, read once (~1 ms)
 
 
-def end_of_window(torch) -> None:
-    """Called when the profiled window completes: freeze the settings and environment the steps ran with."""
+def start_of_window(torch) -> None:
+    """Called as the recorded steps begin: the backend flags then, to tell a flag the script changed while
+    they ran (run.json `settings.changed_in_window`) from one they ran with throughout."""
     try:
-        _WINDOW["settings"] = _settings(torch, "window end")
-        _WINDOW["environment"] = _environment(torch)
+        from gpuadvise.doctor import probe
+
+        _WINDOW["settings_at_start"] = probe.backend_flags(torch)
     except Exception:  # recording must never break training
         pass
+
+
+def end_of_window(torch) -> None:
+    """Called when the profiled window completes: freeze the settings and environment the steps ran with;
+    a flag that changed since the window started is listed under `changed_in_window` ([at start, at end])."""
+    try:
+        settings = _settings(torch, "window end")
+        start = _WINDOW.get("settings_at_start") or {}
+        changed = {k: [start[k], v] for k, v in settings.items() if k in start and start[k] != v}
+        if changed:
+            settings["changed_in_window"] = changed
+        _WINDOW["settings"] = settings
+        _WINDOW["environment"] = env = _environment(torch)
+        half = sorted({str(e["dtype"]).replace("torch.", "") for e in _FACTS["autocast"]
+                       if e.get("device_type") == "cpu" and e.get("enabled", True) and e.get("entered_in_window", 1)
+                       and str(e.get("dtype")) in ("torch.bfloat16", "torch.float16")})
+        if half and not env.get("cuda_available"):  # the CPU's own speed in the types its steps ran in
+            env["machine"]["cpu"] = dict(env["machine"].get("cpu") or {}, matmul=cpu_matmul(torch, half))
+    except Exception:  # recording must never break training
+        pass
+
+
+MATMUL_N = 128  # a 128×128 by 128×128 matmul: 4 MFLOP, a fraction of a millisecond in float32 on one core
+
+
+def cpu_matmul(torch, dtypes: list[str]) -> dict:
+    """One MATMUL_N-square matmul timed in float32 and in each 16-bit type the script autocast to on the CPU
+    (the best of five, after an untimed one: the fastest is the one other processes did not slow), on the threads the script's ops run on: how much slower the
+    CPU computes in that type than in float32 (cpu-half-precision's prediction). Constant inputs, so the
+    script's random numbers are untouched, and autocast off around it (no timing inside the script's
+    autocast on a torch without `_DisableAutocast`)."""
+    import time
+
+    out = {"n": MATMUL_N, "ms": {}}
+    # autocast off without a torch.autocast object (which the script's own record would count)
+    off = getattr(torch._C, "_DisableAutocast", None)
+    if off is None and torch.is_autocast_enabled("cpu"):
+        return out
+    with torch.no_grad(), (off() if off is not None else contextlib.nullcontext()):
+        for name in ["float32", *dtypes]:
+            dtype = getattr(torch, name)
+            x = torch.full((MATMUL_N, MATMUL_N), 0.5, dtype=dtype)
+            y = torch.full((MATMUL_N, MATMUL_N), 0.25, dtype=dtype)
+            torch.mm(x, y)
+            best = float("inf")
+            for _ in range(5):
+                t0 = time.perf_counter()
+                torch.mm(x, y)
+                best = min(best, time.perf_counter() - t0)
+            out["ms"][name] = round(best * 1e3, 4)
+    return out
 
 
 def backend_flags(torch) -> dict:

@@ -1,18 +1,19 @@
-"""Matmul shapes without paying for `record_shapes` on every op of the recorded window.
+"""The shapes of the ops whose math the analysis counts, without paying for `record_shapes` on every op
+of the recorded window.
 
 `record_shapes=True` makes the profiler collect the shapes, dtypes, strides and scalar values of
-every op's inputs, which slows the recorded steps. The rules only read the shapes of matmul ops
-(`rules/matmul_alignment.py`: `Input Dims` and `Input type` of aten::mm/addmm/bmm/baddbmm/matmul/
-linear). So by default the window is recorded without shapes, and one step *before* it is recorded
-by a second, CPU-only profiler with shapes on (the "probe"). When the window is written, each
-matmul event in it gets the shape arguments of the probe's matmul at the same position: the n-th
-matmul of a thread in a recorded step is matched with the n-th matmul of that thread in the probe.
-This is only done for a thread whose recorded matmuls are exactly the probe's, by name and order,
-repeated once per recorded step (a loop whose structure changes between steps gets no shapes,
-rather than wrong ones).
+every op's inputs, which slows the recorded steps. The analysis only reads them for the matmul,
+convolution and attention ops (analyzer/model/flopops.py: their FLOPs and MFU, `matmul-alignment`'s
+shapes, `cudnn-benchmark`'s convolutions; the scalars say a convolution's stride and padding and whether
+attention was causal). So by default the window is recorded without shapes, and one step *before* it is
+recorded by a second, CPU-only profiler with shapes on (the "probe"). When the window is written, each
+such op's event in it gets the shape arguments of the probe's op at the same position: the n-th of them
+on a thread in a recorded step is matched with the n-th on that thread in the probe. This is only done
+for a thread whose recorded ops are exactly the probe's, by name and order, repeated once per recorded
+step (a loop whose structure changes between steps gets no shapes, rather than wrong ones).
 
-Both files are only scanned for matmul events (a regex over the mapped file, then a JSON decode of
-each matmul event), so a large trace costs one pass at C speed plus a copy.
+Both files are only scanned for these events (a regex over the mapped file, then a JSON decode of each
+one), so a large trace costs one pass at C speed plus a copy.
 """
 
 from __future__ import annotations
@@ -22,14 +23,16 @@ import mmap
 import re
 from collections import defaultdict
 
-OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear")
+from gpuadvise.analyzer.model.flopops import ATTENTION_CALLS, SIGNATURES
+
+OPS = tuple(SIGNATURES) + ATTENTION_CALLS
 SHAPE_KEYS = ("Input Dims", "Input type", "Input Strides", "Concrete Inputs")
 _NAME = re.compile(rb'"name":\s*"(' + b"|".join(re.escape(o.encode()) for o in OPS) + rb')"')
 _DECODER = json.JSONDecoder()
 
 
 def scan(mm) -> list[tuple[int, int, dict]]:
-    """(start, end, event) of each matmul cpu_op event in a mapped chrome trace, in file order."""
+    """(start, end, event) of each shaped op's cpu_op event (OPS) in a mapped chrome trace, in file order."""
     found = []
     for m in _NAME.finditer(mm):
         start = mm.rfind(b"{", 0, m.start())  # the event's own brace: no key before "name" holds one

@@ -30,8 +30,8 @@ run.json, the keys the capture writes:
   `shapes`: where the trace's shapes come from: {"mode": "window"} (record_shapes on in the window:
   every op has shapes; `--record-shapes`, or a window too short for the probe) or the shape probe
   (`mode` "probe", `probe_step`, `state` — "annotated", "partial: …", "not annotated: …", "no
-  matmuls in the window", "probe failed: …", "merge failed: …" —, `matmuls` in the window,
-  `annotated` of them, `probe_matmuls`); absent with `--no-record-shapes --no-shapes-probe`;
+  matmuls in the window", "probe failed: …", "merge failed: …" —, `matmuls`: the matmul, convolution
+  and attention ops in the window (analyzer/model/flopops.py), `annotated` of them, `probe_matmuls`); absent with `--no-record-shapes --no-shapes-probe`;
   `files.step_record` (the step record's name), `step_record_error` (why it stopped, if it did);
   with `--on-signal`, `--when-slower` or `--every`: `triggers` {`on_signal` (the signal's name),
   `listening`, `when_slower_pct`, `slower_steps`, `every`, `requests`} and `windows`, one entry per

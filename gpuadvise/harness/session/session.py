@@ -104,7 +104,7 @@ class Session:
         quiet.ignore_profiler_warnings()
         quiet.set_log(self.out / layout.log_name(self.rank), errors_to_stderr=cuda(torch))
         try:
-            general.install(torch)
+            general.install(torch, in_window=lambda: self.hooks.open and not self.done)  # the first window's steps
             distfacts.install(torch)  # DDP/FSDP/DeepSpeed settings and the job's process group
             compiled.install(torch, lambda: (self.steps, self._phase(self.steps)))  # compile facts
             schedule = self.later.plan.schedule if self.later is not None else None
@@ -116,6 +116,7 @@ class Session:
         # DataLoader sampling while the window records (window hooks); installed before the
         # step sources' DataLoader hook, so its wait timing leaves our step work out
         loaderprobe.attach(self, torch)
+        self.record.watch_worker_starts(torch, lambda: self.steps)  # each epoch's DataLoader workers
         try:  # the step hooks also time an unprofiled run (profiler failed to start)
             self.sources.install(torch)
             importwatch.install()  # a training framework's own steps, once the script imports one
@@ -222,6 +223,7 @@ class Session:
             if k == w.probe_step:
                 self.probe.start(self.torch)
             if k == w.first_recorded and not self.done:
+                general.start_of_window(self.torch)  # the flags the recorded steps start with
                 self.hooks.start(self, k)
             if self.done and self.memory_steps:
                 self._start_memory_history()

@@ -18,7 +18,10 @@ The file is JSON lines. The first is a header; the others are blocks of steps, i
 - `"mem": [[step, rss_bytes, allocated_bytes|null, reserved_bytes|null], …]` on any block: the process's
   resident memory every `memory_every` steps, and on a GPU the caching allocator's allocated and
   reserved bytes (at most every `ALLOCATOR_EVERY_S`: `memory_stats()` costs ~50 µs). In the bucket
-  range, one sample per bucket.
+  range, one sample per bucket;
+- `"workers": [[step, n], …]` on a line of its own: each DataLoader iterator that started `n` worker
+  processes, and the step it started in (each epoch's iterator starts its workers anew unless the loader
+  keeps them with `persistent_workers=True`).
 
 Phases (`phase` letters): w wait, s shapes (the probe step), u warm-up, a active (recorded), m memory
 (CUDA memory history), n not profiled (after a window), o off (profiling failed). A step's time is final
@@ -29,6 +32,7 @@ A failure here switches the record off (`error`) and never reaches the user's lo
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -62,6 +66,7 @@ class StepRecord:
         self._block: dict | None = None  # the exact block being filled
         self._bucket: dict | None = None  # the bucket being filled
         self._mem: list[list] = []
+        self._workers: list[list] = []
         self._last_flush = time.monotonic()
         self._last_allocator = -1e9
         self._fh = None
@@ -104,6 +109,36 @@ class StepRecord:
         """Record a memory sample taken at step boundary `number` (bytes; None: not measured)."""
         self._mem.append([number, rss, allocated, reserved])
 
+    def workers_started(self, number: int, workers: int) -> None:
+        """A DataLoader iterator started `workers` worker processes during step `number`."""
+        if not self.error and len(self._workers) < 10_000:
+            self._workers.append([number, workers])
+
+    def watch_worker_starts(self, torch, step_now) -> None:
+        """Record each multi-process DataLoader iterator as it starts its workers (`step_now()`: the step
+        running). Installed once; a failure leaves the loader as it was."""
+        try:
+            import torch.utils.data.dataloader as dl
+
+            cls = dl._MultiProcessingDataLoaderIter
+            original = cls.__init__
+            if getattr(original, "_gpuadvise_workers", False):
+                return
+            record = self
+
+            @functools.wraps(original)
+            def __init__(it, *args, **kwargs):
+                original(it, *args, **kwargs)
+                try:
+                    record.workers_started(int(step_now()), int(getattr(it, "_num_workers", 0) or 0))
+                except Exception:
+                    pass
+
+            __init__._gpuadvise_workers = True
+            cls.__init__ = __init__
+        except Exception:
+            pass
+
     def tick(self) -> None:
         """At a step boundary: write what is pending once `flush_s` has passed (one clock read otherwise)."""
         if self.error or time.monotonic() - self._last_flush < self.flush_s:
@@ -134,6 +169,9 @@ class StepRecord:
             if self._mem:  # samples of the bucket range ride on their own line until a bucket ends
                 self._lines.append(json.dumps({"mem": self._mem}, separators=(",", ":")))
                 self._mem = []
+            if self._workers:
+                self._lines.append(json.dumps({"workers": self._workers}, separators=(",", ":")))
+                self._workers = []
             if self._lines:
                 if self._fh is None:
                     self._open()

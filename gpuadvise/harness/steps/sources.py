@@ -127,6 +127,10 @@ class StepSources:
 
         def __next__(it):
             sources.batch()
+            try:
+                general.batch_taken(it)  # after the boundary the batch may start: counted in the step it feeds
+            except Exception:
+                pass
             return original(it)
 
         dl._BaseDataLoaderIter.__next__ = __next__

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import numpy as np
 import pandas as pd
 from rich.text import Text
@@ -10,6 +12,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from gpuadvise.analyzer.model.report import overhead_words
+from gpuadvise.analyzer.report import flops
 from gpuadvise.analyzer.report.longrun import headline, sparkline
 
 from ..text import clean, ms, pct, short_source
@@ -26,7 +29,8 @@ class OverviewScreen(ViewScreen):
     HELP = """\
 **Overview** — the run at a glance: device, versions and steps; the median step time; each step's
 time split into GPU compute, communication, copies, GPU idle while waiting for data, and other GPU
-idle; and GPU busy % per step (0–100 % scale).
+idle; and GPU busy % per step (0–100 % scale). A run without a GPU timeline (a CPU run) shows where the
+training thread spent each step instead: inside ops, waiting for data, in collectives, outside ops.
 
 | key | does |
 |---|---|
@@ -47,7 +51,12 @@ idle; and GPU busy % per step (0–100 % scale).
         with Vertical():
             yield Static(self._facts(), id="facts")
             yield Static(self._top_findings(), id="top-findings")
-            if r.metrics is not None and len(r.metrics.per_step):
+            figures = self.data.current_summary.figures
+            if figures is not None and figures.cpu_steps:  # no GPU timeline: a step is the CPU's time
+                yield Static("Steps — the training thread's time (no GPU timeline recorded)", classes="caption")
+                yield TableView(_cpu_step_columns(), pd.DataFrame([asdict(s) for s in figures.cpu_steps]), title="steps",
+                                filter_keys=(), sort="step", descending=False, id="steps")
+            elif r.metrics is not None and len(r.metrics.per_step):
                 ps = r.metrics.per_step
                 first, last = int(ps["step"].iloc[0]), int(ps["step"].iloc[-1])
                 span = f" #{first}–#{last}" if first >= 0 else ""
@@ -128,6 +137,9 @@ idle; and GPU busy % per step (0–100 % scale).
                        f"compute {pct(temporal.get('compute_pct'))} · idle {pct(temporal.get('idle_pct'))}")
         else:
             row("GPU", Text("no GPU activity in this trace", style="yellow"))
+        mfu = flops.labelled(s.flops)
+        if mfu:  # MFU with its denominator, or the FLOPs where there is no peak, or what is missing
+            row(mfu[0], clean(" ".join([mfu[1], *flops.qualifiers(s.flops)])))
         row("Events", f"{s.events:,} · {s.kernels:,} kernels of {len(m.kernels):,} kinds · "
                       f"{len(r.model.copies):,} copies")
         run = self.data.long_run_of()
@@ -179,6 +191,18 @@ def _step_columns() -> list[Column]:
         Column("dataloader_us", "Loader", 8, fmt=ms),
         Column("sync_us", "Sync", 7, fmt=ms),
         Column("idle_us", "Idle", 8, fmt=ms),
+    ]
+
+
+def _cpu_step_columns() -> list[Column]:
+    """A run without a GPU timeline (model.report.CpuStep): where the training thread spent each step."""
+    return [
+        Column("step", "Step", 6, fmt=lambda v: f"#{int(v)}" if v >= 0 else "all"),
+        Column("ms", "Time ms", 9, fmt=lambda v: f"{v:.2f}"),
+        Column("in_ops_ms", "In ops", 8, fmt=lambda v: f"{v:.2f}"),
+        Column("loader_wait_ms", "Loader wait", 11, fmt=lambda v: f"{v:.2f}"),
+        Column("collective_wait_ms", "Collectives", 11, fmt=lambda v: f"{v:.2f}"),
+        Column("outside_ops_ms", "Outside ops", 11, fmt=lambda v: f"{v:.2f}"),
     ]
 
 
