@@ -60,8 +60,9 @@ def place(model: TraceModel, m: Metrics, issued_us: np.ndarray, issued_tid: np.n
     spans = {k: cpu[name_mask(cpu["name"], p.match)] for k, p in (("fsdp", FSDP), ("backward", BACKWARD_OP),
                                                                   ("optimizer", OPTIMIZER))}
     spans["tp"] = cpu[name_mask(cpu["name"], coll.FUNCTIONAL.match)]
-    fsdp_bw = spans["fsdp"][[("backward" in str(x).lower()) for x in spans["fsdp"]["name"]]]
-    fsdp_fw = spans["fsdp"][[("forward" in str(x).lower()) for x in spans["fsdp"]["name"]]]
+    fsdp_names = [str(x).lower() for x in spans["fsdp"]["name"]]
+    fsdp_bw = spans["fsdp"][np.array(["backward" in x for x in fsdp_names], dtype=bool)]
+    fsdp_fw = spans["fsdp"][np.array(["forward" in x for x in fsdp_names], dtype=bool)]
     t, tid = np.asarray(issued_us, dtype=float), np.asarray(issued_tid)
     in_fsdp = inside_any(t, tid, spans["fsdp"])
     in_tp = inside_any(t, tid, spans["tp"])
