@@ -114,6 +114,10 @@ def from_json(doc: dict) -> list[Said]:
             out.append(_json_said(("comm ms per step", src), row.get("comm_ms"), "JSON job"))
             out.append(_json_said(("wait ms per step", src), row.get("wait_ms"), "JSON job"))
         out += _one_kind_waits(job.get("collectives") or [], ranks, "JSON waits per collective")
+        groups = job.get("groups") or []
+        if len(groups) == 1:  # one kind of process group: a rank's wait in it is its wait per step
+            out += [_json_said(("wait ms per step", ranks.get(x["rank"])), x.get("wait_ms"), "JSON groups")
+                    for x in groups[0].get("per_rank") or [] if ranks.get(x["rank"])]
     for f in doc.get("findings") or []:
         n = (f.get("evidence") or {}).get("numbers") or {}
         src = f.get("trace")

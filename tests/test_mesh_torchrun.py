@@ -96,6 +96,15 @@ def test_every_collective_is_lined_up_and_placed_in_its_phase(reports):
     assert set(zip(m.scheme, m.phase)) == {("fsdp", "forward"), ("fsdp", "backward"), ("tp", "forward"), ("tp", "backward")}
 
 
+def test_every_figure_of_the_mesh_jobs_reports_is_stated_once(reports):
+    """The job table, the waits per collective, the groups' rows, the Steps tables and the TUI's agree
+    (tests/_figures_support.py), as on the other torchrun jobs."""
+    from _figures_support import problems
+
+    found = problems(reports)
+    assert not found, "\n".join(found)
+
+
 def test_the_exposed_time_per_group_is_the_hand_counts(run, reports):
     hand = {int(p.name.split(".")[1][4:]): exposed_ms(p) for p in run.glob("trace.rank*.pt.trace.json.gz")}
     for g in reports.job.view.groups:
