@@ -9,7 +9,8 @@
   lockstep);
 - `Comms Id` lines collectives up where the order does not (a collective the profiler missed on one rank);
 - a CUDA graph's kernels attributed to the ops captured into it (name, source line, phase);
-- the job replay: as recorded it gives back the trace; hiding a group's exposed transfer shortens the step.
+- the job replay: as recorded it gives back the trace; hiding a group's exposed transfer shortens the step;
+- a mesh job merged into one file (as TraceLens merges ranks) has the groups and phases of its rank files.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from gpuadvise.analyzer.read.loader import load_trace
 from gpuadvise.analyzer.report import render
 from gpuadvise.analyzer.run.engine import analyze_paths
 from gpuadvise.fixtures.cudagraph import graphed_training
+from gpuadvise.fixtures.merged import tracelens_merge
 from gpuadvise.fixtures.meshjob import mesh_job
 
 
@@ -200,3 +202,13 @@ def test_group_comm_advises_in_the_groups_terms(tmp_path):
     assert "sequence parallelism" in f.advice and "inside a node" in f.advice
     fsdp = {f.rule: f for f in all_findings(job_of(tmp_path, "fsdp", dp=2, tp=1, compute_us=1_000, allgather_us=2_000))}
     assert fsdp["GA137"].advice.startswith("FSDP: prefetch the next blocks' all-gathers")
+
+
+def test_a_mesh_job_merged_into_one_file_has_the_groups_of_its_rank_files(tmp_path):
+    folder = mesh_job(dp=2, tp=2, steps=3).write(tmp_path / "apart")
+    traces = [json.loads(gzip.decompress((folder / f"rank{r}.trace.json.gz").read_bytes())) for r in range(4)]
+    (tmp_path / "merged.json").write_text(json.dumps(tracelens_merge(traces)))
+    apart = analyze_paths([str(folder)], jobs=1).job.view
+    merged = analyze_paths([str(tmp_path / "merged.json")], jobs=1).job.view
+    assert ranks_of(merged) == {"mesh_dp (FSDP)": [[0, 2], [1, 3]], "mesh_tp (tensor parallel)": [[0, 1], [2, 3]]}
+    assert merged.to_dict()["groups"] == apart.to_dict()["groups"] and merged.mesh_words() == apart.mesh_words()
