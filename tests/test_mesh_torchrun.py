@@ -9,7 +9,7 @@ check reads that run:
   inferred from which ranks' collectives end together);
 - every collective lined up across its group and placed in its phase;
 - the exposed time per group and rank within 10 % of a hand count over the raw trace JSON
-  (tests/_mesh_handcount.py);
+  (tests/_mesh_handcount.py), and never the time the Steps table counts inside ops;
 - run.json's mesh and process groups; the advice names the group that holds the step.
 
 bench/mesh_job.py records the same job with plain torch.profiler (one trace per rank, record_shapes,
@@ -103,6 +103,18 @@ def test_every_figure_of_the_mesh_jobs_reports_is_stated_once(reports):
 
     found = problems(reports)
     assert not found, "\n".join(found)
+
+
+def test_a_ranks_time_in_ops_and_its_exposed_communication_add_up_to_no_more_than_its_step(reports):
+    """The Steps table's time inside ops leaves out the ops that wait in a collective (a functional
+    collective's wait_tensor, autograd's node whose hook reduce-scatters), as the job's exposed
+    communication counts them: per rank and step, the two never claim the same time."""
+    v = reports.job.view
+    for i, report in enumerate(reports):
+        steps = {s.step: s for s in report.figures.cpu_steps}
+        for j, step in enumerate(v.steps):
+            exposed_ms = (v.grid["wait_us"][i, j] + v.grid["exposed_transfer_us"][i, j]) / 1e3
+            assert steps[step].in_ops_ms + exposed_ms <= steps[step].ms + 0.05, (i, step, steps[step], exposed_ms)
 
 
 def test_the_exposed_time_per_group_is_the_hand_counts(run, reports):

@@ -226,7 +226,7 @@ def own_work(model: TraceModel, runs=None) -> tuple[np.ndarray, np.ndarray]:
         backend_threads = set(host["tid"].tolist())
         cpu = model.cpu
         ops = cpu[~cpu["is_annotation"].to_numpy() & ~cpu["tid"].isin(backend_threads).to_numpy()]
-        ops = ops[~_holds_a_collective(ops)]
+        ops = ops[~coll.in_a_collective(ops)]
         parts_s.append(ops["ts"].to_numpy(dtype=float))
         parts_e.append(ops["end"].to_numpy(dtype=float))
     if not parts_s:
@@ -234,25 +234,6 @@ def own_work(model: TraceModel, runs=None) -> tuple[np.ndarray, np.ndarray]:
     s, e = iv.union(np.concatenate(parts_s), np.concatenate(parts_e))
     base = float(model.meta.base_ts_us)
     return s + base, e + base
-
-
-def _holds_a_collective(ops) -> np.ndarray:
-    """Per op: whether it is part of a collective (its call, a functional collective's op, a wait for one,
-    model/collectives.not_work) or holds one inside it on its thread (autograd's node whose hook issued
-    an FSDP reduce-scatter, a tensor-parallel op waiting for its all-reduce): the thread spends that op
-    in the collective, not in work of its own. Ops nest on a thread, so an op holds one when the first
-    collective op starting at or after it starts before it ends."""
-    out = name_mask(ops["name"], coll.not_work)
-    if not out.any():
-        return out
-    ts, end, tid = (ops[c].to_numpy() for c in ("ts", "end", "tid"))
-    for t in np.unique(tid[out]):
-        on = tid == t
-        starts = np.sort(ts[on & out])
-        k = np.searchsorted(starts, ts[on], side="left")
-        nxt = np.where(k < len(starts), starts[np.minimum(k, len(starts) - 1)], np.inf)
-        out[on] |= nxt < end[on]
-    return out
 
 
 def _own_work(model: TraceModel, m: Metrics, runs, base: float) -> tuple[np.ndarray, np.ndarray]:

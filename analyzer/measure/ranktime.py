@@ -3,7 +3,10 @@
 Next to the other ranks this says why a rank is slow when its GPU is not (or when there is no GPU): a
 rank whose thread spends 20 ms more per step outside every op than the others runs Python the others do
 not (input preparation, logging, a sleep), and the op that follows that stretch says where in the step.
-Time while a CPU backend runs one of the rank's collectives (`gloo:all_reduce` on its own thread) is
+Time while a CPU backend runs one of the rank's collectives (`gloo:all_reduce` on its own thread), and
+on such a backend the thread's own ops that are part of a collective or hold one (its `c10d::` call, a
+functional collective's `wait_tensor`, autograd's node whose hook reduce-scatters:
+model/collectives.in_a_collective, what measure/collectives.own_work leaves out of the rank's work) are
 neither: the training thread is then waiting for the collective, which measure/job.py counts as a wait.
 """
 
@@ -42,11 +45,17 @@ def thread_time(model: TraceModel, m: Metrics, waits: tuple[np.ndarray, np.ndarr
     if tid is None:
         return empty
     mine = cpu[(cpu["tid"].to_numpy() == tid) & ~cpu["is_annotation"].to_numpy()]
-    mine = mine[name_mask(mine["name"], lambda name: coll.role(name, False) is None)]
-    ops = iv.union(mine["ts"], mine["end"])
     comms = model.comms
     host = comms[comms["role"] == coll.HOST] if comms is not None and len(comms) else None
-    waiting = iv.union(host["ts"], host["end"]) if host is not None and len(host) else (np.zeros(0), np.zeros(0))
+    if host is not None and len(host):  # a CPU backend: its spans, and the thread's ops in a collective, wait
+        held = coll.in_a_collective(mine)  # as measure/collectives.own_work leaves them out of the rank's work
+        waiting = iv.union(np.concatenate([host["ts"].to_numpy(dtype=float), mine["ts"].to_numpy(dtype=float)[held]]),
+                           np.concatenate([host["end"].to_numpy(dtype=float), mine["end"].to_numpy(dtype=float)[held]]))
+        mine = mine[~held]
+    else:
+        waiting = (np.zeros(0), np.zeros(0))
+        mine = mine[name_mask(mine["name"], lambda name: coll.role(name, False) is None)]
+    ops = iv.union(mine["ts"], mine["end"])
     if waits is not None and len(waits[0]):
         waiting = iv.union(np.concatenate([waiting[0], waits[0]]), np.concatenate([waiting[1], waits[1]]))
     busy = iv.union(np.concatenate([ops[0], waiting[0]]), np.concatenate([ops[1], waiting[1]]))

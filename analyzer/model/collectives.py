@@ -102,6 +102,25 @@ def not_work(name: str) -> bool:
     return role(name, False) is not None or bool(FUNCTIONAL.match(name)) or bool(WAITS.match(name))
 
 
+def in_a_collective(ops) -> np.ndarray:
+    """Per CPU op (rows of the model's `cpu`): whether it is part of a collective (`not_work`: its call, a
+    functional collective's op, a wait for one) or holds one inside it on its thread (autograd's node whose
+    hook issued an FSDP reduce-scatter, a tensor-parallel op waiting for its all-reduce): the thread spends
+    that op in the collective, not in work of its own. Ops nest on a thread, so an op holds one when the
+    first collective op starting at or after it starts before it ends."""
+    out = name_mask(ops["name"], not_work)
+    if not out.any():
+        return out
+    ts, end, tid = (ops[c].to_numpy() for c in ("ts", "end", "tid"))
+    for t in np.unique(tid[out]):
+        on = tid == t
+        starts = np.sort(ts[on & out])
+        k = np.searchsorted(starts, ts[on], side="left")
+        nxt = np.where(k < len(starts), starts[np.minimum(k, len(starts) - 1)], np.inf)
+        out[on] |= nxt < end[on]
+    return out
+
+
 def parse_ranks(value) -> list[int]:
     """A group's ranks as the trace writes them: a list, or its text ("[0, 2]", "0,2"); [] when unreadable."""
     if isinstance(value, str):

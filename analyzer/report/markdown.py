@@ -238,9 +238,10 @@ def _cpu_steps_table(title: str, steps) -> list[str]:
                    f"{s.collective_wait_ms:.2f} | {s.outside_ops_ms:.2f} |")
     return out + ["", "Times in ms, of the training thread: no GPU timeline was recorded, so a step is CPU time, in four "
                       "parts that add up to it. In ops: inside recorded torch ops (forward, backward, optimizer, a "
-                      "single-process loader's collate); DataLoader wait: waiting for the next batch outside any op; "
-                      "collective wait: inside a CPU backend's (gloo's) collectives outside both; outside ops: none of "
-                      "these (Python between ops).", ""]
+                      "single-process loader's collate), not those that wait in a collective; DataLoader wait: waiting "
+                      "for the next batch outside any op; collective wait: inside a CPU backend's (gloo's) collectives, "
+                      "their calls and the ops that wait for them (a functional collective's wait, a hook's "
+                      "reduce-scatter), outside both; outside ops: none of these (Python between ops).", ""]
 
 
 def _memory_section(t: TraceSummary, multi: bool) -> list[str]:
