@@ -90,13 +90,17 @@ def test_predicted_is_befores_own_and_measured_is_one_minus_after_over_before(na
     lead = {}
     for f in b.summary.findings:
         lead.setdefault(f.rule, f)
-    assert [p["rule"] for p in cmp["predictions"]] == [e["rule"] for e in cmp["findings"]["resolved"]]
+    # every BEFORE finding's prediction: the resolved ones first, then those still there
+    f = cmp["findings"]
+    assert [(p["rule"], p["status"]) for p in cmp["predictions"]] == (
+        [(e["rule"], "resolved") for e in f["resolved"]] + [(e["rule"], "still there") for e in f["still_there"]])
     for p in cmp["predictions"]:
         assert p["predicted_pct"] == lead[p["rule"]].impact.est_step_saving_pct
         assert p["measured_saving_pct"] == st["saving_pct"]
     md = rc.render_markdown(cmp)
     for p in cmp["predictions"]:
-        assert f"{p['topic']} predicted {rc.predicted(p)}, {rc.measured(st)}" in md
+        assert f"{p['topic']} predicted {rc.predicted(p)} (" in md
+        assert rc.md_text(rc.prediction_sentence(p, st)) in md
 
 
 @pytest.mark.parametrize("name", COMPARABLE)

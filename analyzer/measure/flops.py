@@ -305,12 +305,7 @@ def counted_ops(model: TraceModel) -> pd.DataFrame:
     flops that redoes forward work: a fused attention backward's scores), causal, dtype
     ("bf16", "fp16", "fp32", "fp8", "fp64"; None when not recorded), ts, end, tid, external_id. Worked out
     once per model."""
-    held = model.__dict__.get("_counted_ops")
-    if held is not None and held[0] is model.cpu:
-        return held[1]
-    out = _counted_ops(model)
-    model.__dict__["_counted_ops"] = (model.cpu, out)
-    return out
+    return model.per_cpu_frame("counted_ops", _counted_ops)
 
 
 def _counted_ops(model: TraceModel) -> pd.DataFrame:

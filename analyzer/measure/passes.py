@@ -59,12 +59,7 @@ class Passes:
 
 def passes(model: TraceModel) -> Passes:
     """The pass of every CPU op (module docstring); worked out once per model."""
-    held = model.__dict__.get("_passes")
-    if held is not None and held[0] is model.cpu:
-        return held[1]
-    out = _passes(model)
-    model.__dict__["_passes"] = (model.cpu, out)
-    return out
+    return model.per_cpu_frame("passes", _passes)
 
 
 def _passes(model: TraceModel) -> Passes:

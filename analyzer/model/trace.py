@@ -139,6 +139,14 @@ class TraceModel:
             held = views[kind] = (self.gpu, self.gpu[self.gpu["kind"] == kind])
         return held[1]
 
+    def per_cpu_frame(self, key: str, compute):
+        """`compute(self)`, worked out once per `cpu` frame: what the measure stage derives from the CPU ops
+        (each op's pass, its FLOPs) and several metrics and rules read."""
+        held = self.__dict__.setdefault("_per_cpu_frame", {}).get(key)
+        if held is None or held[0] is not self.cpu:
+            held = self.__dict__["_per_cpu_frame"][key] = (self.cpu, compute(self))
+        return held[1]
+
     @property
     def device(self) -> Device | None:
         """The device the GPU events ran on (the busiest one when several appear)."""
