@@ -36,6 +36,8 @@ torch._inductor.config._micro_pipeline_tp = True
 Pipeline: more micro-batches per step, or an interleaved schedule (`ScheduleInterleaved1F1B`).
 All-to-all (expert parallel, sharded embeddings): the dispatch split into chunks that overlap the experts'
 compute, or the next batch's embedding exchange pipelined beside this one; a lower capacity factor.
+On a job that run.json shows on one node, the advice leaves out what concerns nodes (HSDP across them, a
+group kept inside one).
 
 ## Thresholds
 Fires when the job's collectives run on two or more kinds of process group, or on one whose most exposed
@@ -113,9 +115,9 @@ class GroupComm(JobRule):
             name = "process groups" if several else "process group"
         message = (f"The {name}, ranks {ranks}, hold{'' if several else 's'} the job's step: "
                    f"{'their' if several else 'its'} collectives leave a rank with nothing "
-                   f"else to do for {top['exposed_ms']:.2f} ms per step (median over the group's ranks), "
-                   f"{top['transfer_ms']:.2f} ms of it transfer and {top['wait_ms']:.2f} ms waiting for the group's "
-                   f"other ranks; most of it in {phase['label']} ({phase['exposed_ms']:.2f} ms, {phase['per_step']:g} per "
+                   f"else to do for {top['exposed_ms']:.2f} ms per step; the transfer alone, {top['transfer_ms']:.2f} ms, "
+                   f"and the wait for the group's other ranks alone, {top['wait_ms']:.2f} ms (each a median over the "
+                   f"group's ranks and steps of its own, so the two need not add up to the whole); most of it in {phase['label']} ({phase['exposed_ms']:.2f} ms, {phase['per_step']:g} per "
                    f"step). Hiding that transfer behind compute on every rank would shorten the job's step by "
                    f"~{saving:.1f} %." + (f" The other groups: {rest}." if rest else ""))
         evidence = Evidence(
@@ -162,16 +164,21 @@ def _advice(group: dict, phase: dict, facts: dict, mesh: dict | None) -> str:
                             "backward does not gather them again")
         elif kind == "reduce_scatter" and not any(s.get("reduce_dtype") for s in shards):
             tips.append("reduce the gradients in bf16 (`MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)`)")
-        tips.append("shard over fewer ranks: HSDP (a 2-D mesh that replicates across nodes and shards within one)")
+        if _nodes(facts) != 1:  # one node has no nodes to replicate across
+            tips.append("shard over fewer ranks: HSDP (a 2-D mesh that replicates across nodes and shards within one)")
+        if not tips:
+            tips.append("its transfers are as few and as small as its settings make them: check how much of its time is "
+                        "a wait for the group's slowest rank (the job table), and overlap what is left with compute")
         return "FSDP: " + "; ".join(tips) + "."
     if scheme == "tp":
         dims = (mesh or {}).get("dims") or []
         inner = " (it is the mesh's last dimension already)" if dims and group.get("dim") == dims[-1] else \
             " (make it the mesh's last dimension)" if dims else ""
+        node = "" if _nodes(facts) == 1 else f"; keep the tensor-parallel group inside a node{inner}"
         return ("Tensor parallel: use sequence parallelism (`SequenceParallel` for the norms, `PrepareModuleInput`) so each "
                 "all-reduce becomes a reduce-scatter and an all-gather that overlap compute, or async TP "
                 "(`torch._inductor.config._micro_pipeline_tp = True` under torch.compile) to overlap them with the "
-                f"matmuls; keep the tensor-parallel group inside a node{inner}.")
+                f"matmuls{node}.")
     if scheme == "pp":
         return ("Pipeline: the sends and receives with nothing beside them are the pipeline's bubble: more micro-batches "
                 "per step, or an interleaved schedule (`ScheduleInterleaved1F1B`, virtual stages).")
@@ -179,10 +186,18 @@ def _advice(group: dict, phase: dict, facts: dict, mesh: dict | None) -> str:
         return ("All-to-all (an expert layer's token dispatch and combine, or sharded embeddings' lookups): overlap it "
                 "with compute (split an MoE layer's dispatch into chunks that overlap the experts, or pipeline the next "
                 "batch's embedding exchange beside this one, as TorchRec's TrainPipelineSparseDist does), lower an MoE "
-                "layer's capacity factor, and keep the group inside a node.")
+                "layer's capacity factor" + ("." if _nodes(facts) == 1 else ", and keep the group inside a node."))
     who = SCHEMES.get(scheme, scheme) or "this group"
     return (f"{who[0].upper() + who[1:]}: start its collectives while compute still runs (DDP buckets, no syncs inside "
             "backward) and check how much of its time is a wait for the group's slowest rank.")
+
+
+def _nodes(facts: dict) -> int | None:
+    """How many nodes the job ran on (run.json: world size over the ranks per node); None when not recorded."""
+    j = runfacts.job(facts)
+    if not j.world_size or not j.local_world_size or j.local_world_size <= 0:
+        return None
+    return max(1, -(-j.world_size // j.local_world_size))
 
 
 RULE = GroupComm()

@@ -136,6 +136,15 @@ def test_the_traces_alone_give_the_same_groups(run, reports, tmp_path):
     assert {g["role"]: g["exposed_ms"] for g in older.groups} == {"FSDP": exposed["dp"], "tensor parallel": exposed["tp"]}
 
 
+def test_gloos_all_gathers_and_reduce_scatters_know_their_group_size_from_the_calls_tensors(reports):
+    """gloo records no group; FSDP's c10d calls carry tensors whose sizes say it (output = 2 × input on a
+    2-rank group), which narrows the groups a trace without names is split into. All-reduces say nothing."""
+    for r in reports.job.view.ranks:
+        c = r.collectives
+        sizes = {(k, int(s)) for k, s in zip(c.kind, c.group_size)}
+        assert sizes == {("all_gather", 2), ("reduce_scatter", 2), ("all_reduce", -1)}, (r.rank, sizes)
+
+
 def test_run_json_records_the_mesh_and_the_groups(run):
     for rank in range(4):
         d = json.loads((run / ("run.json" if rank == 0 else f"run.rank{rank}.json")).read_text())["distributed"]
@@ -153,4 +162,6 @@ def test_the_advice_names_the_group_that_holds_the_step(reports):
     top = f.evidence.numbers["group"]
     assert top in ("mesh_dp", "mesh_tp") and f.message.startswith(f"The {top} groups")
     assert f.advice.startswith("FSDP: " if top == "mesh_dp" else "Tensor parallel: ")
+    # four ranks on one node (run.json's local world size): nothing about nodes to replicate across or stay inside
+    assert "HSDP" not in f.advice and "node" not in f.advice
     assert 0 < f.impact.est_step_saving_pct < 100 and f.impact.upper_bound

@@ -15,6 +15,7 @@ threads for a CPU backend), so that a wait that overlapped work is not counted a
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,7 +27,7 @@ from .metrics import Metrics
 from .steps import launch_steps
 from gpuadvise.analyzer.model import collectives as coll
 from gpuadvise.analyzer.model.kernels import is_comm
-from gpuadvise.analyzer.model.trace import TraceModel, name_mask
+from gpuadvise.analyzer.model.trace import TraceModel, name_mask, names_in
 
 
 @dataclass
@@ -131,8 +132,35 @@ def rank_collectives(model: TraceModel, m: Metrics) -> RankCollectives | None:
         busy=_own_work(model, m, runs, base), base_us=base, issued_us=issued_at,
         correlation=np.where(np.array(where) == coll.KERNEL, runs["correlation"].to_numpy(dtype=np.int64), -1),
         lane=lanes, comms_id=meta["comms_id"], pg_desc=meta["pg_desc"], pg_ranks=meta["pg_ranks"],
-        group_size=runs["group_size"].to_numpy(dtype=np.int64), phase=phase, scheme=scheme,
+        group_size=_sizes_from_calls(model, runs["group_size"].to_numpy(dtype=np.int64), calls[0], call_tid),
+        phase=phase, scheme=scheme,
     )
+
+
+def _sizes_from_calls(model: TraceModel, sizes: np.ndarray, call_ts: np.ndarray, call_tid: np.ndarray) -> np.ndarray:
+    """Each collective's group size: what its records say ("Group size"), else, for a CPU backend's span
+    (gloo records none), what the tensors of the c10d call that issued it say (an all-gather's output over
+    its input: model/collectives.size_from_shapes); -1 where neither does."""
+    cpu = model.cpu
+    need = np.flatnonzero((sizes <= 0) & (call_tid >= 0))
+    if not len(need) or cpu.empty or "input_dims" not in cpu:
+        return sizes
+    rows = cpu[names_in(cpu["name"], coll.SIZED_CALLS)]
+    if rows.empty:
+        return sizes
+    by_call = {}
+    for name, tid, ts, dims in zip(rows["name"].astype(str), rows["tid"].tolist(), rows["ts"].tolist(),
+                                   rows["input_dims"].astype(str)):
+        try:
+            size = coll.size_from_shapes(name, json.loads(dims))
+        except ValueError:
+            continue
+        if size:
+            by_call[(int(tid), float(ts))] = size
+    out = sizes.copy()
+    for i in need.tolist():
+        out[i] = by_call.get((int(call_tid[i]), float(call_ts[i])), out[i])
+    return out
 
 
 def _captured_at(model: TraceModel, runs, where: list[str], issued_at: np.ndarray,

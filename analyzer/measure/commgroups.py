@@ -23,7 +23,9 @@ Where a collective's group comes from, best first:
   description, `mesh_dp`): the coarsest whose pairs all end close together, else (a noisy run) the one
   whose pairs end closest. Without a list, the whole class is one group when its pairs all end close
   together; else ranks are joined pair by pair (the closest ends first) while no pair of a group breaks
-  the rule, and a split is kept only when all of its groups have two ranks or more. The inference
+  the rule, and a split is kept only when all of its groups have two ranks or more. Where the collectives
+say their group's size (an NCCL kernel's "Group size"; a gloo all-gather's or reduce-scatter's c10d call,
+whose output holds every rank's input), only groups of that size are tried. The inference
   assumes the ranks' clocks agree (one host, or synchronised hosts), and says when it was made.
 """
 
@@ -286,8 +288,9 @@ def _splits(members: list[int], fit, size: int, limit: int = 2) -> list[list[lis
 
 
 def _group_size(collectives: list, where: dict) -> int | None:
-    """The size of the group a class runs on, where its collectives record it ("Group size"): the most
-    common one; None when none does."""
+    """The size of the group a class runs on, where its collectives record it ("Group size", or for a CPU
+    backend's the tensors of the c10d call that issued it: measure/collectives.py): the most common one;
+    None when none does."""
     sizes = Counter()
     for i, rows in where.items():
         c = collectives[i]

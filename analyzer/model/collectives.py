@@ -34,6 +34,10 @@ BACKEND_SPAN = re.compile(r"^(gloo|nccl|rccl|mpi|ucc|hccl|xccl):(\w+)$")
 # The CPU-side calls every backend goes through
 C10D_CALL = re.compile(r"^c10d::(\w+)$")
 PARAM_COMMS = "record_param_comms"
+# c10d calls whose tensors say their group's size (the reader keeps their shapes: model/flopops.shaped): an
+# all-gather's output holds every rank's input, a reduce-scatter's input every rank's output. Argument
+# positions (output, input) as the ops take them: (bigger, smaller).
+SIZED_CALLS = {"c10d::_allgather_base_": (0, 1), "c10d::_reduce_scatter_base_": (1, 0)}
 # Functional collectives (DTensor, tensor parallel, compiled code): the op that issues a `c10d::` call and
 # returns a tensor to wait on, and the op that waits for it. Neither is the rank's own work: the first
 # only hands the collective to the backend, the second blocks until it is done.
@@ -209,3 +213,18 @@ def host_spans(comms) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(0), np.zeros(0)
     ts = began(comms, runs, kinds, where)
     return ts[host], runs["end"].to_numpy(dtype=float)[host]
+
+
+def size_from_shapes(name: str, dims: list) -> int:
+    """The group size a sized c10d call's tensors give (`SIZED_CALLS`; `dims`: its recorded `Input Dims`),
+    0 when they do not give one (another call, shapes missing, sizes that do not divide)."""
+    where = SIZED_CALLS.get(name)
+    if where is None or not isinstance(dims, list) or len(dims) <= max(where):
+        return 0
+    numel = []
+    for d in (dims[where[0]], dims[where[1]]):
+        if not isinstance(d, list) or not d or not all(isinstance(x, int) and x > 0 for x in d):
+            return 0
+        numel.append(int(np.prod(d)))
+    big, small = numel
+    return big // small if big % small == 0 and big >= 2 * small else 0

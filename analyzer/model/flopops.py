@@ -20,6 +20,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .collectives import SIZED_CALLS
+
 
 @dataclass(frozen=True)
 class Signature:
@@ -136,8 +138,9 @@ _OTHER_SHAPED = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_
 
 
 def shaped(name: str) -> bool:
-    """Whether the reader keeps this op's shapes, dtypes and scalar arguments."""
-    return name in SIGNATURES or name in ATTENTION_CALLS or bool(_OTHER_SHAPED.match(name))
+    """Whether the reader keeps this op's shapes, dtypes and scalar arguments (and the c10d calls whose
+    tensors say their process group's size: model/collectives.SIZED_CALLS)."""
+    return name in SIGNATURES or name in ATTENTION_CALLS or bool(_OTHER_SHAPED.match(name)) or name in SIZED_CALLS
 
 
 def family(name: str) -> str | None:

@@ -22,9 +22,10 @@ import pandas as pd
 from gpuadvise.analyzer.filemode import publish
 from gpuadvise.analyzer.model.trace import Device, TraceMeta, TraceModel
 
-FORMAT = 6  # 2: cpu ops keep their autograd sequence number (`seq`); 3: the `comms` table; 4: `input_concrete`;
+FORMAT = 7  # 2: cpu ops keep their autograd sequence number (`seq`); 3: the `comms` table; 4: `input_concrete`;
 # 5: the SDPA call's and its math backend's shapes (flopops.ATTENTION_CALLS); 6: the comms' group description,
-# ranks and Comms Id, the kernels' CUDA-graph node, the process groups of the trace's header
+# ranks and Comms Id, the kernels' CUDA-graph node, the process groups of the trace's header; 7: the shapes of
+# the c10d calls that say their group's size (collectives.SIZED_CALLS)
 MIN_BYTES = 16 << 20  # smaller traces parse in well under a second: not worth a file
 TABLES = ("gpu", "runtime", "cpu", "python", "memory", "syncs", "gpu_annotations", "comms")
 
