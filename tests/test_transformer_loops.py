@@ -1,6 +1,6 @@
 """The attention and recompute rules on real training loops recorded on this CPU with plain torch.profiler
 (tests/probes/transformer_loops.py): attention written by hand and SDPA forced to its math backend are
-reported, SDPA on its fused CPU kernel is not; every block checkpointed shows a recompute whose share of
+reported, SDPA on its fused CPU kernel is not, nor SDPA with dropout (math is the CPU's only backend for it); every block checkpointed shows a recompute whose share of
 the step agrees with a hand count, the same model without checkpointing shows none."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from gpuadvise.rules.unneeded_recompute import RULE as RECOMPUTE
 
 HERE = Path(__file__).resolve().parent
 PROBE = HERE / "probes" / "transformer_loops.py"
-CASES = ("hand", "math", "fused", "plain", "checkpointed")
+CASES = ("hand", "math", "fused", "dropout", "plain", "checkpointed")
 
 pytestmark = pytest.mark.slow
 
@@ -68,6 +68,13 @@ def test_sdpa_forced_to_math_is_reported_with_why(recorded):
 
 def test_sdpa_on_its_fused_kernel_is_quiet(recorded):
     assert _finding(recorded["fused"][1], "unfused-attention") is None
+
+
+def test_sdpa_with_dropout_on_a_cpu_runs_math_and_is_not_blamed_on_a_backend_switch(recorded):
+    """The CPU's flash kernel takes no dropout: the call runs math whatever is set, so nothing to advise."""
+    model = recorded["dropout"][0]
+    assert (model.cpu["name"] == "aten::_scaled_dot_product_attention_math").any()  # what the CPU ran
+    assert _finding(recorded["dropout"][1], "unfused-attention") is None
 
 
 def _hand_count(model, metrics) -> np.ndarray:

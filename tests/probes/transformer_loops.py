@@ -6,6 +6,8 @@ torch.profiler into OUT/CASE.json, as a user who wraps their own loop in the pro
 - math: `F.scaled_dot_product_attention(..., is_causal=True)` forced to the math backend with
   `torch.nn.attention.sdpa_kernel(SDPBackend.MATH)`;
 - fused: the same call on the default backend (the CPU's flash kernel);
+- dropout: the same call with attention dropout (`dropout_p=0.1` while training) on the default backend,
+  which on a CPU is the math backend (the CPU's flash kernel takes no dropout);
 - plain / checkpointed: the fused model without, and with, `torch.utils.checkpoint` (non-reentrant) on
   every block, `profile_memory=True`; each block's forward is annotated `block`, `loss.backward()`
   `backward`, so the recompute can be counted by hand: the `block` spans inside `backward`.
@@ -33,9 +35,10 @@ B, T, C, H, VOCAB = 4, 256, 64, 4, 256
 
 
 class Attention(torch.nn.Module):
-    def __init__(self, hand: bool):
+    def __init__(self, hand: bool, dropout: float = 0.0):
         super().__init__()
         self.qkv, self.proj, self.hand = torch.nn.Linear(C, 3 * C), torch.nn.Linear(C, C), hand
+        self.dropout = dropout
         self.register_buffer("mask", torch.tril(torch.ones(T, T)).view(1, 1, T, T))
 
     def forward(self, x):
@@ -46,15 +49,16 @@ class Attention(torch.nn.Module):
             att = att.masked_fill(self.mask == 0, float("-inf"))
             y = F.softmax(att, dim=-1) @ v
         else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                               dropout_p=self.dropout if self.training else 0.0)
         return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 
 class Block(torch.nn.Module):
-    def __init__(self, hand: bool):
+    def __init__(self, hand: bool, dropout: float = 0.0):
         super().__init__()
         self.ln1, self.ln2 = torch.nn.LayerNorm(C), torch.nn.LayerNorm(C)
-        self.attn = Attention(hand)
+        self.attn = Attention(hand, dropout)
         self.mlp = torch.nn.Sequential(torch.nn.Linear(C, 4 * C), torch.nn.GELU(), torch.nn.Linear(4 * C, C))
 
     def forward(self, x):
@@ -64,10 +68,10 @@ class Block(torch.nn.Module):
 
 
 class GPT(torch.nn.Module):
-    def __init__(self, hand: bool = False, ckpt: bool = False, layers: int = 2):
+    def __init__(self, hand: bool = False, ckpt: bool = False, layers: int = 2, dropout: float = 0.0):
         super().__init__()
         self.emb = torch.nn.Embedding(VOCAB, C)
-        self.blocks = torch.nn.ModuleList(Block(hand) for _ in range(layers))
+        self.blocks = torch.nn.ModuleList(Block(hand, dropout) for _ in range(layers))
         self.head, self.ckpt = torch.nn.Linear(C, VOCAB), ckpt
 
     def forward(self, idx):
@@ -97,6 +101,7 @@ def record(case: str, model: GPT, backend=None, stack: bool = True, memory: bool
 for case, kwargs in {"hand": dict(model=GPT(hand=True)),
                      "math": dict(model=GPT(), backend=SDPBackend.MATH, stack=False),
                      "fused": dict(model=GPT(), stack=False),
+                     "dropout": dict(model=GPT(dropout=0.1), stack=False),
                      "plain": dict(model=GPT(), stack=False, memory=True),
                      "checkpointed": dict(model=GPT(ckpt=True), stack=False, memory=True)}.items():
     t0 = time.perf_counter()
