@@ -9,9 +9,10 @@ the CPU's flash kernel, the flash-attn library) are never reported. Where the tr
 kernel was not used, the finding says so: inputs in fp32 (the flash kernel takes fp16/bf16), an explicit
 `attn_mask` (flash takes none; a causal mask is `is_causal=True`), a head dimension above the flash
 kernel's 256, `nn.MultiheadAttention`'s `need_weights=True` (its weights must be made), or a Hugging
-Face model on its eager attention. On a run without a GPU, a `scaled_dot_product_attention` call with
-attention dropout (`dropout_p` > 0 while training) is not reported: the CPU's flash kernel takes no
-dropout, so math is the only backend a CPU has for it, whatever is set.
+Face model on its eager attention. On a run without a GPU, attention with dropout on its scores (a
+`scaled_dot_product_attention` call with `dropout_p` > 0 while training, or dropout between the
+products of attention written by hand) is not reported: the CPU's flash kernel takes no dropout, so
+math, the same passes over the scores, is the only backend a CPU has for it, whatever is set or written.
 
 ## Why it matters
 Unfused attention writes the Tq × Tk scores to memory, reads them back for the softmax, writes the
@@ -86,7 +87,7 @@ class UnfusedAttention(Rule):
             return []
         calls = found.unfused
         if not m.has_gpu:  # the CPU's flash kernel takes no dropout: with it, math is the CPU's only backend
-            calls = calls[~((calls["path"] == "math") & calls["dropout"].astype(bool))]
+            calls = calls[~calls["dropout"].astype(bool)]
             if calls.empty:
                 return []
         k = found.kernels

@@ -21,7 +21,7 @@ from gpuadvise.rules.unneeded_recompute import RULE as RECOMPUTE
 
 HERE = Path(__file__).resolve().parent
 PROBE = HERE / "probes" / "transformer_loops.py"
-CASES = ("hand", "math", "fused", "dropout", "plain", "checkpointed")
+CASES = ("hand", "math", "fused", "dropout", "hand_dropout", "plain", "checkpointed")
 
 pytestmark = pytest.mark.slow
 
@@ -70,11 +70,13 @@ def test_sdpa_on_its_fused_kernel_is_quiet(recorded):
     assert _finding(recorded["fused"][1], "unfused-attention") is None
 
 
-def test_sdpa_with_dropout_on_a_cpu_runs_math_and_is_not_blamed_on_a_backend_switch(recorded):
-    """The CPU's flash kernel takes no dropout: the call runs math whatever is set, so nothing to advise."""
+def test_attention_with_dropout_on_a_cpu_is_not_reported(recorded):
+    """The CPU's flash kernel takes no dropout: an SDPA call with dropout runs math whatever is set, and
+    attention written by hand with dropout would run the same math as an SDPA call: nothing to advise."""
     model = recorded["dropout"][0]
     assert (model.cpu["name"] == "aten::_scaled_dot_product_attention_math").any()  # what the CPU ran
     assert _finding(recorded["dropout"][1], "unfused-attention") is None
+    assert _finding(recorded["hand_dropout"][1], "unfused-attention") is None
 
 
 def _hand_count(model, metrics) -> np.ndarray:

@@ -6,7 +6,9 @@ torch.profiler into OUT/CASE.json, as a user who wraps their own loop in the pro
 - math: `F.scaled_dot_product_attention(..., is_causal=True)` forced to the math backend with
   `torch.nn.attention.sdpa_kernel(SDPBackend.MATH)`;
 - fused: the same call on the default backend (the CPU's flash kernel);
-- dropout: the same call with attention dropout (`dropout_p=0.1` while training) on the default backend,
+- hand_dropout: attention written out with dropout on its probabilities (`F.dropout(att, 0.1)`), as
+  minGPT writes it;
+- dropout: the SDPA call with attention dropout (`dropout_p=0.1` while training) on the default backend,
   which on a CPU is the math backend (the CPU's flash kernel takes no dropout);
 - plain / checkpointed: the fused model without, and with, `torch.utils.checkpoint` (non-reentrant) on
   every block, `profile_memory=True`; each block's forward is annotated `block`, `loss.backward()`
@@ -47,7 +49,10 @@ class Attention(torch.nn.Module):
         if self.hand:
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // H))
             att = att.masked_fill(self.mask == 0, float("-inf"))
-            y = F.softmax(att, dim=-1) @ v
+            att = F.softmax(att, dim=-1)
+            if self.dropout:
+                att = F.dropout(att, self.dropout, self.training)
+            y = att @ v
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                dropout_p=self.dropout if self.training else 0.0)
@@ -102,6 +107,7 @@ for case, kwargs in {"hand": dict(model=GPT(hand=True)),
                      "math": dict(model=GPT(), backend=SDPBackend.MATH, stack=False),
                      "fused": dict(model=GPT(), stack=False),
                      "dropout": dict(model=GPT(dropout=0.1), stack=False),
+                     "hand_dropout": dict(model=GPT(hand=True, dropout=0.1), stack=False),
                      "plain": dict(model=GPT(), stack=False, memory=True),
                      "checkpointed": dict(model=GPT(ckpt=True), stack=False, memory=True)}.items():
     t0 = time.perf_counter()
