@@ -227,11 +227,11 @@ GEMM_TIMES = REPO / "bench" / "gemm_precision_h100.json"  # bench/gemm_precision
 
 def gemm_section(path: Path = GEMM_TIMES) -> list[str]:
     """GEMM shapes timed in fp32, TF32 and bf16 without the profiler, against the roofline prediction from
-    the fp32 time (analyzer/measure/roofline.py): the headline (the kernel keeps its distance from its
+    the fp32 time (analyzer/measure/efficiency/roofline.py): the headline (the kernel keeps its distance from its
     roofline) and the top of the range (it reaches its roofline), and what the peak ratio alone claims."""
     if not path.is_file():
         return []
-    from gpuadvise.analyzer.measure import roofline
+    from gpuadvise.analyzer.measure.efficiency import roofline
     from gpuadvise.analyzer.model.devices import spec
     from gpuadvise.analyzer.model.trace import Device
 

@@ -66,7 +66,7 @@ def main() -> int:
         os.chdir(work)  # `python -m gpuadvise` looks in its working folder first: never this checkout
         env = {side: {"PYTHONPATH": str(path), "GPUADVISE_NO_CACHE": "1", "OMP_NUM_THREADS": "1"}
                for side, path in sides.items()}
-        check = [py, "-c", "import gpuadvise.analyzer.measure.metrics as m; print(m.__file__)"]
+        check = [py, "-c", "import gpuadvise.analyzer.measure.basics.metrics as m; print(m.__file__)"]
         for side in sides:  # each side imports its own code
             where = subprocess.run(check, cwd=work, env={**os.environ, **env[side]}, capture_output=True, text=True,
                                    check=True).stdout.strip()

@@ -14,7 +14,7 @@ Methods:
   median is a quarter of the way from the early median to the slowest, a stall period wherever one
   residue class held most slow steps) and the `--when-slower` watch as it was. Copied below so that the
   two are measured in the same run.
-- `changepoint` (after): analyzer/measure/changepoints.py (CUSUM test, step/linear/exponential fits,
+- `changepoint` (after): analyzer/measure/longrun/changepoints.py (CUSUM test, step/linear/exponential fits,
   warm-up, the onset dated by every growth law that fits, hypergeometric period test) and
   harness/windows/slowwatch.py.
 
@@ -64,7 +64,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpuadvise.analyzer.measure.changepoints import find_change, local_level, periodic, stall_steps  # noqa: E402
+from gpuadvise.analyzer.measure.longrun.changepoints import find_change, local_level, periodic, stall_steps  # noqa: E402
 from gpuadvise.harness.windows.slowwatch import SlowWatch  # noqa: E402
 
 K = 20
@@ -534,7 +534,7 @@ def profile_loop(plan: dict, folder: Path, script: Path) -> None:
 
 def loop_levels(folder: Path):
     """What the run-level report says about the run's step record (its `long_runs[].levels`)."""
-    from gpuadvise.analyzer.measure.longrun import RunAnalysis
+    from gpuadvise.analyzer.measure.longrun.longrun import RunAnalysis
     from gpuadvise.analyzer.read.steprecord import load_step_record
 
     return RunAnalysis(record=load_step_record(folder / "steps.jsonl"), k=K).levels

@@ -1,5 +1,5 @@
 """Time GEMMs in fp32 (TF32 off), TF32 and bf16 on a CUDA GPU, without the profiler, next to the roofline
-prediction gpuadvise makes for each precision fix (analyzer/measure/roofline.py).
+prediction gpuadvise makes for each precision fix (analyzer/measure/efficiency/roofline.py).
 
     python bench/gemm_precision_gpu.py                # on a machine with a CUDA GPU: JSON table on stdout
     python bench/gemm_precision_gpu.py --repeats 30   # more replays per median
@@ -47,7 +47,7 @@ L2_DEFEAT_BYTES = 256 * 2**20
 def predictor(device_name: str, major: int | None = None, minor: int | None = None):
     """gpuadvise's roofline for this device, or None when gpuadvise does not import."""
     try:
-        from gpuadvise.analyzer.measure import roofline
+        from gpuadvise.analyzer.measure.efficiency import roofline
         from gpuadvise.analyzer.model.devices import spec
         from gpuadvise.analyzer.model.trace import Device
     except ImportError:

@@ -72,7 +72,8 @@ def _replace_everywhere(original, wrapped) -> None:
 def instrument() -> None:
     from functools import cached_property
 
-    from gpuadvise.analyzer.measure import analysis, memory, metrics
+    from gpuadvise.analyzer.measure import analysis, memory
+    from gpuadvise.analyzer.measure.basics import metrics
     from gpuadvise.analyzer.read import loader
     from gpuadvise.analyzer.run import figures, single
     from gpuadvise.rules import all_rules

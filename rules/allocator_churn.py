@@ -68,7 +68,7 @@ from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.measure.memory import allocator_calls, iterations
 from gpuadvise.analyzer.model.calls import ALLOC_CALLS, FREE_CALLS
-from gpuadvise.analyzer.measure.whatif import Scenario
+from gpuadvise.analyzer.measure.replay.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
 from .base import Rule

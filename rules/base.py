@@ -27,8 +27,8 @@ import re
 import sys
 
 from gpuadvise.analyzer.measure.analysis import Analysis
-from gpuadvise.analyzer.measure.job import JobAnalysis
-from gpuadvise.analyzer.measure.longrun import RunAnalysis
+from gpuadvise.analyzer.measure.job.job import JobAnalysis
+from gpuadvise.analyzer.measure.longrun.longrun import RunAnalysis
 from gpuadvise.analyzer.model.findings import Evidence, Finding, Impact, severity_for
 from gpuadvise.fixtures.builder import RankFolder, TraceBuilder
 from gpuadvise.fixtures.longrun import RunFolder

@@ -36,7 +36,7 @@ events, a file that ends mid-event).
 
 from __future__ import annotations
 
-from gpuadvise.analyzer.measure import perstep
+from gpuadvise.analyzer.measure.basics import perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.findings import Evidence

@@ -3,7 +3,7 @@
 ## What it detects
 Layout-conversion kernels launched by convolution ops: cuDNN's `nchwToNhwcKernel` / `nhwcToNchwKernel`
 and `convertTensor_kernel`, MIOpen's `batched_transpose_*` / `general_4d_reorder_*` /
-`transpose_NCHW2NHWC` (analyzer/measure/layout.py). A conversion counts only when its External id (or
+`transpose_NCHW2NHWC` (analyzer/measure/efficiency/layout.py). A conversion counts only when its External id (or
 its launch call's) is a convolution op's (`aten::cudnn_convolution`, `aten::convolution_backward`,
 `aten::miopen_convolution`, …), so another library's transpose is never blamed on a convolution. The
 finding names the convolutions (op and input shape) that convert the most.
@@ -46,10 +46,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuadvise.analyzer.measure import layout, perstep
+from gpuadvise.analyzer.measure.efficiency import layout
+from gpuadvise.analyzer.measure.basics import perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
-from gpuadvise.analyzer.measure.switches_on import compiled_evidence, is_on
-from gpuadvise.analyzer.measure.whatif import Scenario
+from gpuadvise.analyzer.measure.settings.switches_on import compiled_evidence, is_on
+from gpuadvise.analyzer.measure.replay.whatif import Scenario
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.fixtures.builder import TraceBuilder
 

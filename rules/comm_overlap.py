@@ -42,7 +42,7 @@ exposed transfer (the exposed communication every rank has in a step) is at leas
 step time (TraceLens' exposed-communication threshold) and at least 0.1 ms per step. The saving is an
 upper bound: the step time if the exposed transfer were hidden completely, but never behind more than
 the compute a rank still does once its first gradient of the step's last backward pass is ready
-(autograd's `AccumulateGrad`; measure/gradients.py): a model whose gradients are all ready at once (one
+(autograd's `AccumulateGrad`; measure/job/gradients.py): a model whose gradients are all ready at once (one
 layer, one bucket) has nothing to hide the reduction behind, and its saving and severity say so (the
 advice is then to communicate less or less often, with `no_sync()` only where run.json does not show
 a step of one backward pass or micro-batches already skipping their reduction); so has a DDP whose
@@ -92,7 +92,7 @@ class CommOverlap(JobRule):
         if not flagged:
             return []
         # what better overlap can hide: the exposed transfer, at most the compute a rank still does once its
-        # first gradient is ready (measure/gradients.py), on every rank
+        # first gradient is ready (measure/job/gradients.py), on every rank
         room = g["reduction_room_us"]
         unsplit = one_bucket(a.facts)
         if unsplit is not None:  # DDP reduces all the gradients at once, and no bucket setting splits them

@@ -4,7 +4,7 @@
 Compilation `gpuadvise profile` recorded (run.json `compiled.compiles`) inside the profiled window's
 steps: the window fell on the first compiled steps, or a recompile landed in it. From a trace alone, the
 compile spans PyTorch records (`_compile.compile_inner`, `compile_fx_inner`, `GraphLowering.run`,
-`async_compile.wait`, autotuning: every `… (dynamo_timed)` span, analyzer/measure/compilework.py), one
+`async_compile.wait`, autotuning: every `… (dynamo_timed)` span, analyzer/measure/basics/compilework.py), one
 compile per compile id. The syncs, copies and kernel launches made inside them (the autotuner's) are
 counted here and kept out of host-sync, pageable-memcpy, launch-bound and the step figures. The compile seconds
 in those steps are compared with the steps' recorded time (every recorded step, those left out of the

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuadvise.analyzer.measure import perstep
+from gpuadvise.analyzer.measure.basics import perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model import collectives as coll, runfacts
 from gpuadvise.analyzer.model.findings import Evidence

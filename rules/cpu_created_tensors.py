@@ -39,14 +39,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuadvise.analyzer.measure import perstep
+from gpuadvise.analyzer.measure.basics import perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
-from gpuadvise.analyzer.measure.spans import ops_inside
-from gpuadvise.analyzer.measure.source_lines import python_source, user_frame_from_stack
+from gpuadvise.analyzer.measure.basics.spans import ops_inside
+from gpuadvise.analyzer.measure.basics.source_lines import python_source, user_frame_from_stack
 from gpuadvise.analyzer.model.calls import COPY_CALLS, DATALOADER, LAUNCH_CALLS
 from gpuadvise.analyzer.model.trace import name_mask, names_in
-from gpuadvise.analyzer.measure.whatif import Scenario
+from gpuadvise.analyzer.measure.replay.whatif import Scenario
 from gpuadvise.fixtures.builder import GEMM, TraceBuilder
 
 from .base import Rule

@@ -47,9 +47,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuadvise.analyzer.measure import perstep
+from gpuadvise.analyzer.measure.basics import perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
-from gpuadvise.analyzer.measure.ranktime import training_thread
+from gpuadvise.analyzer.measure.job.ranktime import training_thread
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.fixtures.builder import TraceBuilder

@@ -38,7 +38,7 @@ and processes waited for a core.
 
 from __future__ import annotations
 
-from gpuadvise.analyzer.measure import perstep
+from gpuadvise.analyzer.measure.basics import perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.findings import Evidence

@@ -77,14 +77,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpuadvise.analyzer.measure import intervals as iv, perstep
+from gpuadvise.analyzer.measure.basics import intervals as iv, perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model import runfacts, switches
 from gpuadvise.analyzer.model.findings import Evidence
-from gpuadvise.analyzer.measure.whatif import Scenario
+from gpuadvise.analyzer.measure.replay.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
-from gpuadvise.analyzer.measure.switches_on import is_on
+from gpuadvise.analyzer.measure.settings.switches_on import is_on
 
 from .base import Rule
 

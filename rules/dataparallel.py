@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import re
 
-from gpuadvise.analyzer.measure import intervals as iv, perstep
+from gpuadvise.analyzer.measure.basics import intervals as iv, perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.model.trace import name_mask
-from gpuadvise.analyzer.measure.whatif import Scenario
+from gpuadvise.analyzer.measure.replay.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
 from .base import Rule

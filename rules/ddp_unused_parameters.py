@@ -37,10 +37,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuadvise.analyzer.measure import intervals as iv, perstep
+from gpuadvise.analyzer.measure.basics import intervals as iv, perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
-from gpuadvise.analyzer.measure.microbatches import forward_spans, step_rounds
-from gpuadvise.analyzer.measure.whatif import Scenario
+from gpuadvise.analyzer.measure.job.microbatches import forward_spans, step_rounds
+from gpuadvise.analyzer.measure.replay.whatif import Scenario
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.fixtures.builder import TraceBuilder

@@ -49,14 +49,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuadvise.analyzer.measure import intervals as iv, perstep
+from gpuadvise.analyzer.measure.basics import intervals as iv, perstep
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence, severity_for
-from gpuadvise.analyzer.measure.spans import ops_inside
+from gpuadvise.analyzer.measure.basics.spans import ops_inside
 from gpuadvise.analyzer.model.calls import LAUNCH_CALLS
 from gpuadvise.analyzer.model.trace import name_mask, names_in
-from gpuadvise.analyzer.measure.whatif import Scenario
+from gpuadvise.analyzer.measure.replay.whatif import Scenario
 from gpuadvise.doctor import probe
 from gpuadvise.fixtures.builder import GEMM, TraceBuilder
 from gpuadvise.fixtures.runjson import run_json

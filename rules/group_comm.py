@@ -52,8 +52,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuadvise.analyzer.measure.commphases import SCHEMES
-from gpuadvise.analyzer.measure.jobmodel import job_saving_pct
+from gpuadvise.analyzer.measure.job.commphases import SCHEMES
+from gpuadvise.analyzer.measure.job.jobmodel import job_saving_pct
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.fixtures.builder import RankFolder

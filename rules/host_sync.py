@@ -38,7 +38,7 @@ share (the median step's blocked time over the median step). A step whose blocke
 median step's plus 1 ms is named as an outlier (a one-off evaluation or checkpoint sync): the per-step
 figures and the replayed saving leave its syncs out, so one such step never carries the finding.
 Removing a scalar read in a loop also removes the ops that only compute its value (the norm behind
-`p.grad.norm().item()`), their launches, the copy and the Python around them (analyzer/measure/feeding.py
+`p.grad.norm().item()`), their launches, the copy and the Python around them (analyzer/measure/replay/feeding.py
 finds them by repetition): the finding gives both predictions, the syncs alone and the syncs with that
 work, and its headline (and check against the 1 % threshold) is the larger one, named in the message. cudaFree synchronises the device
 as well: when removing the syncs alone saves under 1 % because cudaFree calls in the loop would
@@ -46,7 +46,7 @@ serialise it again, the finding gives the saving with both gone and says so.
 In a job of several ranks (distributedInfo's world size), when the syncs hold the training thread at
 least 50 % of the step while the GPU is busy under 50 % of it and waits mostly on something other than
 this thread (its next work queued with nothing running on this GPU, or a collective running alone:
-analyzer/measure/gpuwaits.py), ending the syncs on this rank alone frees the thread but not the GPU. The
+analyzer/measure/basics/gpuwaits.py), ending the syncs on this rank alone frees the thread but not the GPU. The
 finding names what the GPU waits for and predicts ending the syncs on every rank (SPMD: each rank runs
 them, and the signal a rank's GPU waits for is held by another rank's syncs): the replay also drops the
 GPU's waits for work held elsewhere, at most the blocked time per step, and keeps the collectives'
@@ -57,14 +57,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuadvise.analyzer.measure import perstep
+from gpuadvise.analyzer.measure.basics import perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
-from gpuadvise.analyzer.measure.feeding import Feeding, feeding_work
-from gpuadvise.analyzer.measure.gpuwaits import gpu_waits
+from gpuadvise.analyzer.measure.replay.feeding import Feeding, feeding_work
+from gpuadvise.analyzer.measure.basics.gpuwaits import gpu_waits
 from gpuadvise.analyzer.model.findings import Evidence
-from gpuadvise.analyzer.measure.steps import launch_steps
+from gpuadvise.analyzer.measure.basics.steps import launch_steps
 from gpuadvise.analyzer.model.calls import FREE_CALLS, SCALAR_OPS
-from gpuadvise.analyzer.measure.whatif import Scenario
+from gpuadvise.analyzer.measure.replay.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
 from .base import Rule
@@ -204,7 +204,7 @@ class HostSync(Rule):
 
     def _every_rank(self, a: Analysis, these, share: float, blocked_us: float, alone: float):
         """In a job of several ranks whose syncs hold the training thread most of the step while the GPU
-        sits idle most of it, waiting with its work queued or inside a collective (measure/gpuwaits.py):
+        sits idle most of it, waiting with its work queued or inside a collective (measure/basics/gpuwaits.py):
         (% saved, basis, GpuWaits) by ending the syncs on every rank. SPMD: every rank runs the same syncs,
         so the work a rank's GPU waits for (another rank's signal) is held by them too; the replay drops the
         GPU's waits for what the trace does not show, up to the blocked time per step (a rank is late by at

@@ -39,10 +39,10 @@ import re
 import numpy as np
 import pandas as pd
 
-from gpuadvise.analyzer.measure import perstep
+from gpuadvise.analyzer.measure.basics import perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
-from gpuadvise.analyzer.measure.source_lines import python_source, user_frame_from_stack
+from gpuadvise.analyzer.measure.basics.source_lines import python_source, user_frame_from_stack
 from gpuadvise.analyzer.model.trace import name_mask
 from gpuadvise.fixtures.builder import TraceBuilder
 

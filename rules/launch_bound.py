@@ -44,15 +44,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpuadvise.analyzer.measure import launchcost, perstep
+from gpuadvise.analyzer.measure.compiled import launchcost
+from gpuadvise.analyzer.measure.basics import perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model import runfacts, switches
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.model.calls import GRAPH_LAUNCHES
-from gpuadvise.analyzer.measure.whatif import Scenario
+from gpuadvise.analyzer.measure.replay.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
-from gpuadvise.analyzer.measure.switches_on import switches_on
+from gpuadvise.analyzer.measure.settings.switches_on import switches_on
 
 from .base import Rule
 from .dataloader_stall import RULE as LOADER

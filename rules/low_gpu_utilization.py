@@ -10,7 +10,7 @@ The finding also says what the CPU was doing during the idle time: each idle gap
 thread that launched the GPU op ending it, and within that thread to the DataLoader wait, a blocking
 sync, cudaMalloc/cudaFree, launch calls, the outermost op running, or Python outside any recorded op
 (in that order), in ms per step: the median over the steps, as the report's median step, with its share
-of the median step's idle time (`analyzer/measure/idle.py`, `analyzer/measure/perstep.py`). A cause that
+of the median step's idle time (`analyzer/measure/basics/idle.py`, `analyzer/measure/basics/perstep.py`). A cause that
 fills one step's idle time but not the others' is not the typical step's, and is not listed.
 
 ## Why it matters
@@ -43,11 +43,11 @@ import numpy as np
 
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
-from gpuadvise.analyzer.measure.idle import explain_idle, idle_split
-from gpuadvise.analyzer.measure.whatif import Scenario
+from gpuadvise.analyzer.measure.basics.idle import explain_idle, idle_split
+from gpuadvise.analyzer.measure.replay.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
-from gpuadvise.analyzer.measure.switches_on import switches_on
+from gpuadvise.analyzer.measure.settings.switches_on import switches_on
 from gpuadvise.analyzer.model import switches
 
 from .base import Rule

@@ -27,7 +27,7 @@ shapes, never more than now): at the throughput aligned half-precision GEMMs of 
 (¼–4× the FLOPs, at least 3 of them) reach in the same trace, or, when there are none, at 75 % of the
 device's dense bf16/fp16 peak (large cuBLAS GEMMs reach 70–85 % of it), with 50–85 % as the range;
 never faster than the op's roofline (its operands' bytes over the memory bandwidth, its launch:
-analyzer/measure/roofline.py). Kernels stay no faster than 5 µs.
+analyzer/measure/efficiency/roofline.py). Kernels stay no faster than 5 µs.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ import pandas as pd
 
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
-from gpuadvise.analyzer.measure import roofline
-from gpuadvise.analyzer.measure.gemm import gemm_ops, kernels_by_op, matmul_mkn, parse_dims
-from gpuadvise.analyzer.measure.whatif import Scenario
+from gpuadvise.analyzer.measure.efficiency import roofline
+from gpuadvise.analyzer.measure.efficiency.gemm import gemm_ops, kernels_by_op, matmul_mkn, parse_dims
+from gpuadvise.analyzer.measure.replay.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
 from .base import Rule
@@ -78,7 +78,7 @@ class MatmulAlignment(Rule):
         if rate is None:
             return []
         floor = t["min_kernel_us"]
-        # never faster than the op's roofline on this GPU: moving its operands, its launch (measure/roofline.py)
+        # never faster than the op's roofline on this GPU: moving its operands, its launch (measure/efficiency/roofline.py)
         spec, dtype = a.device_spec, ("bf16" if a.device_spec.bf16 else "fp16")
         bound_us = np.array([_bound_us(n, d, spec, dtype) for n, d in zip(launching["name"], launching["dims"])])
 

@@ -31,7 +31,7 @@ CUDA memory history, the allocation sites live at its peak are listed.
 
 from __future__ import annotations
 
-from gpuadvise.analyzer.measure.longrun import RunAnalysis
+from gpuadvise.analyzer.measure.longrun.longrun import RunAnalysis
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.fixtures.longrun import RunFolder, Window, trace_for

@@ -40,7 +40,7 @@ from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.fixtures.builder import TraceBuilder
 
-from gpuadvise.analyzer.measure.switches_on import switches_on
+from gpuadvise.analyzer.measure.settings.switches_on import switches_on
 
 from .base import Rule
 

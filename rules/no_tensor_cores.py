@@ -31,8 +31,8 @@ With fp16 use `torch.amp.GradScaler("cuda")` and keep matrix dimensions multiple
 ## Thresholds
 Fires when fp32 SIMT kernels take at least 50 % of GEMM/conv time and GEMM/conv kernels take at least
 10 % of kernel time. Each fix the GPU offers is predicted separately by replaying the steps with the
-kernels it changes (analyzer/measure/precision.py, constants calibrated on the open H100 pairs). Each
-matmul kernel is bounded by its roofline on the device (analyzer/measure/roofline.py: FLOPs over the
+kernels it changes (analyzer/measure/efficiency/precision.py, constants calibrated on the open H100 pairs). Each
+matmul kernel is bounded by its roofline on the device (analyzer/measure/efficiency/roofline.py: FLOPs over the
 fix's peak, bytes over the memory bandwidth, a 3.5 µs launch/latency floor), from its op's recorded
 shapes: a large GEMM runs the peak ratio faster, a skinny one (M = 8) bound by reading its weight the
 ratio of the operand widths (bf16 2×, TF32 1×), a tiny one not at all. Under autocast also the
@@ -50,14 +50,14 @@ autocast with its GradScaler, without the bf16 and TF32 lines above.
 
 from __future__ import annotations
 
-from gpuadvise.analyzer.measure import precision, roofline
+from gpuadvise.analyzer.measure.efficiency import precision, roofline
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model import runfacts, switches
 from gpuadvise.analyzer.model.findings import Evidence
-from gpuadvise.analyzer.measure.whatif import Scenario
+from gpuadvise.analyzer.measure.replay.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
-from gpuadvise.analyzer.measure.switches_on import switches_on
+from gpuadvise.analyzer.measure.settings.switches_on import switches_on
 
 from .base import Rule
 
@@ -257,7 +257,7 @@ def _casts(work, fixes: list[str]) -> str:
 
 
 def _advice(spec, dev_name: str, fixes: list[str], savings: dict, saving: float, fw=None, on=None) -> str:
-    """`on`: the switches the input shows on (measure/switches_on.py); none of them is asked for again."""
+    """`on`: the switches the input shows on (measure/settings/switches_on.py); none of them is asked for again."""
     on = on or {}
     if "autocast" in on and switches.already(fw, "bf16") is None:  # the framework's own words win (below)
         return (f"Autocast is on already ({on['autocast'].source}: {on['autocast'].what}), yet these matmuls ran in "

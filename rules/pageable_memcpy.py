@@ -41,15 +41,15 @@ from __future__ import annotations
 import numpy as np
 
 from gpuadvise.analyzer.measure.analysis import Analysis
-from gpuadvise.analyzer.measure.gpuwaits import gpu_waits
+from gpuadvise.analyzer.measure.basics.gpuwaits import gpu_waits
 from gpuadvise.analyzer.model import runfacts, switches
 from gpuadvise.analyzer.model.findings import Evidence
-from gpuadvise.analyzer.measure import perstep
-from gpuadvise.analyzer.measure.source_lines import attribute
-from gpuadvise.analyzer.measure.whatif import Scenario
+from gpuadvise.analyzer.measure.basics import perstep
+from gpuadvise.analyzer.measure.basics.source_lines import attribute
+from gpuadvise.analyzer.measure.replay.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
-from gpuadvise.analyzer.measure.switches_on import is_on
+from gpuadvise.analyzer.measure.settings.switches_on import is_on
 
 from .base import Rule
 
@@ -212,7 +212,7 @@ RULE = PageableMemcpy()
 
 
 def _waits_on_other_ranks(a: Analysis) -> bool:
-    """One rank of a job whose GPU, when not computing, mostly waits on others (measure/gpuwaits.py)."""
+    """One rank of a job whose GPU, when not computing, mostly waits on others (measure/basics/gpuwaits.py)."""
     if (a.model.meta.world_size or 1) < 2:
         return False
     w = gpu_waits(a.model, a.metrics)

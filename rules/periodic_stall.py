@@ -37,7 +37,7 @@ stall in them (an upper bound: moving the work elsewhere keeps part of it).
 
 from __future__ import annotations
 
-from gpuadvise.analyzer.measure.longrun import RunAnalysis
+from gpuadvise.analyzer.measure.longrun.longrun import RunAnalysis
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.fixtures.longrun import RunFolder, Window, trace_for

@@ -3,7 +3,7 @@
 ## What it detects
 The whole run's step times (the step record `gpuadvise profile` writes for every step, profiled or not)
 rise from their early level to a slower one, beyond chance (a CUSUM test at 1 %, stalls and a warm-up
-left out; analyzer/measure/changepoints.py). The drift's shape is a step (a new level), a climb (linear)
+left out; analyzer/measure/longrun/changepoints.py). The drift's shape is a step (a new level), a climb (linear)
 or a faster climb (its trend grows); it began where the series left its early level (the step of a jump,
 the start of a climb's trend; an exponential's where its excess reached the noise), dated to the steps
 where every growth law that fits about as well begins (a step; the step time growing as u, u^1.5, u², u³,
@@ -62,9 +62,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuadvise.analyzer.measure.longrun import RunAnalysis
+from gpuadvise.analyzer.measure.longrun.longrun import RunAnalysis
 from gpuadvise.analyzer.model import runfacts
-from gpuadvise.analyzer.measure.telemetry import throttling_evidence
+from gpuadvise.analyzer.measure.longrun.throttling import throttling_evidence
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.analyzer.model.steprecord import dated
 from gpuadvise.fixtures.builder import TraceBuilder
@@ -295,7 +295,7 @@ def _loader_steps(b: TraceBuilder, wait_us: float) -> TraceBuilder:
 
 
 def _throttling(a: RunAnalysis, lv):
-    """The GPU's telemetry over the drift against before it (measure/telemetry.py): the SM clock's fall
+    """The GPU's telemetry over the drift against before it (measure/longrun/throttling.py): the SM clock's fall
     beyond chance and NVML's throttle reasons; None without telemetry or without a fall."""
     return throttling_evidence(a.record.telemetry, (0, lv.began_at - 1), (lv.began_at, lv.until))
 

@@ -55,7 +55,7 @@ from collections import Counter
 
 import numpy as np
 
-from gpuadvise.analyzer.measure.telemetry import clock_gap
+from gpuadvise.analyzer.measure.longrun.throttling import clock_gap
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.fixtures.builder import RankFolder, job_folder
 
@@ -147,7 +147,7 @@ class Straggler(JobRule):
 
 
 def _clock_gap(a, rank):
-    """The straggler's GPU clock against the other ranks' over the run (measure/telemetry.py), where the
+    """The straggler's GPU clock against the other ranks' over the run (measure/longrun/throttling.py), where the
     run sampled the GPUs' telemetry (`a.telemetry`: rank → Telemetry); None without it or without a gap."""
     telemetry = getattr(a, "telemetry", None) or {}
     if rank not in telemetry:

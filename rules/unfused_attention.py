@@ -1,7 +1,7 @@
 """unfused-attention: attention runs as separate matmul, softmax and matmul kernels instead of one fused kernel.
 
 ## What it detects
-Attention calls (analyzer/measure/attention.py) that did not run a fused kernel: attention written by
+Attention calls (analyzer/measure/efficiency/attention.py) that did not run a fused kernel: attention written by
 hand (a batched matmul, a softmax, a batched matmul over the same batch × heads, with the scale, a mask
 or dropout between them), and `scaled_dot_product_attention` fallen back to its math backend
 (`aten::_scaled_dot_product_attention_math`). Calls on a fused backend (flash, memory-efficient, cuDNN,
@@ -39,7 +39,7 @@ with torch.autocast("cuda", dtype=torch.bfloat16):
 Fires when the unfused attention's kernels (forward and backward) take at least 2 % of the median step
 (its CPU time on a trace without a GPU) and the predicted saving is at least 0.5 %. The saving is the
 replay of the steps with each call's kernels replaced by one fused forward and one fused backward
-kernel, each at the larger of its compute time (its FLOPs, measure/flops.py, over the device's dense
+kernel, each at the larger of its compute time (its FLOPs, measure/efficiency/flops.py, over the device's dense
 peak in the dtype the fused kernel runs in, at 35 % of it: what the cuDNN attention kernels of the open
 H100 `healthy` run reached, 36 % forward and 33 % backward at 16 × 16 heads × 512 × 64 in bf16) and its
 memory time (q, k, v and the output read or written once, their gradients in the backward, at 80 % of
@@ -55,10 +55,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from gpuadvise.analyzer.measure import attention, flops, perstep, roofline
+from gpuadvise.analyzer.measure.efficiency import attention, flops, roofline
+from gpuadvise.analyzer.measure.basics import perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
-from gpuadvise.analyzer.measure.switches_on import switches_on
-from gpuadvise.analyzer.measure.whatif import Scenario
+from gpuadvise.analyzer.measure.settings.switches_on import switches_on
+from gpuadvise.analyzer.measure.replay.whatif import Scenario
 from gpuadvise.analyzer.model import runfacts, switches
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.fixtures.transformer import training_loop

@@ -1,7 +1,7 @@
 """unneeded-recompute: activation checkpointing runs the forward again while the GPU has memory to spare.
 
 ## What it detects
-Forward ops run again inside the backward (analyzer/measure/recompute.py): `torch.utils.checkpoint`
+Forward ops run again inside the backward (analyzer/measure/efficiency/recompute.py): `torch.utils.checkpoint`
 re-entrant or not, selective checkpointing, Hugging Face's `gradient_checkpointing_enable()`, or a
 framework's own recompute. The trace shows them as ops recorded with grad mode on inside the autograd
 engine's backward nodes. Against them: the memory the run left on the device (its peak from the
@@ -47,12 +47,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuadvise.analyzer.measure import intervals as iv, perstep, recompute
+from gpuadvise.analyzer.measure.basics import intervals as iv, perstep
+from gpuadvise.analyzer.measure.efficiency import recompute
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.measure.memory import GPU_DEVICE_TYPES
-from gpuadvise.analyzer.measure.spans import gpu_ops_launched_in
-from gpuadvise.analyzer.measure.steps import launch_steps
-from gpuadvise.analyzer.measure.whatif import Scenario
+from gpuadvise.analyzer.measure.basics.spans import gpu_ops_launched_in
+from gpuadvise.analyzer.measure.basics.steps import launch_steps
+from gpuadvise.analyzer.measure.replay.whatif import Scenario
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.fixtures.transformer import training_loop

@@ -1,7 +1,7 @@
 """warm-up-capture: the profiled window holds one-time start-up costs, not steady-state steps.
 
 ## What it detects
-Work a job pays once, recorded inside the window (`analyzer/measure/warmup.py`):
+Work a job pays once, recorded inside the window (`analyzer/measure/basics/warmup.py`):
 - a kernel launch call of 50 ms or more: first-call CUDA module loading (lazy loading of the kernel's
   module, typically inside the first cuDNN/cuBLAS call);
 - an op whose first call takes 50 ms or more and 20× its later calls: cuDNN autotuning, compilation,
@@ -14,7 +14,7 @@ a synchronous copy), is a wait for the GPU, not a one-time cost, and is not coun
 seen several ways (the slow launch inside the first convolution inside the first step): each item says
 which one it lies `within`, and the total is the union of their time ranges, never their sum.
 
-The costs are kept out of every figure of the report (`analyzer/measure/metrics.py`): a step that is a
+The costs are kept out of every figure of the report (`analyzer/measure/basics/metrics.py`): a step that is a
 tenth or more one-time cost is left out of the step table, the median step, utilization, the idle
 breakdown, the replay behind every predicted saving, launch costs and batch advice, as long as one step
 without one remains; the report header and this finding name the steps left out and why. When none
@@ -54,7 +54,7 @@ be redone.
 
 from __future__ import annotations
 
-from gpuadvise.analyzer.measure import intervals as iv
+from gpuadvise.analyzer.measure.basics import intervals as iv
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.findings import Evidence

@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuadvise.analyzer.measure import intervals as iv, perstep
+from gpuadvise.analyzer.measure.basics import intervals as iv, perstep
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.model.findings import Evidence
-from gpuadvise.analyzer.measure.spans import annotation_spans, gpu_ops_launched_in, ops_inside
-from gpuadvise.analyzer.measure.whatif import Scenario
+from gpuadvise.analyzer.measure.basics.spans import annotation_spans, gpu_ops_launched_in, ops_inside
+from gpuadvise.analyzer.measure.replay.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 
 from .base import Rule

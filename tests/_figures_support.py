@@ -28,7 +28,7 @@ import re
 import statistics
 from dataclasses import dataclass
 
-from gpuadvise.analyzer.measure.calibration import NOISE
+from gpuadvise.analyzer.measure.replay.calibration import NOISE
 
 NUM = r"(\d+(?:\.\d+)?)"
 

@@ -186,8 +186,9 @@ PAST_RUN = ("gpuadvise.analyzer.read", "gpuadvise.analyzer.measure", "gpuadvise.
 RUN_ALLOWED = ("gpuadvise.analyzer.run", "gpuadvise.analyzer.run.gate")
 # What the timeline draws with, not analysis: interval arithmetic (the call-name lists that lanes are
 # coloured by live in model/calls.py, which any consumer may read).
-DRAWING_HELPERS = {"gpuadvise.tui.timeline_index": ("gpuadvise.analyzer.measure.intervals",
-                                                    "gpuadvise.analyzer.measure")}  # its package: no code
+DRAWING_HELPERS = {"gpuadvise.tui.timeline_index": ("gpuadvise.analyzer.measure.basics.intervals",
+                                                    "gpuadvise.analyzer.measure.basics",
+                                                    "gpuadvise.analyzer.measure")}  # its packages: no code
 
 
 def _inside(mod: str, package: str) -> bool:

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from gpuadvise.analyzer.measure.calibration import NOISE, TYPICAL_PER_EVENT_US, unprofiled_step_ms
+from gpuadvise.analyzer.measure.replay.calibration import NOISE, TYPICAL_PER_EVENT_US, unprofiled_step_ms
 from gpuadvise.analyzer.read.loader import load_trace
 from gpuadvise.analyzer.report import render
 from gpuadvise.analyzer.run.single import analyze_model
@@ -57,9 +57,9 @@ def test_the_calibrated_replay_matches_the_unprofiled_step(launch_bound):
     traced_ms = _figures(analyze_model(launch_bound, facts={}))["median_step_ms"]
     a = analyze_model(launch_bound, facts=_facts(0.6 * traced_ms))
     from gpuadvise.analyzer.measure.analysis import Analysis
-    from gpuadvise.analyzer.measure.calibration import scenario_on
-    from gpuadvise.analyzer.measure.metrics import compute
-    from gpuadvise.analyzer.measure.whatif import Scenario
+    from gpuadvise.analyzer.measure.replay.calibration import scenario_on
+    from gpuadvise.analyzer.measure.basics.metrics import compute
+    from gpuadvise.analyzer.measure.replay.whatif import Scenario
 
     analysis = Analysis(launch_bound, compute(launch_bound), _facts(0.6 * traced_ms))
     replay, cal = analysis.replay, analysis.calibration
@@ -88,9 +88,9 @@ def test_without_step_times_the_typical_profiler_cost_is_taken(launch_bound):
     assert said in next(f.impact.basis for f in r.findings if f.topic == "launch-bound")
     # the typical cost shortens the CPU side the launches wait on: less to gain than the raw trace shows
     from gpuadvise.analyzer.measure.analysis import Analysis
-    from gpuadvise.analyzer.measure.calibration import scenario_on
-    from gpuadvise.analyzer.measure.metrics import compute
-    from gpuadvise.analyzer.measure.whatif import Scenario
+    from gpuadvise.analyzer.measure.replay.calibration import scenario_on
+    from gpuadvise.analyzer.measure.basics.metrics import compute
+    from gpuadvise.analyzer.measure.replay.whatif import Scenario
 
     analysis = Analysis(launch_bound, compute(launch_bound), {})
     assert analysis.replay.simulate(scenario_on(analysis.calibration, Scenario(name="x"))) < analysis.replay.baseline_us

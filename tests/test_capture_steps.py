@@ -65,7 +65,7 @@ def run_json(run_dir: Path) -> dict:
 
 def load(trace: Path):
     from gpuadvise.analyzer.read.loader import load_trace
-    from gpuadvise.analyzer.measure.metrics import compute
+    from gpuadvise.analyzer.measure.basics.metrics import compute
 
     model = load_trace(trace)
     return model, compute(model).steps

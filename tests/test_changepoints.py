@@ -9,7 +9,7 @@ import zlib
 import numpy as np
 import pytest
 
-from gpuadvise.analyzer.measure.changepoints import find_change, periodic, stall_steps
+from gpuadvise.analyzer.measure.longrun.changepoints import find_change, periodic, stall_steps
 from gpuadvise.harness.windows.slowwatch import SlowWatch
 
 SEEDS = 60

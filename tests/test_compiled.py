@@ -284,8 +284,8 @@ def test_nothing_is_attached_before_torch_compile_is_called(monkeypatch):
 
 # -- the trace side and compare ------------------------------------------------------------------------
 def test_compiled_share_of_each_step_from_graph_spans(load_built):
-    from gpuadvise.analyzer.measure.compiled import compiled_trace
-    from gpuadvise.analyzer.measure.metrics import compute
+    from gpuadvise.analyzer.measure.compiled.compiledtrace import compiled_trace
+    from gpuadvise.analyzer.measure.basics.metrics import compute
     from gpuadvise.fixtures.compiled import compiled_loop
 
     plain = load_built(compiled_loop())
@@ -300,8 +300,8 @@ def test_compiled_share_of_each_step_from_graph_spans(load_built):
 def test_real_compiled_trace_is_recognised():
     import os
 
-    from gpuadvise.analyzer.measure.compiled import compiled_trace
-    from gpuadvise.analyzer.measure.metrics import compute
+    from gpuadvise.analyzer.measure.compiled.compiledtrace import compiled_trace
+    from gpuadvise.analyzer.measure.basics.metrics import compute
     from gpuadvise.analyzer.read.loader import load_trace
 
     root = Path(os.environ.get("GPUADVISE_TRACES") or HERE.parent.parent / "shared" / "traces")

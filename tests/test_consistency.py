@@ -6,7 +6,7 @@ engineer checks at once, never values:
   the device);
 - no recommendation prescribes an allocator setting the input records as already set, nor asks for any
   switch (torch.compile, autocast, TF32, pinned memory, workers, a fused optimizer, channels_last, CUDA
-  graphs, …) that the input shows on, by run.json or by the trace (analyzer/measure/switches_on.py);
+  graphs, …) that the input shows on, by run.json or by the trace (analyzer/measure/settings/switches_on.py);
 - no recommended fix is advertised at a zero saving;
 - a finding that quotes the median step quotes the report's own (the same steps), and dataloader-stall's
   share is its median wait over its median step;
@@ -156,7 +156,7 @@ def test_no_recommendation_asks_for_a_switch_that_is_on(key, tmp_root):
     switches the same input shows on: asking a user who compiled to compile, or to pin what is pinned, is
     advice they cannot act on."""
     from gpuadvise.analyzer.measure.analysis import Analysis
-    from gpuadvise.analyzer.measure.switches_on import asked_for, switches_on
+    from gpuadvise.analyzer.measure.settings.switches_on import asked_for, switches_on
 
     a = analysed(key, tmp_root)
     facts = _facts_by_trace(a["path"])

@@ -156,7 +156,7 @@ def test_labelled_topics(rel):
 
 def test_dataloader_saving_matches_the_num_workers_4_run():
     from gpuadvise.analyzer.read.loader import load_trace
-    from gpuadvise.analyzer.measure.metrics import compute
+    from gpuadvise.analyzer.measure.basics.metrics import compute
 
     for rel in (NW0, NW4):
         if not (TRACES / rel).is_file():
@@ -196,7 +196,7 @@ def test_attention_is_told_to_fuse_only_where_it_ran_unfused():
     memory-efficient: the H100 runs, the TraceLens Qwen and BERT traces) gets no unfused-attention finding;
     one whose attention a Hugging Face model ran eagerly (matmul → softmax → matmul) gets it, with the
     model's own switch as the fix."""
-    from gpuadvise.analyzer.measure import attention
+    from gpuadvise.analyzer.measure.efficiency import attention
 
     fused_only, unfused = [], []
     for rel in OPEN_TRACES:
@@ -219,7 +219,7 @@ def test_attention_is_told_to_fuse_only_where_it_ran_unfused():
 
 
 def test_no_open_trace_is_told_of_a_recompute_it_did_not_run():
-    from gpuadvise.analyzer.measure import recompute
+    from gpuadvise.analyzer.measure.efficiency import recompute
 
     for rel in OPEN_TRACES:
         r = next(iter(analysed(str(TRACES / rel))), None)

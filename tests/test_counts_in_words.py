@@ -3,7 +3,7 @@ median over an even number of steps can fall between two counts)."""
 
 from __future__ import annotations
 
-from gpuadvise.analyzer.measure.perstep import count_of
+from gpuadvise.analyzer.measure.basics.perstep import count_of
 
 
 def test_a_count_of_one_takes_the_singular():

@@ -1,4 +1,4 @@
-"""The replay's graph (analyzer/measure/dag.py): its topological order and the longest path the replay
+"""The replay's graph (analyzer/measure/replay/dag.py): its topological order and the longest path the replay
 takes through it, against networkx on random DAGs."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from gpuadvise.analyzer.measure import dag, whatif
-from gpuadvise.analyzer.measure.dag import Cyclic, Graph
-from gpuadvise.analyzer.measure.whatif import _longest_path
+from gpuadvise.analyzer.measure.replay import dag, whatif
+from gpuadvise.analyzer.measure.replay.dag import Cyclic, Graph
+from gpuadvise.analyzer.measure.replay.whatif import _longest_path
 
 COMPILED = dag._compiled_topological_order is not None and whatif._compiled_longest_path is not None
 needs_compiled = pytest.mark.skipif(not COMPILED, reason="the compiled replay loops were not built (no C compiler at install)")

@@ -12,7 +12,7 @@ import pytest
 
 from gpuadvise.analyzer.run.engine import analyze_paths
 from gpuadvise.analyzer.run.single import analyze_model, analyze_snapshot
-from gpuadvise.analyzer.measure.metrics import compute
+from gpuadvise.analyzer.measure.basics.metrics import compute
 from gpuadvise.fixtures.builder import GEMM, TraceBuilder
 from gpuadvise.fixtures.runjson import run_json
 from gpuadvise.fixtures.snapshot import GiB, SnapshotBuilder, live

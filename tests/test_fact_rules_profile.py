@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow  # every test reads a real profiled run
 
 from gpuadvise.analyzer.run.engine import analyze_paths  # noqa: E402
 from gpuadvise.analyzer.read.loader import load_trace  # noqa: E402
-from gpuadvise.analyzer.measure.metrics import compute  # noqa: E402
+from gpuadvise.analyzer.measure.basics.metrics import compute  # noqa: E402
 from gpuadvise.doctor import probe  # noqa: E402
 from gpuadvise.rules.cpu_created_tensors import created_on_cpu  # noqa: E402
 

@@ -587,7 +587,7 @@ def _syncs_trace():
 
 
 def test_host_sync_counts_and_blocked_time_are_the_median_step(load_built):
-    from gpuadvise.analyzer.measure import perstep
+    from gpuadvise.analyzer.measure.basics import perstep
 
     r, f = _rule_finding(load_built, _syncs_trace(), "host-sync")
     n, m = f.evidence.numbers, r.metrics

@@ -1,4 +1,4 @@
-"""The FLOP formulas (analyzer/measure/flops.py) against hand counts and PyTorch's own schemas, and the count
+"""The FLOP formulas (analyzer/measure/efficiency/flops.py) against hand counts and PyTorch's own schemas, and the count
 of a recorded trace against torch.utils.flop_counter.FlopCounterMode on the same step."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from gpuadvise.analyzer.measure import flops
+from gpuadvise.analyzer.measure.efficiency import flops
 from gpuadvise.analyzer.model.flopops import SIGNATURES
 
 torch = pytest.importorskip("torch")

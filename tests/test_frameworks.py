@@ -466,7 +466,7 @@ def _steps_with_phase(kind: str | None, at: int = 2, gpu: bool = True) -> TraceB
 
 @pytest.mark.parametrize("gpu", [True, False])
 def test_a_step_holding_an_evaluation_is_left_out(load_built, gpu):
-    from gpuadvise.analyzer.measure.metrics import compute
+    from gpuadvise.analyzer.measure.basics.metrics import compute
     from gpuadvise.analyzer.run.figures import one_time_note
 
     m = compute(load_built(_steps_with_phase("evaluation", gpu=gpu)))
@@ -479,14 +479,14 @@ def test_a_step_holding_an_evaluation_is_left_out(load_built, gpu):
 
 
 def test_without_phases_every_step_counts(load_built):
-    from gpuadvise.analyzer.measure.metrics import compute
+    from gpuadvise.analyzer.measure.basics.metrics import compute
 
     m = compute(load_built(_steps_with_phase(None)))
     assert [s.number for s in m.steps] == [0, 1, 2, 3] and m.left_out == {}
 
 
 def test_phases_in_every_step_are_cut_instead(load_built):
-    from gpuadvise.analyzer.measure.metrics import compute
+    from gpuadvise.analyzer.measure.basics.metrics import compute
     from gpuadvise.analyzer.run.figures import one_time_note
 
     b = TraceBuilder()

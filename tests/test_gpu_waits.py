@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuadvise.analyzer.measure.gpuwaits import gpu_waits
+from gpuadvise.analyzer.measure.basics.gpuwaits import gpu_waits
 from gpuadvise.analyzer.read.loader import load_trace
 from gpuadvise.analyzer.run.single import analyze_model
 from gpuadvise.fixtures.builder import COMM_STREAM, FUSED_ADAM, GEMM, TraceBuilder

@@ -81,7 +81,7 @@ try:  # hta itself, or one of the packages it imports (plotly, psutil, yaml), ma
 except ImportError as exc:
     pytest.skip(f"HTA (pip package traceinsight) not importable: {exc}", allow_module_level=True)
 
-from gpuadvise.analyzer.measure import metrics as gm  # noqa: E402
+from gpuadvise.analyzer.measure.basics import metrics as gm  # noqa: E402
 from gpuadvise.analyzer.read.loader import load_trace  # noqa: E402
 
 CORPUS = Path(os.environ.get("GPUADVISE_TRACES", Path(__file__).resolve().parents[1].parent / "shared" / "traces"))

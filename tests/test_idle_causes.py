@@ -4,8 +4,8 @@ step's stall is not reported as the typical step's share), and the steps counted
 
 from __future__ import annotations
 
-from gpuadvise.analyzer.measure.idle import OUTSIDE_OPS, explain_idle
-from gpuadvise.analyzer.measure.metrics import compute
+from gpuadvise.analyzer.measure.basics.idle import OUTSIDE_OPS, explain_idle
+from gpuadvise.analyzer.measure.basics.metrics import compute
 from gpuadvise.analyzer.run.single import analyze_model
 from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.rules import find_rule

@@ -14,7 +14,7 @@ from collections import Counter
 
 import pytest
 
-from gpuadvise.analyzer.measure.jobmodel import job_saving_pct
+from gpuadvise.analyzer.measure.job.jobmodel import job_saving_pct
 from gpuadvise.analyzer.model.report import all_findings
 from gpuadvise.analyzer.report import render
 from gpuadvise.analyzer.run.engine import analyze_paths

@@ -12,7 +12,7 @@ import pytest
 from gpuadvise.analyzer.run.single import analyze_model
 from gpuadvise.analyzer.errors import InputError
 from gpuadvise.analyzer.read.loader import load_trace, parse_trace_bytes
-from gpuadvise.analyzer.measure.metrics import compute
+from gpuadvise.analyzer.measure.basics.metrics import compute
 from gpuadvise.fixtures.builder import TraceBuilder
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gpuadvise.analyzer.errors import InputError
-from gpuadvise.analyzer.measure.longrun import RunAnalysis, nearby_median
+from gpuadvise.analyzer.measure.longrun.longrun import RunAnalysis, nearby_median
 from gpuadvise.analyzer.read.steprecord import load_step_record
 from gpuadvise.harness.windows.requests import REQUESTS, Requests, append
 from gpuadvise.harness.windows.slowwatch import SlowWatch

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from gpuadvise.analyzer.measure.analysis import Analysis
-from gpuadvise.analyzer.measure.calibration import recorded_starts
-from gpuadvise.analyzer.measure.metrics import compute
-from gpuadvise.analyzer.measure.whatif import Scenario, baseline_of
+from gpuadvise.analyzer.measure.replay.calibration import recorded_starts
+from gpuadvise.analyzer.measure.basics.metrics import compute
+from gpuadvise.analyzer.measure.replay.whatif import Scenario, baseline_of
 from gpuadvise.analyzer.read.loader import load_trace
 from gpuadvise.analyzer.run.single import analyze_model
 from gpuadvise.fixtures import mechanisms as mx
@@ -165,8 +165,8 @@ def test_a_replay_of_middle_steps_reproduces_them_and_predicts_the_same(budget, 
     # a window of middle steps starts with the previous step's GPU work queued (left out) and ends with its
     # own last step's GPU work still running: the unrecorded graph work must be a wait of its length, not a
     # fixed time, or the replay over-runs the steps and the copies' fix saves nothing
-    from gpuadvise.analyzer.measure import replay_graph
-    from gpuadvise.analyzer.measure.metrics import compute
+    from gpuadvise.analyzer.measure.replay import replay_graph
+    from gpuadvise.analyzer.measure.basics.metrics import compute
 
     model = load_trace(mx.blocking_copy_behind_collectives().write(tmp_path / "t.json.gz"), cache=False)
     metrics = compute(model)

@@ -15,7 +15,7 @@ from gpuadvise.analyzer.run.engine import analyze_paths
 from gpuadvise.analyzer.run.single import analyze_model, analyze_snapshot
 from gpuadvise.analyzer.errors import InputError
 from gpuadvise.analyzer.measure.memory import NO_SITE, replay_history, segment_state, summarize, trace_memory
-from gpuadvise.analyzer.measure.metrics import compute
+from gpuadvise.analyzer.measure.basics.metrics import compute
 from gpuadvise.analyzer.read.snapshot import load_snapshot
 from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.fixtures.snapshot import GiB, MiB, SnapshotBuilder, free, live

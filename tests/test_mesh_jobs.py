@@ -21,11 +21,11 @@ import json
 import numpy as np
 import pytest
 
-from gpuadvise.analyzer.measure.collectives import rank_collectives
-from gpuadvise.analyzer.measure.cudagraphs import captured
-from gpuadvise.analyzer.measure.gemm import kernels_by_op
-from gpuadvise.analyzer.measure.jobmodel import job_saving_pct
-from gpuadvise.analyzer.measure.source_lines import attribute
+from gpuadvise.analyzer.measure.job.collectives import rank_collectives
+from gpuadvise.analyzer.measure.compiled.cudagraphs import captured
+from gpuadvise.analyzer.measure.efficiency.gemm import kernels_by_op
+from gpuadvise.analyzer.measure.job.jobmodel import job_saving_pct
+from gpuadvise.analyzer.measure.basics.source_lines import attribute
 from gpuadvise.analyzer.model.report import all_findings
 from gpuadvise.analyzer.read.loader import load_trace
 from gpuadvise.analyzer.report import render

@@ -10,13 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from _hypothesis_support import examples
-from gpuadvise.analyzer.measure import intervals as iv
-from gpuadvise.analyzer.measure.metrics import compute
-from gpuadvise.analyzer.measure.tables import copy_table
-from gpuadvise.analyzer.measure.spans import dataloader_spans
-from gpuadvise.analyzer.measure.steps import find_steps
-from gpuadvise.analyzer.measure.syncs import sync_table
-from gpuadvise.analyzer.measure.source_lines import user_frame_from_stack
+from gpuadvise.analyzer.measure.basics import intervals as iv
+from gpuadvise.analyzer.measure.basics.metrics import compute
+from gpuadvise.analyzer.measure.basics.tables import copy_table
+from gpuadvise.analyzer.measure.basics.spans import dataloader_spans
+from gpuadvise.analyzer.measure.basics.steps import find_steps
+from gpuadvise.analyzer.measure.basics.syncs import sync_table
+from gpuadvise.analyzer.measure.basics.source_lines import user_frame_from_stack
 from gpuadvise.fixtures.builder import TraceBuilder
 
 GEMM = "ampere_tf32_s1688gemm_64x64_nn"
@@ -382,7 +382,7 @@ def test_inside_any_agrees_with_checking_every_span():
     import numpy as np
     import pandas as pd
 
-    from gpuadvise.analyzer.measure.spans import inside_any
+    from gpuadvise.analyzer.measure.basics.spans import inside_any
 
     rng = np.random.default_rng(7)
     s_ts = rng.uniform(0, 1000, 60)

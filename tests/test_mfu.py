@@ -1,4 +1,4 @@
-"""MFU and HFU (analyzer/measure/utilization.py) on H100 traces with real kernel names (fixtures/gpt_flops.py:
+"""MFU and HFU (analyzer/measure/efficiency/utilization.py) on H100 traces with real kernel names (fixtures/gpt_flops.py:
 a bf16 GPT step with flash or cuDNN attention, optionally every block checkpointed), against the FLOPs on
 paper, and what every output says with it."""
 

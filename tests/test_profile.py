@@ -108,7 +108,7 @@ def same_file(where: str, cwd: Path, expected: Path, line: int) -> bool:
 
 def load_steps(trace: Path):
     from gpuadvise.analyzer.read.loader import load_trace
-    from gpuadvise.analyzer.measure.metrics import compute
+    from gpuadvise.analyzer.measure.basics.metrics import compute
 
     model = load_trace(trace)
     return model, compute(model).steps

@@ -463,7 +463,7 @@ def _data_parallel_job(tmp_path: Path, grads_ready_per_layer: bool) -> Path:
     """Two ranks, four layers: a forward, then each layer's backward (2 ms of GEMMs), then a 3 ms all-reduce
     with nothing beside it. Gradients are ready after each layer's backward (a deep model, several DDP
     buckets), or all at the end (one layer's worth: `Linear(20, 1)`)."""
-    from gpuadvise.analyzer.measure.gradients import READY
+    from gpuadvise.analyzer.measure.job.gradients import READY
     from gpuadvise.fixtures.builder import GEMM, RankFolder
 
     out = []

@@ -1,4 +1,4 @@
-"""Activation checkpointing's recompute found in a trace (analyzer/measure/recompute.py), on fixtures whose
+"""Activation checkpointing's recompute found in a trace (analyzer/measure/efficiency/recompute.py), on fixtures whose
 truth is known: a GPT-style loop with and without every layer checkpointed, and a double backward
 (create_graph=True) that records ops with grad mode on inside the backward without recomputing anything."""
 
@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuadvise.analyzer.measure import perstep, recompute
-from gpuadvise.analyzer.measure.metrics import compute
+from gpuadvise.analyzer.measure.basics import perstep
+from gpuadvise.analyzer.measure.efficiency import recompute
+from gpuadvise.analyzer.measure.basics.metrics import compute
 from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.fixtures.transformer import GEMM_BF16, Shape, training_loop
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuadvise.analyzer.measure import roofline
+from gpuadvise.analyzer.measure.efficiency import roofline
 from gpuadvise.analyzer.model.devices import spec
 from gpuadvise.analyzer.model.trace import Device
 from gpuadvise.analyzer.run.single import analyze_model

@@ -12,9 +12,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gpuadvise.analyzer.measure import metrics as measure_metrics
+from gpuadvise.analyzer.measure.basics import metrics as measure_metrics
 from gpuadvise.analyzer.measure.analysis import Analysis
-from gpuadvise.analyzer.measure.whatif import Scenario
+from gpuadvise.analyzer.measure.replay.whatif import Scenario
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.findings import Evidence
 from gpuadvise.fixtures.builder import TraceBuilder
@@ -149,7 +149,7 @@ def test_run_fact_accessors_are_documented(documented):
 
 
 def test_run_analysis_fields_are_documented(documented):
-    from gpuadvise.analyzer.measure.longrun import RunAnalysis
+    from gpuadvise.analyzer.measure.longrun.longrun import RunAnalysis
 
     public = [n for n in dir(RunAnalysis) if not n.startswith("_") and n != "has"]
     public += [f.name for f in dataclasses.fields(RunAnalysis)]

@@ -566,7 +566,7 @@ def test_no_tensor_cores_on_h100_without_shapes_takes_the_gemms_as_memory_bound(
     # roofline is unknown. The headline takes them as memory-bound (bf16 moves half the bytes: 400 µs; TF32
     # the same bytes: 800 µs), the elementwise kernel at 0.6× under autocast; the range's top is a large
     # GEMM's: the peak ratio (989.4 vs 66.9 TFLOP/s) times the large-GEMM efficiencies (78 % vs 77 %)
-    from gpuadvise.analyzer.measure.precision import AUTOCAST_MEMORY_FACTOR as HALF, LARGE_GEMM_EFFICIENCY as E
+    from gpuadvise.analyzer.measure.efficiency.precision import AUTOCAST_MEMORY_FACTOR as HALF, LARGE_GEMM_EFFICIENCY as E
 
     report = analyze(_gemm_trace(*H100, "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize256x128x8_stage3_ffma_kernel"),
                      load_built)
@@ -607,7 +607,7 @@ def _shaped_gemm_loop(device, compute, dims=((4096, 4096), (4096, 4096)), steps:
 def test_tf32_and_bf16_predictions_differ_by_the_documented_ratio(load_built, device, compute):
     # large GEMMs with known FLOPs and nothing else on the GPU: what each fix leaves of the step is the GEMMs'
     # time at that dtype's peak × large-GEMM efficiency, so the two remainders stand in that ratio
-    from gpuadvise.analyzer.measure.precision import LARGE_GEMM_EFFICIENCY as E
+    from gpuadvise.analyzer.measure.efficiency.precision import LARGE_GEMM_EFFICIENCY as E
     from gpuadvise.analyzer.model.devices import spec
     from gpuadvise.analyzer.model.trace import Device
 
@@ -625,7 +625,7 @@ def test_a_skinny_gemm_is_bound_by_its_bytes_on_the_matrix_units(load_built):
     # 8192×8192 times 8192×64: 8.6 GFLOP over 136 MB of bf16 operands (63 FLOP/byte). In fp32 SIMT it is
     # compute-bound (167 µs at 77 % of 66.9 TFLOP/s); on the bf16 Tensor Cores moving its operands takes
     # longer than its math: the prediction is the roofline's (bytes / bandwidth), not the peak ratio's
-    from gpuadvise.analyzer.measure.roofline import MEMORY_EFFICIENCY
+    from gpuadvise.analyzer.measure.efficiency.roofline import MEMORY_EFFICIENCY
 
     b = _shaped_gemm_loop(*H100, dims=[[8192, 8192], [8192, 64]])
     f = next(f for f in analyze(b, load_built).findings if f.topic == "no-tensor-cores")

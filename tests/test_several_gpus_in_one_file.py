@@ -14,7 +14,7 @@ import json
 import pytest
 
 from gpuadvise.analyzer.measure.analysis import Analysis
-from gpuadvise.analyzer.measure.metrics import compute
+from gpuadvise.analyzer.measure.basics.metrics import compute
 from gpuadvise.analyzer.model.devices import from_kernels
 from gpuadvise.analyzer.read.loader import load_trace
 from gpuadvise.analyzer.read.merged import split_ranks

@@ -8,7 +8,7 @@ turned off while the steps run, `no_sync()` called without `with`, a channels_la
 Each is captured in this process (`gpuadvise.capture`, the harness `gpuadvise profile` runs), once, and
 what a user checks is asserted on it:
 
-- no finding calls the switch on, and the switch table (measure/switches_on.py) has it off, naming the
+- no finding calls the switch on, and the switch table (measure/settings/switches_on.py) has it off, naming the
   conflict where run.json recorded the switch;
 - where the switch's rule fires (the captured run.json under that rule's own positive trace: on a CPU the
   GPU rules have nothing to see), its advice asks for the switch.
@@ -28,8 +28,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from _hypothesis_support import examples
 from gpuadvise.analyzer.measure.analysis import Analysis
-from gpuadvise.analyzer.measure.metrics import compute
-from gpuadvise.analyzer.measure.switches_on import (SWITCHES, asked_for, is_on, switch_off, switches_on,
+from gpuadvise.analyzer.measure.basics.metrics import compute
+from gpuadvise.analyzer.measure.settings.switches_on import (SWITCHES, asked_for, is_on, switch_off, switches_on,
                                                      with_conflicts_named)
 from gpuadvise.analyzer.model.report import all_findings
 from gpuadvise.analyzer.read.loader import load_trace

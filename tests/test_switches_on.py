@@ -8,8 +8,8 @@ The property over every input (the corpus and every rule's fixtures) is in test_
 from __future__ import annotations
 
 from gpuadvise.analyzer.measure.analysis import Analysis
-from gpuadvise.analyzer.measure.metrics import compute
-from gpuadvise.analyzer.measure.switches_on import On, asked_for, is_on, switch_off, switches_on, without_what_is_on
+from gpuadvise.analyzer.measure.basics.metrics import compute
+from gpuadvise.analyzer.measure.settings.switches_on import On, asked_for, is_on, switch_off, switches_on, without_what_is_on
 from gpuadvise.analyzer.run.single import analyze_model
 from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.fixtures.compiled import compiled_facts, compiled_loop

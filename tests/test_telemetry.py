@@ -1,5 +1,5 @@
 """The GPU's own telemetry: NVML sampled in a daemon thread for the whole run (harness/steps/telemetry.py),
-read beside the step record (analyzer/read/telemetry.py), and what it tells a drift (measure/telemetry.py):
+read beside the step record (analyzer/read/telemetry.py), and what it tells a drift (measure/longrun/throttling.py):
 clocks that fell with thermal or power throttle reasons are named as throttling, with the machine's fix.
 Every test runs against a fake NVML module (fixtures/nvml.py) put in place of `pynvml`."""
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from gpuadvise.analyzer.errors import InputError
-from gpuadvise.analyzer.measure.telemetry import clock_gap, throttling_evidence
+from gpuadvise.analyzer.measure.longrun.throttling import clock_gap, throttling_evidence
 from gpuadvise.analyzer.model.report import all_findings
 from gpuadvise.analyzer.read.telemetry import load_telemetry
 from gpuadvise.analyzer.run.engine import analyze_paths

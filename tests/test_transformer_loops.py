@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpuadvise.analyzer.measure import perstep, recompute
+from gpuadvise.analyzer.measure.basics import perstep
+from gpuadvise.analyzer.measure.efficiency import recompute
 from gpuadvise.analyzer.read.loader import load_trace
 from gpuadvise.analyzer.run.single import analyze_model
 from gpuadvise.rules.unfused_attention import RULE as ATTENTION

@@ -788,7 +788,7 @@ def test_lane_hit_and_busy_match_brute_force(nested):
         if hit[k] >= 0:
             assert lane.starts[hit[k]] < b[k] and lane.ends[hit[k]] > a[k]
         s, e = np.clip(lane.starts[overlapping], a[k], b[k]), np.clip(lane.ends[overlapping], a[k], b[k])
-        from gpuadvise.analyzer.measure import intervals as iv
+        from gpuadvise.analyzer.measure.basics import intervals as iv
 
         assert busy[k] == pytest.approx(iv.total(*iv.union(s, e)) / (b[k] - a[k]), abs=1e-9)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuadvise.analyzer.measure import attention, flops
+from gpuadvise.analyzer.measure.efficiency import attention, flops
 from gpuadvise.analyzer.measure.analysis import Analysis
 from gpuadvise.analyzer.read.loader import load_trace
 from gpuadvise.analyzer.run.single import analyze_model

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuadvise.analyzer.measure import intervals as iv
-from gpuadvise.analyzer.measure import replay_graph
-from gpuadvise.analyzer.measure.metrics import compute
-from gpuadvise.analyzer.measure.whatif import Scenario
+from gpuadvise.analyzer.measure.basics import intervals as iv
+from gpuadvise.analyzer.measure.replay import replay_graph
+from gpuadvise.analyzer.measure.basics.metrics import compute
+from gpuadvise.analyzer.measure.replay.whatif import Scenario
 from gpuadvise.fixtures.builder import TraceBuilder
 from gpuadvise.rules import all_rules
 
@@ -367,7 +367,7 @@ def test_one_rank_of_a_job_predicts_the_fix_on_every_rank(tmp_path):
 
 def test_replays_agree_with_and_without_the_compiled_longest_path(replayed, monkeypatch):
     """Every scenario a rule fixture's replay answers is the same number from the C loop and the Python one."""
-    from gpuadvise.analyzer.measure import whatif
+    from gpuadvise.analyzer.measure.replay import whatif
 
     if whatif._compiled_longest_path is None:
         pytest.skip("the compiled longest path was not built (no C compiler at install)")

@@ -252,7 +252,7 @@ def _num(v) -> bool:
 
 
 # A step this much slower is beyond run-to-run noise (about 5 % measured between unprofiled runs of one
-# script, as the profiler's own overhead threshold, measure/calibration.NOISE)
+# script, as the profiler's own overhead threshold, measure/replay/calibration.NOISE)
 WORSE_PCT = 5.0
 
 

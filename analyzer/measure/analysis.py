@@ -12,16 +12,16 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from . import replay_graph, whatif
-from .collectives import RankCollectives, own_work, rank_collectives
-from .compiled import CompiledTrace, compiled_trace, trace_compile_facts, trace_steps
-from .calibration import NOISE, Calibration, calibrate, recorded_starts, scenario_on, unprofiled_step_ms
+from .replay import replay_graph, whatif
+from .job.collectives import RankCollectives, own_work, rank_collectives
+from .compiled.compiledtrace import CompiledTrace, compiled_trace, trace_compile_facts, trace_steps
+from .replay.calibration import NOISE, Calibration, calibrate, recorded_starts, scenario_on, unprofiled_step_ms
 from gpuadvise.analyzer.model.calls import TRAINING
 from gpuadvise.analyzer.model import devices, runfacts
 from gpuadvise.analyzer.model.kernels import is_comm
 from .memory import MemorySummary
-from .metrics import Metrics
-from .utilization import utilization
+from .basics.metrics import Metrics
+from .efficiency.utilization import utilization
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask
 
 
@@ -75,7 +75,7 @@ class Analysis:
 
     @cached_property
     def compiled(self) -> CompiledTrace | None:
-        """torch.compile's share of each step in the trace (compiled.py); None without compiled work."""
+        """torch.compile's share of each step in the trace (compiledtrace.py); None without compiled work."""
         if self.model is None or self.metrics is None:
             return None
         return compiled_trace(self.model, self.metrics)
@@ -102,12 +102,12 @@ class Analysis:
 
     @cached_property
     def collectives(self) -> RankCollectives | None:
-        """The collectives this rank ran, on any backend (measure/collectives.py); None without any."""
+        """The collectives this rank ran, on any backend (measure/job/collectives.py); None without any."""
         return rank_collectives(self.model, self.metrics)
 
     @cached_property
     def own_work(self) -> tuple:
-        """The rank's own work beside its collectives (measure/collectives.own_work), absolute µs."""
+        """The rank's own work beside its collectives (measure/job/collectives.own_work), absolute µs."""
         return own_work(self.model)
 
     @cached_property

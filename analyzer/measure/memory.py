@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import intervals as iv
+from .basics import intervals as iv
 from gpuadvise.analyzer.model import frames as code_frames
 from gpuadvise.analyzer.model.calls import ALLOC_CALLS, FREE_CALLS
 

@@ -13,7 +13,7 @@ A collective shows in a trace in up to three ways:
 
 The kernel or host span is the collective's execution: it starts when the rank arrives (its data is
 ready and its stream or worker thread gets to it) and ends when the transfer is done, which is never
-before the last rank has arrived. Waits are measured on those (measure/collectives.py).
+before the last rank has arrived. Waits are measured on those (measure/job/collectives.py).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ class Impact:
     # cause gets the fix (collectives end when their last rank arrives), and how that was predicted
     job_pct: float | None = None
     job_basis: str | None = None
-    # the collectives the fix removes on this rank (measure.collectives keys), for the job's prediction;
+    # the collectives the fix removes on this rank (measure.job.collectives keys), for the job's prediction;
     # not part of the JSON
     removes: list | None = None
 

@@ -4,7 +4,7 @@
 
 One table, read by three stages: the reader keeps the shapes, dtypes and scalar arguments of these ops
 (`record_shapes=True`; analyzer/read/columns.py), `gpuadvise profile`'s shapes probe copies them into the
-recorded window (gpuadvise/harness/facts/shapes.py), and measure/flops.py counts their FLOPs from them.
+recorded window (gpuadvise/harness/facts/shapes.py), and measure/efficiency/flops.py counts their FLOPs from them.
 
 Each op's `Signature` says where its tensors and the scalars its FLOPs depend on sit in its argument
 list, as PyTorch's native_functions.yaml declares it (the trace records arguments positionally:

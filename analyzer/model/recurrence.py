@@ -1,6 +1,6 @@
 """A stall's period, beyond chance: given the steps that were watched and which of them stalled, the
 period N at which they recur more than stalls falling at random would. Pure arithmetic over step
-numbers, shared by the run-level measures (analyzer/measure/changepoints.py) and the `--when-slower`
+numbers, shared by the run-level measures (analyzer/measure/longrun/changepoints.py) and the `--when-slower`
 watch in the training process (harness/windows/slowwatch.py), so that a window is recorded for a
 period only when the report can name it.
 

@@ -11,10 +11,10 @@ from .findings import Finding, order
 from .trace import TraceModel
 
 if TYPE_CHECKING:  # the measurements are computed upstream; the report only carries them
-    from gpuadvise.analyzer.measure.calibration import Calibration
-    from gpuadvise.analyzer.measure.job import RankStats
+    from gpuadvise.analyzer.measure.replay.calibration import Calibration
+    from gpuadvise.analyzer.measure.job.job import RankStats
     from gpuadvise.analyzer.measure.memory import MemorySummary
-    from gpuadvise.analyzer.measure.metrics import Metrics
+    from gpuadvise.analyzer.measure.basics.metrics import Metrics
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class StepTime:
 
 @dataclass(frozen=True)
 class CpuStep:
-    """One step of a run without a GPU timeline, as its training thread spent it (ms, measure/ranktime.py),
+    """One step of a run without a GPU timeline, as its training thread spent it (ms, measure/job/ranktime.py),
     four parts that add up to the step: inside recorded ops; waiting for the DataLoader's next batch outside
     them; waiting in a CPU backend's collectives outside both; outside all three (Python between ops)."""
 
@@ -44,7 +44,7 @@ class CpuStep:
 
 @dataclass(frozen=True)
 class LeftOutStep:
-    """A ProfilerStep left out of every figure: it holds one-time costs (measure/warmup.py)."""
+    """A ProfilerStep left out of every figure: it holds one-time costs (measure/basics/warmup.py)."""
 
     step: int
     ms: float
@@ -88,7 +88,7 @@ class StepFlops:
 
 @dataclass(frozen=True)
 class FlopFigures:
-    """A trace's FLOPs per step and its model FLOPs utilization (measure/utilization.py says how), as plain
+    """A trace's FLOPs per step and its model FLOPs utilization (measure/efficiency/utilization.py says how), as plain
     data: every output's header line and its arithmetic."""
 
     state: str  # "counted"; "no shapes" (matrix work ran, its shapes were not recorded); "no kernels" (shaped
@@ -121,7 +121,7 @@ class FlopFigures:
 @dataclass(frozen=True)
 class GpuFigures:
     """One GPU of a process that drove several (DataParallel, model parallel by hand): its own figures,
-    where the trace's are the average device's (measure/metrics.py)."""
+    where the trace's are the average device's (measure/basics/metrics.py)."""
 
     device: int
     ops: int  # kernels, copies and memsets it ran
@@ -166,10 +166,10 @@ class TraceFigures:
     # format prints (None when the trace has none)
     steps_left_out: list[LeftOutStep] = field(default_factory=list)
     one_time_note: str | None = None
-    # steps far slower than the others and what their extra time went to (measure/slowsteps.py): how a
+    # steps far slower than the others and what their extra time went to (measure/longrun/slowsteps.py): how a
     # long run's window names the periodic stall it recorded
     slow_steps: list[dict] = field(default_factory=list)
-    # FLOPs per step and MFU (measure/utilization.py); None where the trace holds no matrix work
+    # FLOPs per step and MFU (measure/efficiency/utilization.py); None where the trace holds no matrix work
     flops: FlopFigures | None = None
     # a run without a GPU timeline (a CPU run): each step's CPU time, what its steps table shows; [] otherwise
     cpu_steps: list[CpuStep] = field(default_factory=list)

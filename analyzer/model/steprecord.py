@@ -77,7 +77,7 @@ class StepRecord:
 
 def dated(low: int | None, high: int | None) -> str:
     """An onset's interval in words, when it spans more than one step (the run summary's and step-time-drift's):
-    what it is, the onsets of every growth law that fits about as well as the best (measure/changepoints.py),
+    what it is, the onsets of every growth law that fits about as well as the best (measure/longrun/changepoints.py),
     and no confidence the real loops did not earn for every law (docs/long-runs.md: it held the true onset in
     95–100 % of linear, n log n and step loops, in fewer of the quadratic ones)."""
     if low is None or high is None or high - low < 2:

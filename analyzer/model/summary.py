@@ -30,7 +30,7 @@ from .findings import Finding
 from .report import TraceFigures, TraceReport, all_findings, ms_text
 
 if TYPE_CHECKING:  # computed upstream; the summary only carries them
-    from gpuadvise.analyzer.measure.job import JobReport
+    from gpuadvise.analyzer.measure.job.job import JobReport
     from gpuadvise.analyzer.measure.memory import MemorySummary
 
     from .report import LongRunReport

@@ -110,7 +110,7 @@ def already(fw: FrameworkFact | None, knob: str) -> str | None:
     return f"`{name}=True` in {TRAINING_ARGUMENTS}" if fw.setting(name) is True else None
 
 
-# -- fixes built from what is off: `on` is the switches the input shows on (measure/switches_on.py), by key --
+# -- fixes built from what is off: `on` is the switches the input shows on (measure/settings/switches_on.py), by key --
 
 def fewer_launches(fw: FrameworkFact | None, on) -> str:
     """The next step to cut kernel launches, as a sentence: compile when the model is not compiled (with the

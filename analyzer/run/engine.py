@@ -1,15 +1,15 @@
 """`analyze_paths`: the one way in for analysis (the analyze CLI, `view`, `compare`, `profile`'s summary
 and scripts call it, through `gpuadvise.analyzer.run`). The paths become sources (read/sources);
 each is analysed on its own (run/single: in this process, in worker processes or on a Dask cluster,
-see run/ranks); with two or more ranks the job view is reduced (measure/job) and the job-level rules
+see run/ranks); with two or more ranks the job view is reduced (measure/job/job) and the job-level rules
 (`requires = ("ranks",)`) run once on it; a run folder's step record and windows make the run-level
 analysis of a long run (run/longrun), whose rules (`requires = ("run",)`) run once per process.
 """
 
 from __future__ import annotations
 
-from gpuadvise.analyzer.measure.job import JobAnalysis, JobReport, build_view, rank_stats
-from gpuadvise.analyzer.measure.jobmodel import held_by, job_saving_pct
+from gpuadvise.analyzer.measure.job.job import JobAnalysis, JobReport, build_view, rank_stats
+from gpuadvise.analyzer.measure.job.jobmodel import held_by, job_saving_pct
 from gpuadvise.analyzer.model.findings import SEVERITIES, severity_for
 from gpuadvise.analyzer.model.report import Reports, TraceReport
 from gpuadvise.analyzer.read.sources import Sources, resolve
@@ -110,7 +110,7 @@ def _leave_to_the_job(reports: list[TraceReport]) -> None:
 def fix_on_every_rank(view, reports: list[TraceReport]) -> None:
     """Each rank's finding also says what its fix saves the job: the ranks replayed side by side with the
     fix on every rank that shows the same finding, each collective ending when its last rank arrives
-    (measure/jobmodel.py). A rank's own work saved per step is its SPMD figure (run/single.py)."""
+    (measure/job/jobmodel.py). A rank's own work saved per step is its SPMD figure (run/single.py)."""
     stats = {s.rank: s for s in view.ranks}
     by_rule: dict = {}
     for r in reports:

@@ -7,15 +7,15 @@ from dataclasses import replace
 
 import numpy as np
 
-from gpuadvise.analyzer.measure.calibration import Calibration
-from gpuadvise.analyzer.measure import perstep, phases
-from gpuadvise.analyzer.measure.idle import idle_split
-from gpuadvise.analyzer.measure.metrics import Metrics
-from gpuadvise.analyzer.measure.slowsteps import slow_steps
+from gpuadvise.analyzer.measure.replay.calibration import Calibration
+from gpuadvise.analyzer.measure.basics import perstep, phases
+from gpuadvise.analyzer.measure.basics.idle import idle_split
+from gpuadvise.analyzer.measure.basics.metrics import Metrics
+from gpuadvise.analyzer.measure.longrun.slowsteps import slow_steps
 from gpuadvise.analyzer.model import runfacts
-from gpuadvise.analyzer.measure import intervals as iv
-from gpuadvise.analyzer.measure.ranktime import thread_time
-from gpuadvise.analyzer.measure.tables import device_table
+from gpuadvise.analyzer.measure.basics import intervals as iv
+from gpuadvise.analyzer.measure.job.ranktime import thread_time
+from gpuadvise.analyzer.measure.basics.tables import device_table
 from gpuadvise.analyzer.model.report import CpuStep, FlopFigures, GpuFigures, LeftOutStep, StepTime, TraceFigures
 from gpuadvise.analyzer.model.trace import TraceModel
 

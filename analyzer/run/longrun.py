@@ -1,7 +1,7 @@
 """The run-level analysis of long runs: for each process of a `gpuadvise profile` run folder that left a step
 record (`steps.jsonl`), the record, its windows' reports (already analysed, one per trace) and the
 comparison of window 1 with each later window (gpuadvise compare's, analyzer/compare/diff.py) make a
-`RunAnalysis` (measure/longrun.py); the run-level rules (`requires = ("run",)`) run once on it, and a
+`RunAnalysis` (measure/longrun/longrun.py); the run-level rules (`requires = ("run",)`) run once on it, and a
 `LongRunReport` carries the section every format draws.
 
 `LongRunReport.summary` (plain data, the JSON's `long_runs[]`): `steps` (recorded in all), `clock`, `exact_steps`
@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpuadvise.analyzer.errors import InputError
-from gpuadvise.analyzer.measure.longrun import DEFAULT_K, RunAnalysis, WindowView
+from gpuadvise.analyzer.measure.longrun.longrun import DEFAULT_K, RunAnalysis, WindowView
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.report import LongRunReport, Reports
 from gpuadvise.analyzer.read.steprecord import load_step_record
@@ -52,7 +52,7 @@ def analyze_runs(sources, reports: list, rules=None) -> list[LongRunReport]:
 
 def own_regime(sources) -> None:
     """Before the windows are analysed: a later window whose unprofiled neighbours straddle the run's change
-    (measure/changepoints.py on the step record) measures its profiler overhead, and its level, against the
+    (measure/longrun/changepoints.py on the step record) measures its profiler overhead, and its level, against the
     neighbours on its own side of the change only (the source's `facts["steps"]` is replaced by a copy with
     `unprofiled_median_ms`, `unprofiled_n` and `overhead_x` from those; `regime` says which side)."""
     changes: dict[str, object] = {}

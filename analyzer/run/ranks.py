@@ -51,7 +51,7 @@ def map_one(src: Source, shown: str | None = None, codes: tuple | None = None, c
     one), `codes` the rules to run (None: the whole catalog). Returns the compact reports (one per rank
     the file holds), or a Failure: nothing raised here has to cross a process boundary."""
     from .single import analyze_source
-    from gpuadvise.analyzer.measure.job import rank_stats
+    from gpuadvise.analyzer.measure.job.job import rank_stats
 
     shown = shown or str(src.path)
     try:

@@ -8,12 +8,12 @@ import traceback
 from contextlib import contextmanager
 from functools import partial
 
-from gpuadvise.analyzer.measure import frameworks
+from gpuadvise.analyzer.measure.settings import frameworks
 from gpuadvise.analyzer.measure.analysis import Analysis
-from gpuadvise.analyzer.measure.cudagraphs import captured
+from gpuadvise.analyzer.measure.compiled.cudagraphs import captured
 from gpuadvise.analyzer.measure.memory import summarize
-from gpuadvise.analyzer.measure.metrics import compute
-from gpuadvise.analyzer.measure.switches_on import (asked_for, conflict_notes, switches_on, with_conflicts_named,
+from gpuadvise.analyzer.measure.basics.metrics import compute
+from gpuadvise.analyzer.measure.settings.switches_on import (asked_for, conflict_notes, switches_on, with_conflicts_named,
                                                      without_what_is_on)
 from gpuadvise.analyzer.model.findings import Finding, order
 from gpuadvise.analyzer.model.report import TraceReport
@@ -171,7 +171,7 @@ def _place_ranges(analysis, found: list[Finding]) -> None:
 
 
 def _fix_from_what_is_off(analysis, found: list[Finding]) -> None:
-    """No fix block asks for a switch the input shows on (run.json or the trace: measure/switches_on.py):
+    """No fix block asks for a switch the input shows on (run.json or the trace: measure/settings/switches_on.py):
     its lines that would are left out of the finding's fix."""
     if not found or not isinstance(analysis, Analysis) or not any(asked_for(f.fix) for f in found):
         return  # nothing a fix asks for: the table is not read
@@ -182,7 +182,7 @@ def _fix_from_what_is_off(analysis, found: list[Finding]) -> None:
 
 def _fix_for_the_frameworks_used(analysis, found: list[Finding]) -> None:
     """A fix's paragraph for a framework's own switch (transformers' Trainer, Lightning, Accelerate) only where
-    the run used that framework (run.json or the trace: measure/frameworks.py)."""
+    the run used that framework (run.json or the trace: measure/settings/frameworks.py)."""
     if not any(frameworks.about_a_framework(f.fix) for f in found):
         return
     used = frameworks.used(analysis)
@@ -192,7 +192,7 @@ def _fix_for_the_frameworks_used(analysis, found: list[Finding]) -> None:
 
 def _conflicts_named(analysis, found: list[Finding]) -> None:
     """A finding that asks for a switch run.json records but the recorded steps did not use (built disabled or
-    unused, or not acting in the trace: measure/switches_on.py) names that conflict ahead of its advice."""
+    unused, or not acting in the trace: measure/settings/switches_on.py) names that conflict ahead of its advice."""
     if isinstance(analysis, Analysis):
         for f in found:
             f.advice = with_conflicts_named(f.advice, f.fix, analysis)
@@ -203,7 +203,7 @@ def _for_every_rank(analysis, found: list[Finding]) -> None:
     job runs the same steps, so each saves the same own work and the collectives end that much earlier.
     The saving of the rank's own work comes from the same replay as the finding's, with its collectives
     taking only their transfer time (Analysis.predictions); a finding measured otherwise keeps its share.
-    measure/jobmodel.py replaces this where the other ranks' traces are there too."""
+    measure/job/jobmodel.py replaces this where the other ranks' traces are there too."""
     model = getattr(analysis, "model", None)
     world = model.meta.world_size if model is not None else None
     if not world or world < 2:
@@ -221,10 +221,10 @@ def _for_every_rank(analysis, found: list[Finding]) -> None:
 
 
 def dependency_graph(src: Source):
-    """One trace's replay graph (measure/replay_graph.py) as a networkx DiGraph (measure/replay_export.py),
+    """One trace's replay graph (measure/replay/replay_graph.py) as a networkx DiGraph (measure/replay/replay_export.py),
     or None where the trace has no window to replay (no steps and no GPU work)."""
-    from gpuadvise.analyzer.measure import replay_graph
-    from gpuadvise.analyzer.measure.replay_export import to_networkx
+    from gpuadvise.analyzer.measure.replay import replay_graph
+    from gpuadvise.analyzer.measure.replay.replay_export import to_networkx
 
     model = load_trace(src.path)
     replay = replay_graph.build(model, compute(model))

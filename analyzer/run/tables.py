@@ -4,7 +4,7 @@ kernels, what the CPU did while the GPU sat idle (over the median step or in one
 analysis found at one line of the user's code.
 
 Every figure is the engine's own, read from the report (`TraceReport.metrics`, its findings, its memory
-summary) or from the measure it already has (measure/idle.py); nothing here estimates. Times are in ms
+summary) or from the measure it already has (measure/basics/idle.py); nothing here estimates. Times are in ms
 (rounded to the µs), shares in %; each row is a dict with the unit in its key's name, as in the JSON report.
 """
 
@@ -14,8 +14,8 @@ import math
 from pathlib import PurePosixPath
 
 from gpuadvise.analyzer.errors import InputError
-from gpuadvise.analyzer.measure import idle
-from gpuadvise.analyzer.measure.perstep import median as perstep_median
+from gpuadvise.analyzer.measure.basics import idle
+from gpuadvise.analyzer.measure.basics.perstep import median as perstep_median
 from gpuadvise.analyzer.model import frames
 from gpuadvise.analyzer.model.report import TraceReport
 
@@ -72,7 +72,7 @@ def kernels(report: TraceReport) -> list[dict]:
 
 def idle_causes(report: TraceReport, step: int | None = None, top: int = 12) -> dict:
     """What the CPU thread that launched the GPU's next work was doing while the GPU sat idle inside the
-    steps (measure/idle.py): each cause's ms and share of the idle time, in the median step (the
+    steps (measure/basics/idle.py): each cause's ms and share of the idle time, in the median step (the
     report's statistic) or, with `step`, in that step."""
     m = _timed(report)
     numbers = [int(s) for s in m.per_step["step"]]

@@ -1,5 +1,5 @@
 """`gpuadvise.dependency_graph(path)`: one trace's replay graph (the graph every predicted saving is
-replayed on) as a networkx DiGraph, through analyzer.run's entry point (analyzer/measure/replay_export.py
+replayed on) as a networkx DiGraph, through analyzer.run's entry point (analyzer/measure/replay/replay_export.py
 says what its nodes and edges hold)."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from gpuadvise.analyzer.measure import intervals as iv
+from gpuadvise.analyzer.measure.basics import intervals as iv
 from gpuadvise.analyzer.model.kernels import is_comm
 from gpuadvise.analyzer.model.calls import COPY_CALLS, LAUNCH_CALLS, SYNC_CALLS
 

@@ -1,11 +1,11 @@
-"""A job's communication by process group and phase: for each group (measure/commgroups.py) and each
-place its collectives were issued from (measure/commphases.py: "FSDP all-gather in forward",
+"""A job's communication by process group and phase: for each group (measure/job/commgroups.py) and each
+place its collectives were issued from (measure/job/commphases.py: "FSDP all-gather in forward",
 "tensor parallel all-reduce in backward"), per member rank and step:
 
 - inside: the time the rank spent inside them (their union on its clock, from its arrival to its end);
-- exposed: the part of that with nothing of its own beside it (measure/collectives.own_work);
+- exposed: the part of that with nothing of its own beside it (measure/job/collectives.own_work);
 - wait: the exposed part of its wait for the group's last rank to arrive; transfer: the exposed part of
-  the rest (measure/waits.py).
+  the rest (measure/job/waits.py).
 
 Each figure is the median over the steps every rank recorded, per rank; a row shows the median over the
 group's ranks, and the JSON each rank's. The mesh, where the groups say it (a device mesh names its

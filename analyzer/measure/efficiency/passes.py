@@ -1,6 +1,6 @@
 """Which pass of training each CPU op ran in: the forward, the backward, or a forward op run again inside
 the backward (activation checkpointing's recompute). The one place that tells them apart: the FLOP count
-(measure/flops.py: model FLOPs leave the recompute out, hardware FLOPs keep it) and the recompute rule
+(measure/efficiency/flops.py: model FLOPs leave the recompute out, hardware FLOPs keep it) and the recompute rule
 read it.
 
 How the trace shows it:
@@ -9,7 +9,7 @@ How the trace shows it:
   caller's on a CPU). The ops a backward node calls run with grad mode off, so they carry no autograd
   sequence number.
 - **A recomputed forward op** is one activation checkpointing ran again inside the backward, and every
-  op nested in it (the addmm in a linear, the kernels' ops): measure/recompute.py finds them (ops with an
+  op nested in it (the addmm in a linear, the kernels' ops): measure/efficiency/recompute.py finds them (ops with an
   autograd sequence number inside a backward node, outermost among the aten ops, that replay ops the
   forward ran), for torch.utils.checkpoint re-entrant or not, selective checkpointing and Hugging Face's.
 - A backward with `create_graph=True` (double backward: gradient penalties, some meta-learning) records
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import recompute
-from .spans import inside_any
+from ..basics.spans import inside_any
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask
 
 FORWARD, BACKWARD, RECOMPUTE = 0, 1, 2  # `Passes.of` codes

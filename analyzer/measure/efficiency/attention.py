@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .spans import TOUCH_US, ops_inside, outermost
+from ..basics.spans import TOUCH_US, ops_inside, outermost
 from gpuadvise.analyzer.model import frames as code_frames
 from gpuadvise.analyzer.model.kernels import is_matmul_like
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask, names_in

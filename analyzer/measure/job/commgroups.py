@@ -3,7 +3,7 @@
 A job on a device mesh runs each kind of parallelism on its own process groups (FSDP over one mesh
 dimension, tensor parallelism over another): rank 0's all-gathers go to ranks {0, 2}, its all-reduces
 to {0, 1}. A collective is one across its group's ranks only, so lining collectives up across the ranks
-(measure/waits.py) needs each one's group first.
+(measure/job/waits.py) needs each one's group first.
 
 Where a collective's group comes from, best first:
 - **the trace**: newer torch names it on the NCCL kernel and on `record_param_comms` ("Process Group
@@ -85,7 +85,7 @@ class Resolved:
 
 
 def resolve(collectives: list, rank_ids: list[int], known: list[list[dict]] | None = None) -> Resolved:
-    """`collectives`: one measure.collectives.RankCollectives (or None) per rank, in rank order;
+    """`collectives`: one measure.job.collectives.RankCollectives (or None) per rank, in rank order;
     `rank_ids`: their ranks; `known`: per rank, the process groups its trace header and run.json list
     ({"name", "desc", "ranks"})."""
     named = _known_groups(known or [])
@@ -289,7 +289,7 @@ def _splits(members: list[int], fit, size: int, limit: int = 2) -> list[list[lis
 
 def _group_size(collectives: list, where: dict) -> int | None:
     """The size of the group a class runs on, where its collectives record it ("Group size", or for a CPU
-    backend's the tensors of the c10d call that issued it: measure/collectives.py): the most common one;
+    backend's the tensors of the c10d call that issued it: measure/job/collectives.py): the most common one;
     None when none does."""
     sizes = Counter()
     for i, rows in where.items():

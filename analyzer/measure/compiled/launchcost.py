@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from gpuadvise.analyzer.model.calls import LAUNCH_CALLS
 
-from . import intervals as iv
-from .metrics import Metrics
+from ..basics import intervals as iv
+from ..basics.metrics import Metrics
 
 
 def cpu_per_kernel(model, metrics: Metrics, kernels: int) -> dict | None:

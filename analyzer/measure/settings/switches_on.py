@@ -24,7 +24,7 @@ all of them (each a note of the report, analyzer/run/single.py).
 
 | switch | run.json | trace |
 |---|---|---|
-| `compile` | `compiled.calls`/`compiles`, the framework's `torch_compile` | compiled frames or graph spans inside the steps, Inductor kernels (measure/compiled.py); not when the compiled code launched under a quarter of the model's 20 or more matmul kernels (a compiled helper beside an eager model) |
+| `compile` | `compiled.calls`/`compiles`, the framework's `torch_compile` | compiled frames or graph spans inside the steps, Inductor kernels (measure/compiled/compiledtrace.py); not when the compiled code launched under a quarter of the model's 20 or more matmul kernels (a compiled helper beside an eager model) |
 | `cuda_graphs` | `compiled.cudagraphs.replays` above 0 | `cudaGraphLaunch` / `hipGraphLaunch` calls |
 | `autocast` | an autocast context in bf16/fp16, enabled and entered in the recorded steps, the framework's `bf16`/`precision` | most matmul kernel time in 16-bit kernels |
 | `tf32` | `matmul_allow_tf32` (or `float32_matmul_precision` high/medium), the framework's `tf32` | fp32 GEMMs (not convolutions: cuDNN's TF32 is on by default) on TF32 Tensor Core kernels |
@@ -38,7 +38,7 @@ all of them (each a note of the report, analyzer/run/single.py).
 | `expandable_segments` | `PYTORCH_CUDA_ALLOC_CONF` in the environment | the allocator settings a snapshot records |
 
 Whether a trace is compiled is `compiled_evidence(a)`: the one function that reads the trace's compile facts
-(`a.compiled`, measure/compiled.py), so that richer ones plug in there.
+(`a.compiled`, measure/compiled/compiledtrace.py), so that richer ones plug in there.
 
 `asked_for(text)` recognises a recommendation by its phrases; in prose a sentence that says "already"
 reports what is on and asks for nothing. `without_what_is_on(fix, on)` drops the code lines of a fix that
@@ -59,8 +59,8 @@ from gpuadvise.analyzer.model.calls import GRAPH_LAUNCHES
 from gpuadvise.analyzer.model.kernels import CONV, GEMM, head
 from gpuadvise.analyzer.model.trace import name_mask
 
-from . import perstep
-from .spans import annotation_spans, gpu_ops_launched_in, ops_inside
+from ..basics import perstep
+from ..basics.spans import annotation_spans, gpu_ops_launched_in, ops_inside
 
 # a GEMM kernel (not a convolution) on TF32 Tensor Cores, by name
 TF32_GEMM = re.compile(r"tf32|s1688gemm|s884gemm|_s1688|1688tf32", re.I)
@@ -619,7 +619,7 @@ def _no_sync_built_off(a) -> str | None:
 # -- layout and memory ---------------------------------------------------------------------------------
 
 def _channels_last_trace(a) -> str | None:
-    from .layout import conv_kernels, has_conversion_kernels
+    from ..efficiency.layout import conv_kernels, has_conversion_kernels
 
     if has_conversion_kernels(a.model):  # any conversion by name: not a layout without conversions
         return None

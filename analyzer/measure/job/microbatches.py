@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .analysis import Analysis
-from .spans import annotation_spans
-from .steps import launch_steps
+from ..analysis import Analysis
+from ..basics.spans import annotation_spans
+from ..basics.steps import launch_steps
 
 DDP_FORWARD = "DistributedDataParallel.forward"
 

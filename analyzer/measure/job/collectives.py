@@ -1,10 +1,10 @@
-"""One rank's collectives, ready to be lined up with the other ranks' (measure/job.py).
+"""One rank's collectives, ready to be lined up with the other ranks' (measure/job/job.py).
 
 Each collective's execution (model/collectives.py: a communication kernel, or a CPU backend's span such
 as `gloo:all_reduce`) becomes one row: the step whose iteration issued it, which collective it is, the
 process group and sequence number when the trace records them, its order among the same collectives of
 its step, and when it started and ended on this rank's clock (absolute µs, so ranks on one host compare
-directly; measure/job.py aligns other clocks by the collectives' ends).
+directly; measure/job/job.py aligns other clocks by the collectives' ends).
 
 A collective starts on a rank when that rank arrives (its data is ready, its stream or backend thread gets
 to it) and ends once the last rank has arrived and the transfer is done. What part of the time a rank
@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import intervals as iv
+from ..basics import intervals as iv
 from .commphases import place
-from .cudagraphs import captured
-from .metrics import Metrics
-from .steps import launch_steps
+from ..compiled.cudagraphs import captured
+from ..basics.metrics import Metrics
+from ..basics.steps import launch_steps
 from gpuadvise.analyzer.model import collectives as coll
 from gpuadvise.analyzer.model.kernels import is_comm
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask, names_in
@@ -55,7 +55,7 @@ class RankCollectives:
     pg_desc: list[str] = field(default_factory=list)  # the group's description and ranks, as the trace writes them
     pg_ranks: list[str] = field(default_factory=list)
     group_size: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # its group's size (-1)
-    phase: list[str] = field(default_factory=list)  # "forward", "backward", "optimizer", "" (measure/commphases.py)
+    phase: list[str] = field(default_factory=list)  # "forward", "backward", "optimizer", "" (measure/job/commphases.py)
     scheme: list[str] = field(default_factory=list)  # "fsdp", "tp", "pp", "a2a", "ddp", "dp", "optimizer", ""
 
     def __len__(self) -> int:
@@ -68,7 +68,7 @@ class RankCollectives:
     def keys(self, groups: list[str] | None = None) -> list[tuple]:
         """How each row is matched across ranks: by its Comms Id where the trace has one, else by process
         group and sequence number, else by step, group, collective and order within the step. `groups`:
-        each row's group as the job resolved it (measure/commgroups.py), for rows whose trace names none."""
+        each row's group as the job resolved it (measure/job/commgroups.py), for rows whose trace names none."""
         out = []
         ids = self.comms_id or [""] * len(self)
         for i, (s, k, g, q, o) in enumerate(zip(self.step.tolist(), self.kind, self.pg, self.seq.tolist(),
@@ -166,7 +166,7 @@ def _sizes_from_calls(model: TraceModel, sizes: np.ndarray, call_ts: np.ndarray,
 def _captured_at(model: TraceModel, runs, where: list[str], issued_at: np.ndarray,
                  issued_tid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Where each collective's phase is read: where it was issued, or for a kernel a CUDA graph ran, where
-    the launch captured into the graph was made (measure/cudagraphs.py); and which ran from a graph whose
+    the launch captured into the graph was made (measure/compiled/cudagraphs.py); and which ran from a graph whose
     capture the trace does not hold."""
     at, tid = issued_at.copy(), issued_tid.copy()
     unplaced = np.zeros(len(runs), dtype=bool)

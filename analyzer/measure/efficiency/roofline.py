@@ -11,7 +11,7 @@ A kernel cannot run faster than any of three limits (model/devices.py gives the 
 
 `bound(...)` is the hardware's own limit (the peaks and the bandwidth as the vendor states them): no
 prediction is allowed below it. `attainable(...)` is what a well-tuned kernel reaches: the compute limit
-at the efficiency large GEMMs reach (calibrated on the open H100 pairs, measure/precision.py), the memory
+at the efficiency large GEMMs reach (calibrated on the open H100 pairs, measure/efficiency/precision.py), the memory
 limit at MEMORY_EFFICIENCY of the bandwidth. A fix moves a kernel from one attainable roofline to another:
 a large, compute-bound GEMM runs the ratio of the two peaks faster; a skinny one (M = 8 tokens) is bound
 by reading its weight and runs the ratio of the operand widths faster (2× for bf16, 1× for TF32); a tiny
@@ -47,7 +47,7 @@ from gpuadvise.analyzer.model.devices import Spec
 
 LATENCY_FLOOR_US = 3.5
 # dense large-GEMM efficiency per path: the H100 pairs' forward addmm reached 77 % of the fp32 SIMT peak,
-# 78 % of bf16's, 81 % of TF32's (measure/precision.py); fp16/fp8 assumed as bf16
+# 78 % of bf16's, 81 % of TF32's (measure/efficiency/precision.py); fp16/fp8 assumed as bf16
 COMPUTE_EFFICIENCY = {"fp32": 0.77, "tf32": 0.81, "bf16": 0.78, "fp16": 0.78, "fp8": 0.78}
 MEMORY_EFFICIENCY = 0.8  # of the datasheet bandwidth: H100 measured 75 % (TF32) and 83 % (bf16) for 8192×8192×64, 88 % for a copy
 OPERAND_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import intervals as iv
+from ..basics import intervals as iv
 from gpuadvise.analyzer.model.collectives import SYMMETRIC
 
 
@@ -52,13 +52,13 @@ class Matched:
     last: np.ndarray  # (n,) index of the rank that arrived last
     offsets_us: np.ndarray  # (ranks,) each rank's clock minus the first rank's
     start: np.ndarray  # each rank's own clock: when it arrived (to measure time against its own work)
-    busy: list  # per rank, its own work during its collectives (measure.collectives.RankCollectives.busy)
+    busy: list  # per rank, its own work during its collectives (measure.job.collectives.RankCollectives.busy)
     unmatched: int  # collectives not found once on every traced rank of their group, or whose ends do not line up
-    keys: list  # (n,) each collective's key (measure.collectives.RankCollectives.keys)
+    keys: list  # (n,) each collective's key (measure.job.collectives.RankCollectives.keys)
     by: str  # how they were matched: "Comms Id", "sequence number" or "order within the step"
     member: np.ndarray | None = None  # (ranks, n) bool: the ranks it ran on (None: every rank)
     group: list = field(default_factory=list)  # (n,) its group's id (commgroups.Group.id)
-    phase: list = field(default_factory=list)  # (n,) "forward", "backward", "optimizer", "" (measure/commphases.py)
+    phase: list = field(default_factory=list)  # (n,) "forward", "backward", "optimizer", "" (measure/job/commphases.py)
     scheme: list = field(default_factory=list)  # (n,) "fsdp", "tp", "pp", "a2a", "ddp", "dp", "optimizer", ""
 
     def __len__(self) -> int:
@@ -71,7 +71,7 @@ class Matched:
 
 
 def match(collectives: list, groups=None) -> Matched | None:
-    """`collectives`: one measure.collectives.RankCollectives (or None) per rank, in rank order; `groups`:
+    """`collectives`: one measure.job.collectives.RankCollectives (or None) per rank, in rank order; `groups`:
     their process groups (commgroups.Resolved; None: every collective is one of all the traced ranks)."""
     if len(collectives) < 2 or any(c is None or not len(c) for c in collectives):
         return None

@@ -6,8 +6,8 @@ not (input preparation, logging, a sleep), and the op that follows that stretch 
 Time while a CPU backend runs one of the rank's collectives (`gloo:all_reduce` on its own thread), and
 on such a backend the thread's own ops that are part of a collective or hold one (its `c10d::` call, a
 functional collective's `wait_tensor`, autograd's node whose hook reduce-scatters:
-model/collectives.in_a_collective, what measure/collectives.own_work leaves out of the rank's work) are
-neither: the training thread is then waiting for the collective, which measure/job.py counts as a wait.
+model/collectives.in_a_collective, what measure/job/collectives.own_work leaves out of the rank's work) are
+neither: the training thread is then waiting for the collective, which measure/job/job.py counts as a wait.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import intervals as iv
-from .metrics import Metrics
-from .steps import cpu_windows
+from ..basics import intervals as iv
+from ..basics.metrics import Metrics
+from ..basics.steps import cpu_windows
 from gpuadvise.analyzer.model import collectives as coll
 from gpuadvise.analyzer.model.calls import STEP
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask
@@ -48,7 +48,7 @@ def thread_time(model: TraceModel, m: Metrics, waits: tuple[np.ndarray, np.ndarr
     comms = model.comms
     host = comms[comms["role"] == coll.HOST] if comms is not None and len(comms) else None
     if host is not None and len(host):  # a CPU backend: its spans, and the thread's ops in a collective, wait
-        held = coll.in_a_collective(mine)  # as measure/collectives.own_work leaves them out of the rank's work
+        held = coll.in_a_collective(mine)  # as measure/job/collectives.own_work leaves them out of the rank's work
         waiting = iv.union(np.concatenate([host["ts"].to_numpy(dtype=float), mine["ts"].to_numpy(dtype=float)[held]]),
                            np.concatenate([host["end"].to_numpy(dtype=float), mine["end"].to_numpy(dtype=float)[held]]))
         mine = mine[~held]

@@ -39,7 +39,7 @@ FLOPs are shared among its matrix kernels by their time (a cuDNN attention backw
 kernels, one of which does the math), so a step's FLOPs and the time their kernels took come from the
 same kernels, and fall in the steps those kernels ran in.
 
-Each counted op also carries its pass (measure/passes.py: forward, backward, or a forward recomputed in
+Each counted op also carries its pass (measure/efficiency/passes.py: forward, backward, or a forward recomputed in
 the backward) and the dtype its inputs had.
 """
 

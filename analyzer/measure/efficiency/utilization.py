@@ -7,10 +7,10 @@ FLOPs** are what the hardware ran, activation checkpointing's recomputed forward
 FLOPs per step over the step time over the peak, HFU the same with the hardware FLOPs.
 
 Here:
-- **The FLOPs** are counted from the trace (measure/flops.py: every op that recorded its shapes, each FLOP
+- **The FLOPs** are counted from the trace (measure/efficiency/flops.py: every op that recorded its shapes, each FLOP
   once) and placed in the steps their kernels ran in, so a step's FLOPs and its time come from the same
-  steps. Recomputed forward ops are told apart by measure/passes.py.
-- **The step time** is the header's: the median step on the GPU timeline (measure/metrics.py).
+  steps. Recomputed forward ops are told apart by measure/efficiency/passes.py.
+- **The step time** is the header's: the median step on the GPU timeline (measure/basics/metrics.py).
 - **One process on several GPUs** (DataParallel, a model split by hand) counts the FLOPs of them all over
   their peaks together (`gpus` of them).
 - **The peak** is the device's dense peak (model/devices.py, no 2:4 sparsity) **of the dtype each op ran
@@ -32,9 +32,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from . import perstep
+from ..basics import perstep
 from .flops import FAMILIES, counted_ops, op_kernels
-from .metrics import Metrics
+from ..basics.metrics import Metrics
 from .passes import passes
 from gpuadvise.analyzer.model import flopops, runfacts
 from gpuadvise.analyzer.model.devices import Spec

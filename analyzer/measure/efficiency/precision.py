@@ -3,7 +3,7 @@
 A fix changes three things, each from the hardware's own numbers (model/devices.py):
 
 - **The fp32 SIMT matmul kernels run on the matrix units**, each bounded by its roofline
-  (measure/roofline.py). With the kernel's op shapes recorded (`record_shapes`, or the harness's shape
+  (measure/efficiency/roofline.py). With the kernel's op shapes recorded (`record_shapes`, or the harness's shape
   probe) it moves from its fp32 roofline to the fix's: a large compute-bound GEMM runs the ratio of the
   peaks faster, a skinny one (M = 8) bound by reading its weight runs the ratio of the operand widths
   faster, a tiny one bound by its launch latency not at all; it keeps the fraction of its attainable
@@ -40,7 +40,7 @@ import pandas as pd
 
 from . import roofline
 from .gemm import GEMM_OPS, kernels_by_op, matmul_mkn, parse_dims
-from .spans import annotation_spans, gpu_ops_launched_in
+from ..basics.spans import annotation_spans, gpu_ops_launched_in
 from gpuadvise.analyzer.model.devices import Spec
 from gpuadvise.analyzer.model.kernels import SIXTEEN_BIT, is_comm, is_matmul_like
 from gpuadvise.analyzer.model.trace import TraceModel, distinct_names, names_in

@@ -2,13 +2,13 @@
 
 Each rank contributes a small `RankStats` (computed where its trace was analysed, in a worker process
 or on a Dask worker); `build_view` lines the ranks up by ProfilerStep number and their collectives one
-by one (measure/waits.py).
+by one (measure/job/waits.py).
 
 Definitions:
 - wait: in a synchronous job a collective ends only when the last rank joins it. Each collective is
   matched across the ranks, their clocks aligned by the collectives' ends, and a rank's wait in it is
   (last rank's arrival) − (its own arrival); its *exposed* wait is the part of that it did no other work
-  (measure/waits.py). A rank's wait in a step is the exposed wait of the collectives its step issued,
+  (measure/job/waits.py). A rank's wait in a step is the exposed wait of the collectives its step issued,
   on every backend: NCCL/RCCL kernels and CPU backends (gloo) alike. A trace whose collectives cannot be
   matched (different counts on different ranks) falls back to the communication kernels: per step, the
   rank with the least exposed communication waited least, the others' wait is their exposed
@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import commgroups, grouptime, intervals as iv, waits
+from . import commgroups, grouptime, waits
+from ..basics import intervals as iv
 from .collectives import RankCollectives, own_work, rank_collectives
 from .gradients import reduction_room_per_step
 from .ranktime import thread_time
-from .perstep import count_of
+from ..basics.perstep import count_of
 from gpuadvise.analyzer.model import runfacts
 from gpuadvise.analyzer.model.kernels import is_comm
 from gpuadvise.analyzer.model.trace import name_mask
@@ -62,16 +63,16 @@ class RankStats:
     cpu_start_us: list[float] = field(default_factory=list)  # each step's CPU span start (rebased, like start_us)
     backend: str | None = None  # distributedInfo's backend ("nccl", "gloo", …)
     collectives: RankCollectives | None = None  # every collective it ran, for the matching
-    # the training thread, per step (measure/ranktime.py): inside ops, outside every op, and where
+    # the training thread, per step (measure/job/ranktime.py): inside ops, outside every op, and where
     sync_us: list[float] = field(default_factory=list)
     op_us: list[float] = field(default_factory=list)
     untraced_us: list[float] = field(default_factory=list)
     gap_before: list[str] = field(default_factory=list)
-    # per step: the rank's own work after its first gradient is ready (measure/gradients.py), what a reduction
+    # per step: the rank's own work after its first gradient is ready (measure/job/gradients.py), what a reduction
     # can hide behind; [] when the trace records no gradient accumulation (unknown)
     reduction_room_us: list[float] = field(default_factory=list)
     # the process groups this rank is in, as its trace header and run.json list them ({"name", "desc",
-    # "ranks", "source"}), and the device meshes run.json recorded (measure/commgroups.py, grouptime.py)
+    # "ranks", "source"}), and the device meshes run.json recorded (measure/job/commgroups.py, grouptime.py)
     groups: list[dict] = field(default_factory=list)
     meshes: list[dict] = field(default_factory=list)
 
@@ -286,7 +287,7 @@ def build_view(stats: list[RankStats]) -> JobView | None:
                    resolved=resolved)
 
 
-WHOLE_TRACE = -1  # the step number of a trace without ProfilerStep (its whole trace, measure/perstep.py)
+WHOLE_TRACE = -1  # the step number of a trace without ProfilerStep (its whole trace, measure/basics/perstep.py)
 
 GRID_COLUMNS = ("dur_us", "busy_pct", "compute_us", "comm_us", "exposed_comm_us", "dataloader_us", "sync_us", "op_us",
                 "untraced_us")

@@ -3,7 +3,7 @@ input (`RunAnalysis`, `requires = ("run",)`; docs/rule-api.md section 9).
 
 - The **series**: the unprofiled steps' times (model/steprecord.py: no profiler, no step right after a
   window), then one point per bucket of the bucketed range (its median, at its middle step).
-- **Levels** (measure/changepoints.py): the series' first lasting rise beyond chance (a CUSUM test, then
+- **Levels** (measure/longrun/changepoints.py): the series' first lasting rise beyond chance (a CUSUM test, then
   step, linear-climb and exponential-climb fits; a warm-up is left out): its onset, shape and, when the
   series came back down, its last step. The early level is the median of the steps before the onset
   (after any warm-up), the slow level the new regime's median (a step) or its last K points' (a climb).

@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from . import intervals as iv
+from ..basics import intervals as iv
 from .dag import KINDS, Graph
 
 try:  # the compiled longest path (replay_loops.c); the Python loop below where it was not built

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import intervals as iv
-from .metrics import Metrics
-from .steps import cpu_windows
+from ..basics import intervals as iv
+from ..basics.metrics import Metrics
+from ..basics.steps import cpu_windows
 from gpuadvise.analyzer.model import collectives as coll
 from gpuadvise.analyzer.model.kernels import is_comm
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask
@@ -35,7 +35,7 @@ def reduction_room_per_step(model: TraceModel, m: Metrics,
     """Per row of `m.per_step`, µs: the rank's own work between the first and the last gradient ready in the
     step's last backward pass (0 in a step without one). None when the trace records no gradient
     accumulation at all (no autograd ops: the room is unknown, not nil). `own_work`: the rank's work as
-    merged intervals on the model's clock (measure/collectives.own_work less its base), used for a CPU
+    merged intervals on the model's clock (measure/job/collectives.own_work less its base), used for a CPU
     backend's collectives."""
     cpu = model.cpu
     n = len(m.per_step)

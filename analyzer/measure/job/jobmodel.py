@@ -1,7 +1,7 @@
 """What a fix saves the job, not one rank: each rank's steps replayed side by side, with every collective
 ending when its last rank arrives.
 
-Each rank's step is its own work between the collectives lined up across the ranks (measure/waits.py).
+Each rank's step is its own work between the collectives lined up across the ranks (measure/job/waits.py).
 On the aligned clock, rank r reaches collective k either after its earlier collectives ended, when it was
 held by them (the latest of their ends came after its previous arrival and before this one), plus the
 work after that; or else after its previous arrival plus the work between them (collectives it did not

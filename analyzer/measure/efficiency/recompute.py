@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from . import intervals as iv
-from . import perstep
-from .spans import TOUCH_US, gpu_ops_launched_in, ops_inside, outermost
+from ..basics import intervals as iv
+from ..basics import perstep
+from ..basics.spans import TOUCH_US, gpu_ops_launched_in, ops_inside, outermost
 from gpuadvise.analyzer.model.trace import TraceModel, distinct_names, name_mask
 
 NODE = "autograd::engine::evaluate_function: "

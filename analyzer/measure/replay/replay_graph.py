@@ -46,11 +46,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from . import intervals as iv
+from ..basics import intervals as iv
 from .dag import Cyclic, Graph
 from gpuadvise.analyzer.model.calls import (ALLOC_CALLS, COPY_CALLS, DEVICE_SYNCS, FREE_CALLS, LAUNCH_CALLS, QUEUEING_CALLS,
                                             SYNC_CALLS)
-from .metrics import Metrics
+from ..basics.metrics import Metrics
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask, names_in
 from .whatif import WAKE_US, Replay, Scenario
 

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from .cudagraphs import captured
+from ..compiled.cudagraphs import captured
 
 from gpuadvise.analyzer.model.trace import TraceModel, names_in
 
@@ -107,7 +107,7 @@ def gemm_ops(model: TraceModel) -> pd.DataFrame:
 
 def kernels_by_op(model: TraceModel) -> pd.DataFrame:
     """Kernels with the External id of the op whose runtime call launched them (`op_external_id`); a kernel
-    a CUDA graph ran, the op captured into the graph where the trace holds the capture (measure/cudagraphs.py)."""
+    a CUDA graph ran, the op captured into the graph where the trace holds the capture (measure/compiled/cudagraphs.py)."""
     k = model.kernels
     rt = model.runtime[["correlation", "external_id"]].drop_duplicates("correlation")
     rt = rt[rt["correlation"] >= 0].rename(columns={"external_id": "op_external_id"})

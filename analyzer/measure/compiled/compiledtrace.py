@@ -31,9 +31,9 @@ from gpuadvise.analyzer.model.calls import GRAPH_LAUNCHES
 from gpuadvise.analyzer.model.kernels import inductor_kind, is_matmul_like
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask
 
-from . import intervals, perstep
-from .compilework import CompileWork, region_id
-from .metrics import Metrics
+from ..basics import intervals, perstep
+from ..basics.compilework import CompileWork, region_id
+from ..basics.metrics import Metrics
 
 REGION = "Torch-Compiled Region"
 MODEL_MATMULS_MIN = 20  # matmul kernels enough to say where the model runs
@@ -131,7 +131,7 @@ def _matmuls_in_compiled_code(model: TraceModel, metrics: Metrics, spans: pd.Dat
     a CUDA graph counts where its graph was launched. A compiled model launches its matmuls there, the
     backward's included (CompiledFunctionBackward runs on the autograd thread); a compiled helper beside
     an eager model launches none of them."""
-    from .spans import gpu_ops_launched_in
+    from ..basics.spans import gpu_ops_launched_in
 
     k, rt = model.kernels, model.runtime
     if not len(k) or not len(rt):

@@ -18,7 +18,7 @@ CPU backend's span), on the thread that issued it:
   backward, else one with "forward" is forward); else inside an autograd op
   (`autograd::engine::evaluate_function: …`), or from the step's first one until its optimizer step, is
   backward, and before it forward. A kernel a CUDA graph ran is placed where its launch was captured into
-  the graph (measure/cudagraphs.py), in the step that replayed the graph.
+  the graph (measure/compiled/cudagraphs.py), in the step that replayed the graph.
 - scheme: "fsdp" inside an FSDP annotation; "tp" inside a functional collective's op (`_c10d_functional::…`,
   what DTensor's tensor and sequence parallelism issue); "pp" for sends and receives; "a2a" for all-to-all
   (an expert layer's dispatch and combine, sharded embeddings' lookups: the trace does not say which);
@@ -32,9 +32,9 @@ import re
 
 import numpy as np
 
-from .metrics import Metrics
-from .spans import inside_any
-from .steps import launch_steps
+from ..basics.metrics import Metrics
+from ..basics.spans import inside_any
+from ..basics.steps import launch_steps
 from gpuadvise.analyzer.model import collectives as coll
 from gpuadvise.analyzer.model.trace import TraceModel, name_mask
 
