@@ -208,27 +208,60 @@ def test_the_consumer_rule_sees_imports():
     assert "gpuadvise.analyzer.run" in set(GRAPH.successors("gpuadvise.tui.ahead"))
 
 
-# -- the harness by concern: each sub-package's docstring says what it may import ----------------------
+# -- a stage by concern: the harness and measure/ are packages by concern, each sub-package's docstring
+# saying what it owns and what it may import ------------------------------------------------------------------
 HARNESS = "gpuadvise.harness"
-HARNESS_PARTS = sorted(mod for mod in MODULES if mod.count(".") == 2 and _inside(mod, HARNESS))  # packages and lone modules
+MEASURE = "gpuadvise.analyzer.measure"
 
 
-def _part(mod: str) -> str | None:
-    """The harness part (sub-package or lone module) `mod` belongs to; None outside the parts."""
-    return next((p for p in HARNESS_PARTS if _inside(mod, p)), None)
+def _parts_of(stage: str) -> list[str]:
+    """A stage's parts: its sub-packages and the modules that stand alone at its top."""
+    return sorted(mod for mod in MODULES if mod.count(".") == stage.count(".") + 1 and _inside(mod, stage))
+
+
+HARNESS_PARTS = _parts_of(HARNESS)
+MEASURE_PARTS = _parts_of(MEASURE)
+
+
+def _part(mod: str, parts: list[str]) -> str | None:
+    """The part (sub-package or lone module) `mod` belongs to; None outside the parts."""
+    return next((p for p in parts if _inside(mod, p)), None)
+
+
+def _docstring(package: str) -> str:
+    return ast.get_docstring(ast.parse(MODULES[package].read_text())) or ""
 
 
 def _may_import(package: str) -> list[str]:
     """The `May import:` paragraph of a package's docstring (names under gpuadvise, each maybe followed by
     a note in brackets), as full module names."""
-    doc = ast.get_docstring(ast.parse(MODULES[package].read_text())) or ""
-    _, found, rest = doc.partition("May import:")
+    _, found, rest = _docstring(package).partition("May import:")
     assert found, f"{package}'s docstring says nothing of what it may import"
     names = re.sub(r"\([^)]*\)", "", rest.split("\n\n")[0]).replace("\n", " ").rstrip(". ")
     return [f"gpuadvise.{name.strip()}" for name in names.split(",")]
 
 
-SUBPACKAGES = [p for p in HARNESS_PARTS if MODULES[p].name == "__init__.py"]
+def _subpackages(parts: list[str]) -> list[str]:
+    return [p for p in parts if MODULES[p].name == "__init__.py"]
+
+
+SUBPACKAGES = _subpackages(HARNESS_PARTS)
+MEASURE_PACKAGES = _subpackages(MEASURE_PARTS)
+
+
+def _parts_graph(parts: list[str]) -> nx.DiGraph:
+    """The imports between a stage's parts."""
+    g = nx.DiGraph()
+    for mod in MODULES:
+        here = _part(mod, parts)
+        if here is None:
+            continue
+        g.add_node(here)
+        for dep in GRAPH.successors(mod):
+            there = _part(dep, parts)
+            if there is not None and there != here:
+                g.add_edge(here, there)
+    return g
 
 
 def test_the_harness_is_grouped_by_concern():
@@ -238,8 +271,15 @@ def test_the_harness_is_grouped_by_concern():
     assert "gpuadvise.harness.windows" in set(GRAPH.successors("gpuadvise.harness.steps.sources"))
 
 
-@pytest.mark.parametrize("package", SUBPACKAGES)
-def test_a_harness_package_imports_only_what_its_docstring_allows(package):
+def test_the_measure_stage_is_grouped_by_concern():
+    # guards the tests below: the scan sees the measure packages, their modules and the imports between them
+    assert {f"{MEASURE}.{p}" for p in ("basics", "replay", "job", "longrun", "efficiency")} <= set(MEASURE_PACKAGES)
+    assert {f"{MEASURE}.replay.whatif", f"{MEASURE}.job.job", f"{MEASURE}.basics.metrics"} <= set(MODULES)
+    assert f"{MEASURE}.basics" in set(GRAPH.successors(f"{MEASURE}.job.job"))
+
+
+@pytest.mark.parametrize("package", SUBPACKAGES + MEASURE_PACKAGES)
+def test_a_package_imports_only_what_its_docstring_allows(package):
     allowed = _may_import(package)
     assert all(a in MODULES for a in allowed), f"{package}'s docstring names a module that does not exist: {allowed}"
     bad = [f"{mod} → {dep}" for mod in MODULES if _inside(mod, package) for dep in GRAPH.successors(mod)
@@ -257,16 +297,41 @@ def test_no_part_of_the_harness_imports_the_rules_or_the_tui():
 def test_the_harness_parts_are_layered():
     """Between its parts, the harness's imports point one way: the session ties the parts together,
     no part below it reaches back up (a cycle between two packages, even with no cycle between modules)."""
-    parts = nx.DiGraph()
-    for mod in MODULES:
-        here = _part(mod)
-        if here is None:
-            continue
-        parts.add_node(here)
-        for dep in GRAPH.successors(mod):
-            there = _part(dep)
-            if there is not None and there != here:
-                parts.add_edge(here, there)
+    parts = _parts_graph(HARNESS_PARTS)
     assert parts.has_edge("gpuadvise.harness.session", "gpuadvise.harness.steps")  # guards the scan
     cycles = [sorted(c) for c in nx.strongly_connected_components(parts) if len(c) > 1]
     assert not cycles, f"harness packages importing each other: {cycles}"
+
+
+def test_the_measure_parts_are_layered():
+    """Between measure's parts, imports point one way: `Analysis` (analysis.py) ties the concerns together,
+    the basics are under them all, and no concern reaches back up into the one that imports it."""
+    parts = _parts_graph(MEASURE_PARTS)
+    assert parts.has_edge(f"{MEASURE}.analysis", f"{MEASURE}.replay")  # guards the scan
+    cycles = [sorted(c) for c in nx.strongly_connected_components(parts) if len(c) > 1]
+    assert not cycles, f"measure packages importing each other: {cycles}"
+    assert not [p for p in parts.successors(f"{MEASURE}.basics")], "the basics import another concern"
+
+
+# The modules at the top of measure/: what a rule reads, and the memory summary. Anything else belongs to a concern.
+MEASURE_LONE = {f"{MEASURE}.analysis", f"{MEASURE}.memory"}
+
+
+def test_every_measure_module_belongs_to_a_concern():
+    """measure/ stays by concern: a new module goes into the package of its concern (or a new package with
+    its docstring), not beside them."""
+    lone = {p for p in MEASURE_PARTS if MODULES[p].name != "__init__.py"}
+    assert lone == MEASURE_LONE, f"modules at the top of measure/: {sorted(lone - MEASURE_LONE)}"
+
+
+@pytest.mark.parametrize("package", [MEASURE, *MEASURE_PACKAGES])
+def test_a_measure_package_says_what_it_owns(package):
+    """Each measure package's __init__ is its docstring alone (importing one module runs nothing else) and
+    names every module the package holds."""
+    tree = ast.parse(MODULES[package].read_text())
+    assert len(tree.body) == 1 and ast.get_docstring(tree), f"{package}/__init__.py holds more than its docstring"
+    doc = _docstring(package)
+    held = [mod.rsplit(".", 1)[1] for mod in MODULES if mod.count(".") == package.count(".") + 1
+            and _inside(mod, package)]
+    unnamed = [name for name in held if not re.search(rf"\b{re.escape(name)}(\.py|/)", doc)]
+    assert not unnamed, f"{package}'s docstring does not say it holds: {unnamed}"

@@ -9,12 +9,15 @@ to that micro-batch's backward: a micro-batch that all-reduced synchronised its 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..analysis import Analysis
 from ..basics.spans import annotation_spans
 from ..basics.steps import launch_steps
+
+if TYPE_CHECKING:  # the object a rule reads (measure/analysis.py) imports this package: for the annotations only
+    from ..analysis import Analysis
 
 DDP_FORWARD = "DistributedDataParallel.forward"
 
