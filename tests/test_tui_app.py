@@ -534,19 +534,29 @@ def test_several_traces_switch_with_angle_brackets(positives):
 # Loading in a worker, bad input, the CLI
 
 
-def test_loads_paths_in_a_worker_with_progress(tmp_path):
+def test_loads_paths_in_a_worker_with_progress(tmp_path, monkeypatch):
+    from gpuadvise.tui.data import ViewData
+
     path = find_rule("dataloader-stall").positive().write(tmp_path / "stall.json.gz")
+    # the timeline index is built in the background once the findings are up, not beside their drawing
+    screens_when_indexed = []
+    build = ViewData.timeline
+    monkeypatch.setattr(ViewData, "timeline", lambda data, i=None: (screens_when_indexed.append(type(app.screen)),
+                                                                    build(data, i))[1])
 
     async def go():
+        nonlocal app
         app = GpuadviseApp(paths=[str(path)], cursor_blink=False)
         async with app.run_test(size=SIZE) as pilot:
             assert isinstance(app.screen, LoadingScreen)  # painted before the analysis is done
             await settle(pilot)
             assert isinstance(app.screen, FindingsScreen)
             assert app.data.findings[0].rule == "GA102"
-            assert not app.loading
+            assert not app.loading and app.data.timeline_ready(0)
 
+    app = None
     run(go())
+    assert screens_when_indexed and set(screens_when_indexed) == {FindingsScreen}
 
 
 def test_view_shows_the_same_findings_as_analyze_on_a_rank_folder(tmp_path, capsys):

@@ -8,6 +8,7 @@ reports (tests, benchmarks), so its tests need neither torch nor a GPU.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -119,6 +120,7 @@ class GpuadviseApp(App[int]):
         self.waiting_for_index: set = set()  # timeline screens shown before their index was built
         self.loading = False  # True while the load worker runs (the CLI must not wait on it at exit)
         self._ahead = ahead  # the analysis of `paths`, when the command started it before importing the app
+        self._first_screen_drawn = threading.Event()  # the timeline index waits for it (`_index_after_first_draw`)
 
     # -- start-up ----------------------------------------------------------------------------------
     def get_default_screen(self) -> LoadingScreen:
@@ -169,11 +171,7 @@ class GpuadviseApp(App[int]):
             reports = ahead.reports
             data = ViewData(reports)
             self.post_message(Loaded(data))
-            for i in range(len(reports)):  # the timeline index: in the background, after the findings show
-                if worker.is_cancelled:
-                    return
-                data.timeline(i)
-                self.post_message(TimelineIndexed(i))
+            self._index_after_first_draw(data, worker)  # in the background, once the findings show
         except Cancelled:
             return
         except InputError as exc:
@@ -201,8 +199,19 @@ class GpuadviseApp(App[int]):
 
     @work(thread=True, exclusive=True, group="index", exit_on_error=False)
     def index_timelines(self) -> None:
-        for i in range(len(self.data.reports)):
-            self.data.timeline(i)
+        self._index_after_first_draw(self.data, get_current_worker())
+
+    def _index_after_first_draw(self, data: "ViewData", worker) -> None:
+        """Index every report's timeline (in a worker thread), once the first screen is on the terminal:
+        indexing while that screen is built and drawn, the two take turns for the interpreter lock and the
+        findings show later (by about 0.1 s on a 1 GB trace)."""
+        while not self._first_screen_drawn.wait(0.05):
+            if worker.is_cancelled:
+                return
+        for i in range(len(data.reports)):
+            if worker.is_cancelled:
+                return
+            data.timeline(i)
             self.post_message(TimelineIndexed(i))
 
     def on_timeline_indexed(self, event: TimelineIndexed) -> None:
@@ -232,6 +241,7 @@ class GpuadviseApp(App[int]):
         for mode, cls in screen_classes().items():
             self.add_mode(mode, cls)
         self.switch_mode(self.first_screen)
+        self.call_after_refresh(self._first_screen_drawn.set)
 
     # -- actions -----------------------------------------------------------------------------------
     def check_action(self, action: str, parameters) -> bool | None:
