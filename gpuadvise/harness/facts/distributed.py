@@ -277,20 +277,15 @@ def patch_fsdp(fsdp) -> None:
     cls = getattr(fsdp, "FullyShardedDataParallel", None)
     if cls is not None:
         _wrap_init(cls, _record_fsdp1)
-    original = getattr(fsdp, "fully_shard", None)
-    if original is not None and not getattr(original, "_gpuadvise", False):
-        @functools.wraps(original)
+    def recording(original):
         def fully_shard(module, *a, **k):
             name = type(module).__name__  # before fully_shard swaps in its FSDP subclass
             out = original(module, *a, **k)
             _safe(_record_fully_shard)(name, k, general.caller())
             return out
+        return fully_shard
 
-        fully_shard._gpuadvise = True
-        fsdp.fully_shard = fully_shard
-        composable = sys.modules.get("torch.distributed._composable.fsdp")
-        if composable is not None and getattr(composable, "fully_shard", None) is original:
-            composable.fully_shard = fully_shard
+    _wrap_function(fsdp, "fully_shard", recording, also_in="torch.distributed._composable.fsdp")
     module_cls = getattr(fsdp, "FSDPModule", None)
     if module_cls is not None:
         for direction in ("forward", "backward"):
@@ -341,21 +336,28 @@ def _record_fully_shard(module: str, k: dict, where: str) -> None:
 
 
 def patch_device_mesh(module) -> None:
-    original = getattr(module, "init_device_mesh", None)
+    def recording(original):
+        def init_device_mesh(*a, **k):
+            mesh = original(*a, **k)
+            _safe(_record_mesh)(mesh, a, k, general.caller())
+            return mesh
+        return init_device_mesh
+
+    _wrap_function(module, "init_device_mesh", recording, also_in="torch.distributed")
+
+
+def _wrap_function(module, name: str, recording, also_in: str) -> None:
+    """`module.name` replaced, once, by `recording(original)`, and so is the same function where the module
+    `also_in` re-exports it (a script that imported it from there calls the wrapper too)."""
+    original = getattr(module, name, None)
     if original is None or getattr(original, "_gpuadvise", False):
         return
-
-    @functools.wraps(original)
-    def init_device_mesh(*a, **k):
-        mesh = original(*a, **k)
-        _safe(_record_mesh)(mesh, a, k, general.caller())
-        return mesh
-
-    init_device_mesh._gpuadvise = True
-    module.init_device_mesh = init_device_mesh
-    parent = sys.modules.get("torch.distributed")
-    if parent is not None and getattr(parent, "init_device_mesh", None) is original:
-        parent.init_device_mesh = init_device_mesh
+    wrapper = functools.wraps(original)(recording(original))
+    wrapper._gpuadvise = True
+    setattr(module, name, wrapper)
+    other = sys.modules.get(also_in)
+    if other is not None and getattr(other, name, None) is original:
+        setattr(other, name, wrapper)
 
 
 def _record_mesh(mesh, a, k, where: str) -> None:
