@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpuadvise.analyzer.measure.basics import perstep
 from gpuadvise.analyzer.measure.efficiency import recompute
 from gpuadvise.analyzer.read.loader import load_trace
 from gpuadvise.analyzer.run.single import analyze_model

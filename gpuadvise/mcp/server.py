@@ -16,7 +16,6 @@ works too).
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Annotated
 
 from mcp.server.mcpserver import Context, MCPServer
