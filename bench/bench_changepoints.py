@@ -8,6 +8,8 @@ pure noise makes each method say. Ground truth is known because the series are m
     python bench/bench_changepoints.py --loops        # real loops instead: 20 runs a growth law
     python bench/bench_changepoints.py --loops --runs 5 --keep DIR   # fewer, and keep the run folders
     python bench/bench_changepoints.py --loops --again DIR           # read kept run folders again
+    python bench/bench_changepoints.py --loops --again bench/real-loops/runs.jsonl.gz   # the runs shipped
+    python bench/bench_changepoints.py --loops --pack NEW.jsonl.gz   # and write their step records for --again
 
 Methods:
 - `threshold` (before): the run-level measures as they were (the onset at the first step whose local
@@ -540,15 +542,51 @@ def loop_levels(folder: Path):
     return RunAnalysis(record=load_step_record(folder / "steps.jsonl"), k=K).levels
 
 
+def packed_records(path: Path):
+    """The runs a `--pack` file holds: (plan, the step record's text), one a line."""
+    import gzip
+    import json
+
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        for line in fh:
+            run = json.loads(line)
+            yield {k: v for k, v in run.items() if k != "steps_jsonl"}, run["steps_jsonl"]
+
+
+def pack(rows: list[dict], out: Path) -> None:
+    """The runs' plans and step records, one JSON line each, gzipped: what `--again FILE` reads (a few KB a run;
+    the traces are left out, the onsets come from the step record)."""
+    import gzip
+    import json
+    import os
+
+    tmp = out.with_name(out.name + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8") as fh:
+        for r in rows:
+            plan = {k: r[k] for k in ("law", "run", "steps", "at", "size", "seed", "load", "seconds", "machine") if k in r}
+            fh.write(json.dumps({**plan, "steps_jsonl": r["record"]}) + "\n")
+    os.replace(tmp, out)
+
+
 def loops(runs: int, keep: Path | None = None, again: Path | None = None) -> list[dict]:
     """Each law's loop `runs` times under `gpuadvise profile --when-slower 50` (or the run folders kept
-    by an earlier `--keep`, read again), then the run-level levels of its step record against the truth."""
+    by an earlier `--keep`, or the runs a `--pack` file holds, read again), then the run-level levels of its
+    step record against the truth."""
     import json
     import os
     import shutil
     import tempfile
 
     rows = []
+    if again is not None and again.is_file():  # a --pack file: every run it holds, whatever --runs says
+        tmp = Path(tempfile.mkdtemp(prefix="loops-"))
+        try:
+            for plan, text in packed_records(again):
+                (tmp / "steps.jsonl").write_text(text)
+                rows.append(_judged(plan, loop_levels(tmp), text))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return rows
     tmp = Path(tempfile.mkdtemp(prefix="loops-"))
     try:
         base = again or keep or tmp
@@ -570,15 +608,20 @@ def loops(runs: int, keep: Path | None = None, again: Path | None = None) -> lis
                     plan = json.loads((folder / "truth.json").read_text())  # as it was run
                 else:
                     continue
-                lv = loop_levels(folder)
-                rows.append({**plan, "found": lv is not None and lv.began_at is not None,
-                             "onset": lv.began_at if lv else None, "shape": lv.shape if lv else None,
-                             "between": (lv.began_between or (lv.began_at, lv.began_at)) if lv and lv.began_at else None})
-                print(f"  {law} {run}: {plan['steps']} steps, onset {plan['at']} → {rows[-1]['shape']} "
-                      f"{rows[-1]['onset']} {rows[-1]['between']}", file=sys.stderr, flush=True)
+                rows.append(_judged(plan, loop_levels(folder), (folder / "steps.jsonl").read_text()))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return rows
+
+
+def _judged(plan: dict, lv, record: str) -> dict:
+    """A run's plan with what the report said of it: a drift found, its onset, shape and range."""
+    row = {**plan, "found": lv is not None and lv.began_at is not None, "onset": lv.began_at if lv else None,
+           "shape": lv.shape if lv else None, "record": record,
+           "between": (lv.began_between or (lv.began_at, lv.began_at)) if lv and lv.began_at else None}
+    print(f"  {plan['law']} {plan['run']}: {plan['steps']} steps, onset {plan['at']} → {row['shape']} "
+          f"{row['onset']} {row['between']}", file=sys.stderr, flush=True)
+    return row
 
 
 def loop_table(rows: list[dict]) -> str:
@@ -617,13 +660,20 @@ def main(argv=None) -> int:
                          "on a busy machine)")
     ap.add_argument("--runs", type=int, default=20, help="with --loops: runs per growth law (default 20)")
     ap.add_argument("--keep", type=Path, help="with --loops: keep the run folders (and their truth) here")
-    ap.add_argument("--again", type=Path, help="with --loops: read the run folders an earlier --keep kept, profile none")
+    ap.add_argument("--again", type=Path, help="with --loops: read the run folders an earlier --keep kept (or the runs "
+                    "a --pack file holds), profile none")
+    ap.add_argument("--pack", type=Path, help="with --loops: also write the runs' plans and step records to this file "
+                    "(gzipped JSON lines), for --again to read")
     args = ap.parse_args(argv)
+    if args.again is not None and not args.again.exists():
+        ap.error(f"{args.again}: no such folder or --pack file")
     if args.loops:
         import os
 
         t0, load = time.perf_counter(), os.getloadavg()
         rows = loops(args.runs, args.keep, args.again)
+        if args.pack:
+            pack(rows, args.pack)
         print(loop_table(rows))
         print(f"\n({time.perf_counter() - t0:.1f} s; load average {load[0]:.1f} at the start, "
               f"{os.getloadavg()[0]:.1f} at the end, {os.cpu_count()} CPUs)")

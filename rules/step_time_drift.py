@@ -7,8 +7,9 @@ left out; analyzer/measure/longrun/changepoints.py). The drift's shape is a step
 or a faster climb (its trend grows); it began where the series left its early level (the step of a jump,
 the start of a climb's trend; an exponential's where its excess reached the noise), dated to the steps
 where every growth law that fits about as well begins (a step; the step time growing as u, u^1.5, u², u³,
-u + u², u + u·ln u or exponentially in the steps u since then; the profile likelihood, widened for noise
-whose steps follow each other, on the whole climb and on its first stretch), and lasted to the step
+u + u², u + u·ln u or exponentially in the steps u since then; the profile likelihood of the onset and the
+law's shape together, widened for noise whose steps follow each other, on the whole climb and on its first
+stretches), and lasted to the step
 before it came back, if it did. The early level is the
 median of the unprofiled steps before the onset, the slow one the median of the new level (a step) or of
 a climb's last K steps (K = `--slower-steps`, 20 by default).

@@ -63,7 +63,8 @@ def test_an_unnamed_device_is_matched_by_its_architecture():
 
 
 def test_an_unknown_gpu_gets_the_stated_fallback():
-    for unknown in (None, Device(0, "Mystery Accelerator"), Device(0, "AMD Radeon RX 7900", 11, 0)):
+    for unknown in (None, Device(0, "Mystery Accelerator"), Device(0, "AMD Radeon RX 7900", 11, 0),
+                    Device(0, "", 0, -1)):  # a damaged header's compute capability, below every architecture
         row = devices.spec(unknown)
         assert row is devices.FALLBACK or row.matched == "fallback"
         assert row.has_matrix_units is None and row.matrix_dtypes == () and row.speedup("bf16") is None

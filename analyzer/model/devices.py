@@ -258,7 +258,9 @@ def from_kernels(kernel_names) -> FromKernels | None:
 
 
 def _arch_row(table, cc: tuple[int, int], matched: str) -> Spec:
-    product = next(p for floor, p in table if cc >= floor)
+    """The table's row for compute capability `cc`: the newest architecture at or below it; FALLBACK for one
+    the table does not hold (below every row: a damaged header's 0.-1)."""
+    product = next((p for floor, p in table if cc >= floor), None)
     return replace(_product(product), matched=matched) if product else FALLBACK
 
 
