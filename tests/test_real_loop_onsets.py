@@ -1,6 +1,6 @@
 """A drift's onset and its range on real loops, not made-up series: the step records of CPU training loops whose host
 work starts growing at a known step, by a list scanned, sorted or compared pairwise every step, a fixed extra pass,
-or a scan cut back once, each recorded by `gpuadvise profile --when-slower 50` on a shared machine
+or a scan cut back once, each recorded by `gpuadvise profile --when-slower 50` on a busy or a quiet machine
 (bench/bench_changepoints.py --loops; the records are bench/real-loops/runs.jsonl.gz). Their growth is not the
 code's law (a short list's pairs cost less each than a long one's) and their noise is the machine's load, not a
 model's: the range must hold the true onset there too."""

@@ -59,14 +59,15 @@ dependency for ~2 000 points that numpy's prefix sums fit exactly at every split
    σ² is the best fit's residual variance and φ its long-run factor (Bartlett, √n lags: autocorrelated
    noise, and the runs of one sign a fit of the wrong shape leaves, count as that much less information).
    The range is the union of that on the whole stretch, on the stretches to where the series' own local
-   level rose halfway, 10 σ and 5 σ above its level before the onset (a
-   real loop's law changes on the way: a list outgrows a cache, the machine gets busier; fitted to the end,
-   a curve's start bends to the shape of its end; the series' level, not a first fit's curve, says where
-   those stretches end: a line fitted to a steep end starts late), and, when segmentation split the drift,
-   on its first change's own segment. A step's interval is the same union on the stretch between its
-   neighbouring changes (its onset stays the two-means split). What it is worth is measured, not assumed:
-   the benchmark's real loops (`--loops`) and its series with heavy-tailed and autocorrelated noise and
-   laws none of the fits is (docs/long-runs.md has the tables).
+   level rose halfway, 10 σ and 5 σ above its level before the onset (a real loop's law changes on the way:
+   a list outgrows a cache, the machine gets busier; fitted to the end, a curve's start bends to the shape
+   of its end; the series' level, not a first fit's curve, says where those stretches end: a line fitted to
+   a steep end starts late), and, when segmentation split the drift, on its first change's own segment.
+   A step's interval is the same union on the stretch between its neighbouring changes (its onset stays the
+   two-means split). What it is worth is measured, not assumed: the benchmark's real loops (`--loops`, 280
+   of them shipped in bench/real-loops and held to it by tests/test_real_loop_onsets.py) and its series
+   with heavy-tailed and autocorrelated noise and laws none of the fits is (docs/long-runs.md has the
+   tables).
 6. **Recovery.** After the onset, a downward step back (the same CUSUM test on the steps after the onset,
    with its step model) ends the change: `until` is the last step before it.
 
