@@ -37,7 +37,9 @@ Pipeline: more micro-batches per step, or an interleaved schedule (`ScheduleInte
 All-to-all (expert parallel, sharded embeddings): the dispatch split into chunks that overlap the experts'
 compute, or the next batch's embedding exchange pipelined beside this one; a lower capacity factor.
 On a job that run.json shows on one node, the advice leaves out what concerns nodes (HSDP across them, a
-group kept inside one).
+group kept inside one). An FSDP reduce-scatter is asked to reduce the gradients in bf16
+(`MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)`) unless run.json shows every `fully_shard` call
+reducing in bf16 or fp16 already: its `reduce_dtype`, or its `param_dtype` where that is unset.
 
 ## Thresholds
 Fires when the job's collectives run on two or more kinds of process group, or on one whose most exposed
@@ -162,7 +164,7 @@ def _advice(group: dict, phase: dict, facts: dict, mesh: dict | None) -> str:
             if phase["phase"] == "backward" and not any(s.get("reshard_after_forward") is False for s in shards):
                 tips.append("keep the last blocks unsharded after forward (`reshard_after_forward=False`) so "
                             "backward does not gather them again")
-        elif kind == "reduce_scatter" and not any(s.get("reduce_dtype") for s in shards):
+        elif kind == "reduce_scatter" and not (shards and all(_reduces_in_16_bit(s) for s in shards)):
             tips.append("reduce the gradients in bf16 (`MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)`)")
         if _nodes(facts) != 1:  # one node has no nodes to replicate across
             tips.append("shard over fewer ranks: HSDP (a 2-D mesh that replicates across nodes and shards within one)")
@@ -190,6 +192,15 @@ def _advice(group: dict, phase: dict, facts: dict, mesh: dict | None) -> str:
     who = SCHEMES.get(scheme, scheme) or "this group"
     return (f"{who[0].upper() + who[1:]}: start its collectives while compute still runs (DDP buckets, no syncs inside "
             "backward) and check how much of its time is a wait for the group's slowest rank.")
+
+
+def _reduces_in_16_bit(shard: dict) -> bool:
+    """Whether a `fully_shard` call (run.json) reduces its gradients in bf16 or fp16: in its policy's
+    `reduce_dtype`, or in its `param_dtype` where that is unset (null; "None" in run.json files of before)."""
+    reduce = shard.get("reduce_dtype")
+    if reduce in (None, "None"):
+        reduce = shard.get("param_dtype")
+    return reduce in ("torch.bfloat16", "torch.float16")
 
 
 def _nodes(facts: dict) -> int | None:

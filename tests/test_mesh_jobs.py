@@ -204,6 +204,40 @@ def test_group_comm_advises_in_the_groups_terms(tmp_path):
     assert fsdp["GA137"].advice.startswith("FSDP: prefetch the next blocks' all-gathers")
 
 
+@pytest.mark.parametrize("policies, advised", [
+    ([], True),  # no run.json: nothing says how the gradients are reduced
+    ([{"param_dtype": None, "reduce_dtype": None}], True),  # a policy that leaves both unset: fp32
+    ([{"param_dtype": "torch.bfloat16", "reduce_dtype": None}], False),  # unset reduce_dtype: param_dtype's
+    ([{"param_dtype": "torch.bfloat16", "reduce_dtype": "None"}], False),  # as run.json files of before wrote it
+    ([{"param_dtype": "torch.bfloat16", "reduce_dtype": "torch.float32"}], True),
+    ([{"param_dtype": None, "reduce_dtype": "torch.bfloat16"}, {"param_dtype": None, "reduce_dtype": None}], True),
+    ([{"param_dtype": None, "reduce_dtype": "torch.bfloat16"}], False),
+])
+def test_group_comm_asks_for_bf16_gradient_reduction_only_where_the_gradients_are_reduced_in_fp32(policies, advised):
+    from gpuadvise.rules.group_comm import _advice
+
+    facts = {"distributed": {"fsdp": {"fully_shard": [{"module": "Block", **p} for p in policies]}}} if policies else {}
+    advice = _advice({"scheme": "fsdp"}, {"scheme": "fsdp", "collective": "reduce_scatter", "phase": "backward"}, facts,
+                     None)
+    assert ("reduce_dtype=torch.bfloat16" in advice) == advised, advice
+
+
+def test_run_json_writes_a_mixed_precision_dtype_left_unset_as_null():
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from gpuadvise.harness.facts import distributed
+
+    distributed.reset()
+    try:
+        distributed._record_fully_shard("Block", {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16)},
+                                        "train.py:10")
+        (shard,) = json.loads(json.dumps(distributed._FULLY_SHARD))
+    finally:
+        distributed.reset()
+    assert (shard["param_dtype"], shard["reduce_dtype"]) == ("torch.bfloat16", None)
+
+
 def test_a_mesh_job_merged_into_one_file_has_the_groups_of_its_rank_files(tmp_path):
     folder = mesh_job(dp=2, tp=2, steps=3).write(tmp_path / "apart")
     traces = [json.loads(gzip.decompress((folder / f"rank{r}.trace.json.gz").read_bytes())) for r in range(4)]

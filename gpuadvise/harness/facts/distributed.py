@@ -300,6 +300,12 @@ def _name(value):
     return getattr(value, "name", None) or type(value).__name__
 
 
+def _dtype(value) -> str | None:
+    """A mixed-precision policy's dtype as run.json writes it ("torch.bfloat16"); null when the policy leaves it
+    unset (FSDP then computes or reduces in the parameters' own dtype)."""
+    return None if value is None else str(value)
+
+
 def _record_fsdp1(wrapper, a, k, where) -> None:
     mp = getattr(wrapper, "mixed_precision", None)
     offload = getattr(wrapper, "cpu_offload", None)
@@ -309,8 +315,8 @@ def _record_fsdp1(wrapper, a, k, where) -> None:
     _FSDP.append({
         **where, "sharding_strategy": _name(getattr(wrapper, "sharding_strategy", None)),
         "cpu_offload": bool(getattr(offload, "offload_params", False)),
-        "mixed_precision": {"param_dtype": str(getattr(mp, "param_dtype", None)),
-                            "reduce_dtype": str(getattr(mp, "reduce_dtype", None))} if mp is not None else None,
+        "mixed_precision": {"param_dtype": _dtype(getattr(mp, "param_dtype", None)),
+                            "reduce_dtype": _dtype(getattr(mp, "reduce_dtype", None))} if mp is not None else None,
         "backward_prefetch": _name(getattr(wrapper, "backward_prefetch", k.get("backward_prefetch"))),
         "forward_prefetch": bool(getattr(wrapper, "forward_prefetch", k.get("forward_prefetch", False))),
         "limit_all_gathers": bool(getattr(wrapper, "limit_all_gathers", k.get("limit_all_gathers", True))),
@@ -325,8 +331,8 @@ def _record_fully_shard(module: str, k: dict, where: str) -> None:
         "created_at": where, "module": module,
         "reshard_after_forward": k.get("reshard_after_forward"),
         "mesh_dims": getattr(mesh, "ndim", None) if mesh is not None else 1,
-        "param_dtype": str(getattr(mp, "param_dtype", None)) if mp is not None else None,
-        "reduce_dtype": str(getattr(mp, "reduce_dtype", None)) if mp is not None else None,
+        "param_dtype": _dtype(getattr(mp, "param_dtype", None)),
+        "reduce_dtype": _dtype(getattr(mp, "reduce_dtype", None)),
         "offload": _name(k.get("offload_policy")),
     })
 
