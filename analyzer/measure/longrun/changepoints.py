@@ -40,10 +40,11 @@ dependency for ~2 000 points that numpy's prefix sums fit exactly at every split
    a + b·u^p for p = 1, 1.5, 2, 3 (u the steps since the hinge: a list scanned, a sort, a pairwise pass, what
    grows faster still), a + b·u + c·u² and a + b·u + c·u·ln u (a scan and a pairwise pass; a sort of n items
    a step for any n), b, c > 0, and the exponential (24 e-folding times, then 10 between the best one's
-   neighbours, twice), each at every split (the power laws first at 100 splits, then at every split near
-   the best one and near the interval's ends). The series less a first climb fit is cleaned against its own
-   local level first (a local median of the series lags a steep curve's last points, and clipping against
-   it bent the curve and put the onset late). The fits are weighted by the noise each point carries: on a
+   neighbours, twice), each at every split (the power laws first at 100 splits, then near the best one and
+   near the interval's ends at a tenth of that spacing, and so on down to every split: a 10 000-step series
+   in a median 0.63 s, against 2.27 s for every split near them at once, with the same onsets and ranges).
+   The series less a first climb fit is cleaned against its own local level first (a local median of the
+   series lags a steep curve's last points, and clipping against it bent the curve and put the onset late). The fits are weighted by the noise each point carries: on a
    busy machine the step's spread grows with the step (the real loops: ±25 % at 10 ms and at 80 ms alike),
    so the noise ∝ level^γ, γ ∈ [0, 1] from the residuals before the rise and over its last quarter. The
    onset is the first step of the new regime of the fit with the lowest BIC; an exponential's start cannot
@@ -404,8 +405,8 @@ CLIMB_POWERS = (1.0, 1.5, 2.0, 3.0)
 # bends to the shape of its end; on a short stretch the start's own shape decides.
 WINDOW_SHARES = (0.5,)
 WINDOW_SIGMAS = (10.0, 5.0)
-COARSE_SPLITS = 100  # splits each hinged law is fitted at first (each costs a pass over the stretch), then every
-# split near the best one and near the ends of the range
+COARSE_SPLITS = 100  # splits each hinged law is fitted at first (each costs a pass over the stretch), then the
+REFINE_STEPS = 10  # splits near the best one and near the ends of the range, at a tenth of the spacing each time
 
 
 @dataclass
@@ -548,17 +549,21 @@ def _plausible(t: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> tup
         phi = long_run_factor((y - best.curve(i)) * np.sqrt(w))
         return least + CI_CHI2 * phi * sigma2, sigma2, phi
 
-    if len(coarse) < len(splits):  # every split near each hinged law's best and the ends of its plausible ones
+    # the splits near each hinged law's best and the ends of its plausible ones, finer and finer (a tenth of the
+    # spacing each time) to every split: a few hundred fits at most, however long the stretch
+    grid, spacing, allowed = coarse, (int(np.max(np.diff(coarse))) if len(coarse) < len(splits) else 1), set(splits.tolist())
+    while spacing > 1:
         bound = bound_of(fits)[0]
-        gap = int(np.max(np.diff(coarse)))
+        stride = -(-spacing // REFINE_STEPS)
         near = set()
         for f in fits[-(len(CLIMB_POWERS) + 2):]:
             ok = np.flatnonzero(f.sse <= bound)
             for j in ([int(np.argmin(f.sse))] + ([int(ok[0]), int(ok[-1])] if len(ok) else [])):
-                near.update(range(int(coarse[j]) - gap, int(coarse[j]) + gap + 1))
-        fine = np.array(sorted(near & set(splits.tolist())), dtype=int)
-        if len(fine):
-            fits += _hinge_fits(t, y, w, fine)
+                near.update(range(int(grid[j]) - spacing, int(grid[j]) + spacing + 1, stride))
+        grid, spacing = np.array(sorted(near & allowed), dtype=int), stride
+        if not len(grid):
+            break
+        fits += _hinge_fits(t, y, w, grid)
     fits = [f for f in fits if np.isfinite(f.sse).any()]
     if not fits:
         return None
