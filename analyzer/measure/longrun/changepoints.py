@@ -44,10 +44,11 @@ dependency for ~2 000 points that numpy's prefix sums fit exactly at every split
    near the interval's ends at a tenth of that spacing, and so on down to every split: a 10 000-step series
    in a median 0.63 s, against 2.27 s for every split near them at once, with the same onsets and ranges).
    The series less a first climb fit is cleaned against its own local level first (a local median of the
-   series lags a steep curve's last points, and clipping against it bent the curve and put the onset late). The fits are weighted by the noise each point carries: on a
-   busy machine the step's spread grows with the step (the real loops: ±25 % at 10 ms and at 80 ms alike),
-   so the noise ∝ level^γ, γ ∈ [0, 1] from the residuals before the rise and over its last quarter. The
-   onset is the first step of the new regime of the fit with the lowest BIC; an exponential's start cannot
+   series lags a steep curve's last points, and clipping against it bent the curve and put the onset late).
+   The fits are weighted by the noise each point carries: on a busy machine the step's spread grows with
+   the step (the real loops: ±25 % at 10 ms and at 80 ms alike), so the noise ∝ level^γ, γ ∈ [0, 1] from
+   the residuals before the rise and over its last quarter. The onset is the first step of the new regime
+   of the fit with the lowest BIC; an exponential's start cannot
    be told from the data (moving it earlier and shrinking b gives the same curve), so its onset is where
    its excess reached the noise of one step.
    **The interval** (`onset_low`, `onset_high`): the onsets of every law and split whose fit the data cannot
@@ -551,7 +552,8 @@ def _plausible(t: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> tup
 
     # the splits near each hinged law's best and the ends of its plausible ones, finer and finer (a tenth of the
     # spacing each time) to every split: a few hundred fits at most, however long the stretch
-    grid, spacing, allowed = coarse, (int(np.max(np.diff(coarse))) if len(coarse) < len(splits) else 1), set(splits.tolist())
+    allowed = set(splits.tolist())
+    grid, spacing = coarse, (int(np.max(np.diff(coarse))) if len(coarse) < len(splits) else 1)
     while spacing > 1:
         bound = bound_of(fits)[0]
         stride = -(-spacing // REFINE_STEPS)
