@@ -632,8 +632,7 @@ def date_onset(t: np.ndarray, y: np.ndarray, raw: np.ndarray, half: int,
     level = local_level(t, rest, half)
     spread = max(_mad(rest - level), 1e-9)
     y = fitted + np.clip(rest, level - CLIP_SIGMAS * spread, level + CLIP_SIGMAS * spread)
-    rise = fitted - fitted[0]
-    started = int(np.argmax(rise > 0))
+    started = int(np.argmax(fitted > fitted[0]))  # where the first fit starts to rise
     w = noise_weights(fitted, y - fitted, started)
     whole = _plausible(t, y, w)
     if whole is None:
