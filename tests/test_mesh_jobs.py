@@ -117,6 +117,25 @@ def test_groups_of_an_older_torch_are_inferred_from_the_timing(tmp_path):
     assert any("their groups are a guess" in n for n in lockstep.notes), lockstep.notes
 
 
+def test_a_rank_stranded_by_joining_the_closest_pairs_first_still_gets_a_group_of_the_recorded_size(monkeypatch):
+    """The pair fits of a real 2 × 2 gloo job's FSDP class (its collectives record groups of 2): ranks 0 and 1 end
+    closest, but not as one group; 1 and 2 just break the ends rule, 0–3 and 2–3 clearly. Joining 0 with 1 first
+    strands 2 and 3; the only split into pairs where no pair breaks the rule is [0, 2] [1, 3]."""
+    from types import SimpleNamespace
+
+    from gpuadvise.analyzer.measure.job import commgroups
+
+    fits = {(0, 1): (0.0, 0.52, 18), (0, 2): (0.0, 0.55, 18), (0, 3): (0.22, 0.69, 18),
+            (1, 2): (0.056, 0.37, 18), (1, 3): (0.0, 0.65, 18), (2, 3): (0.22, 0.64, 18)}
+    monkeypatch.setattr(commgroups, "_pair_fit", lambda collectives, where, a, b: fits[a, b])
+    collectives = [SimpleNamespace(group_size=np.array([2, 2])) for _ in range(4)]
+    where = {i: [0, 1] for i in range(4)}
+    assert commgroups._partition(collectives, where, [0, 1, 2, 3], {}) == [([[0, 2], [1, 3]], "inferred")]
+    # without a recorded size nothing says groups of two: the ranks stay one group
+    unsized = [SimpleNamespace(group_size=np.array([-1, -1])) for _ in range(4)]
+    assert commgroups._partition(unsized, where, [0, 1, 2, 3], {}) == [([[0, 1, 2, 3]], "one")]
+
+
 def test_comms_id_lines_collectives_up_where_their_order_does_not(tmp_path):
     """The profiler missed one of rank 1's all-gathers: by order, every later collective of that step on
     rank 1 pairs with the wrong one of rank 0's; by Comms Id each pairs with its own."""

@@ -25,8 +25,11 @@ Where a collective's group comes from, best first:
   together; else ranks are joined pair by pair (the closest ends first) while no pair of a group breaks
   the rule, and a split is kept only when all of its groups have two ranks or more. Where the collectives
 say their group's size (an NCCL kernel's "Group size"; a gloo all-gather's or reduce-scatter's c10d call,
-whose output holds every rank's input), only groups of that size are tried. The inference
-  assumes the ranks' clocks agree (one host, or synchronised hosts), and says when it was made.
+whose output holds every rank's input), only groups of that size are tried; when joining the closest
+  pairs first strands a rank, the splits into groups of that size where no pair breaks the rule are
+  scored instead, the closest ends first (a real 2 × 2 gloo job's FSDP ranks were once taken for one group
+  of four this way). The inference assumes the ranks' clocks agree (one host, or synchronised hosts), and
+  says when it was made.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from gpuadvise.analyzer.model.collectives import SYMMETRIC, parse_ranks
 SLACK_US = 50.0  # how far one rank's "ended" may precede another's "arrived" on clocks that agree
 MAX_MISFITS = 0.05  # the share of a pair's collectives that may break that (clock jitter)
 MAX_END_RATIO = 2.0  # ends "close together": |Δ end| at most this many times the shorter collective
+SPLITS_SCORED = 16  # splits into groups of a recorded size scored by their ends when joining pairs strands a rank
 
 
 @dataclass
@@ -259,6 +263,13 @@ def _partition(collectives: list, where: dict, rank_ids: list[int], named: dict)
         others = [s for s in _splits(members, fit, len(split[0])) if s != split] if \
             len({len(b) for b in split}) == 1 else []
         return [(split, "inferred")] + [(s, "inferred") for s in others[:1]]
+    if size is not None and len(members) > size:
+        # joining the closest pairs first can strand a rank (its partner went to a pair that ends closer):
+        # the splits into groups of the recorded size where no pair breaks the ends rule, the closest ends first
+        scored = sorted((fits(s)[1], s) for s in _splits(members, fit, size, limit=SPLITS_SCORED))
+        if scored:
+            best = scored[0][0]
+            return [(s, "inferred") for r, s in scored if r <= max(1.1 * best, best + 0.05)]
     return [(whole, "one")]
 
 
